@@ -1,0 +1,33 @@
+"""DPO stage config: TRL's ``DPOConfig`` plus the pipeline's arguments.
+
+Changed defaults (vs TRL 1.16) and why: gradient_checkpointing False and bf16 resolved per device (see
+sft/config.py); max_length 512; save_strategy "no" (the stage saves its final checkpoint atomically);
+report_to ["wandb"] (offline unless a key is set). ``beta`` and ``loss_type`` are TRL's own fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import DPOConfig
+
+from rlhf.stage import PipelineArguments
+
+
+@dataclass
+class DPOStageConfig(PipelineArguments, DPOConfig):
+    sft_dir: str = field(
+        default="", metadata={"help": "Output directory of the SFT stage (its manifest names pi_ref and its hash)."}
+    )
+    train_data: str = field(
+        default="demo:hh_rlhf/pairs_train.jsonl",
+        metadata={"help": "Preference pairs (prompt/chosen/rejected): demo:<file>, a local path or a hub id."},
+    )
+    step0_pairs: int = field(
+        default=4, metadata={"help": "Pairs checked before training: loss must be ln 2 and margins 0 (policy = pi_ref)."}
+    )
+    step0_tolerance: float = field(default=1e-3, metadata={"help": "Tolerance of the step-0 check (nats)."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations (saves memory)."})
+    max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + completion."})
+    save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
+    report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

@@ -1,0 +1,125 @@
+"""Launch a stage as its own process and read its manifest; skip it when its inputs are unchanged.
+
+This is orchestration only: which command, which directory, whether a cached result still holds. The cache key
+is a content hash of everything a stage's result depends on (DESIGN.md principle 8): the stage name, the recipe
+file's bytes, the extra arguments, the hashes of the data files the recipe names, the parent stages' manifests,
+and the pipeline's code version. A matching key next to a finished manifest means the stage is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from rlhf.hashing import code_version, content_hash, json_hash
+from rlhf.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
+from rlhf.stage import BLOCKED_EXIT_CODE, data_fingerprint, make_writable
+
+CACHE_KEY_FILE = ".cache_key"
+
+
+
+@dataclass
+class StageRun:
+    """What a flow task hands to the next one: paths and hashes, never weights."""
+
+    stage: str
+    output_dir: str
+    manifest: dict
+    cache_key: str
+    cached: bool
+    seconds: float
+    returncode: int = 0
+
+
+def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: list[StageRun]) -> str:
+    """Content hash of a stage's inputs (see module docstring)."""
+    cfg = yaml.safe_load(recipe.read_text()) or {}
+    overrides = dict(zip(extra_args[::2], extra_args[1::2]))
+    data = {}
+    for key, value in cfg.items():
+        value = overrides.get(f"--{key}", value)
+        if key.endswith("_data") and isinstance(value, str):
+            data[key] = data_fingerprint(value)
+    return json_hash({
+        "stage": stage,
+        "recipe": content_hash(recipe),
+        "args": extra_args,
+        "data": data,
+        "parents": {p.stage: p.cache_key for p in parents},
+        "code": code_version(),
+    })
+
+
+def launch_command(module: str, recipe: Path, output_dir: Path, extra_args: list[str],
+                   accelerate_config: str | None) -> list[str]:
+    """``accelerate launch [--config_file F] -m <module> --config <recipe> --output_dir <dir> ...``."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    launch += ["--config_file", accelerate_config] if accelerate_config else ["--num_processes", "1", "--num_machines", "1",
+                                                                               "--mixed_precision", "no", "--dynamo_backend", "no"]
+    return launch + ["-m", module, "--config", str(recipe), "--output_dir", str(output_dir), *extra_args]
+
+
+def run_stage(stage: str, module: str, recipe: str | Path, output_dir: str | Path, *, extra_args: list[str] = (),
+              parents: list[StageRun] = (), accelerate_config: str | None = None, force: bool = False,
+              ok_returncodes: tuple[int, ...] = (0,), log=print) -> StageRun:
+    """Run one stage unless a finished run with the same cache key is already in ``output_dir``.
+
+    The stage's stdout/stderr stream to ``log`` and to ``<output_dir>/stage.log``.
+
+    Raises:
+        RuntimeError: the process failed (exit code not in ``ok_returncodes``) or wrote no manifest; the message
+            holds the command, the exit code and the log's last lines.
+    """
+    recipe, output_dir = Path(recipe), Path(output_dir)
+    if not recipe.is_file():
+        raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage}")
+    key = stage_cache_key(stage, recipe, list(extra_args), list(parents))
+    key_file = output_dir / CACHE_KEY_FILE
+    if not force and key_file.is_file() and key_file.read_text().strip() == key and (output_dir / MANIFEST_NAME).is_file():
+        log(f"[{stage}] inputs unchanged (key {key[:12]}): reusing {output_dir}")
+        return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=True, seconds=0.0)
+    if output_dir.exists():  # stale or unfinished: start clean, so nothing old can pass for new
+        make_writable(output_dir)
+        shutil.rmtree(output_dir)
+    output_dir.mkdir(parents=True)
+    cmd = launch_command(module, recipe, output_dir, list(extra_args), accelerate_config)
+    log(f"[{stage}] $ {' '.join(cmd)}")
+    t0 = time.perf_counter()
+    tail: list[str] = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with open(output_dir / "stage.log", "w") as logf, subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
+    ) as proc:
+        for line in proc.stdout:
+            logf.write(line)
+            if "it/s]" not in line and "s/it]" not in line:  # keep progress-bar spam out of the flow log
+                log(f"[{stage}] {line.rstrip()}")
+            tail = (tail + [line])[-40:]
+        rc = proc.wait()
+    seconds = time.perf_counter() - t0
+    if rc not in ok_returncodes or not (output_dir / MANIFEST_NAME).is_file():
+        raise RuntimeError(f"stage {stage} failed (exit {rc}) after {seconds:.0f}s: {' '.join(cmd)}\n"
+                           f"log: {output_dir / 'stage.log'}\n{''.join(tail)}")
+    atomic_write_text(key_file, key)
+    log(f"[{stage}] done in {seconds:.0f}s")
+    return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=False, seconds=seconds, returncode=rc)
+
+
+def summarize(runs: list[StageRun]) -> list[dict]:
+    """One row per stage for the round manifest and the Prefect table artifact."""
+    return [{"stage": r.stage, "cached": r.cached, "seconds": round(r.seconds, 1), "output_dir": r.output_dir,
+             "cache_key": r.cache_key[:16], "checkpoint_hash": (r.manifest.get("outputs", {}).get("checkpoint_hash") or "")[:16]}
+            for r in runs]
+
+
+def dump(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"

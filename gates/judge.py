@@ -1,0 +1,234 @@
+"""Judge agreement and the attenuation it causes (DESIGN.md "Release gates", judge-agreement row).
+
+If an automated judge agrees with the human verdict on a pairwise item with probability ``a``,
+independently of which side is truly better (symmetric label noise), then the measured win
+probability is ``p_m = a p + (1 - a)(1 - p)``, so ``p_m - 1/2 = (2a - 1)(p - 1/2)``: every gap from
+50 % (and every difference of win rates) is multiplied by the attenuation factor ``2a - 1``.
+Seed figure: a = 0.85 shrinks a true 4-point gap to 4 * 0.7 = 2.8 measured points.
+
+Label convention (PandaLM's, as in ``reward_model.agreement``): 0 = tie, 1 = first response
+better, 2 = second response better, -1 = unparsed judge output / no human majority.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from statsmodels.stats.proportion import proportion_confint
+
+from gates.result import GateResult, Metric
+
+TIE, FIRST, SECOND, UNPARSED = 0, 1, 2, -1
+GATE_NAME = "judge_agreement"
+GATE_VERSION = "1"
+DEFAULT_FLOOR = 0.85
+DEFAULT_CONFIDENCE = 0.95
+
+
+def _check_a(a: float) -> float:
+    a = float(a)
+    if not 0.0 <= a <= 1.0 or math.isnan(a):
+        raise ValueError(f"agreement a must be in [0, 1], got {a}")
+    return a
+
+
+def attenuation(a: float) -> float:
+    """Attenuation factor ``2a - 1`` of a judge with agreement ``a`` (see module docstring).
+
+    Args:
+        a: judge-vs-human agreement on decisive pairs, in [0, 1].
+
+    Returns:
+        2a - 1, in [-1, 1] (0 = the judge carries no information; negative = worse than chance).
+
+    Raises:
+        ValueError: a outside [0, 1].
+    """
+    return 2.0 * _check_a(a) - 1.0
+
+
+def measured_gap(true_gap: float, a: float) -> float:
+    """The gap a judge with agreement ``a`` measures for a true gap: ``true_gap * (2a - 1)``.
+
+    Units are those of ``true_gap`` (win-rate points above 50, or a difference of win rates).
+
+    Raises:
+        ValueError: a outside [0, 1].
+    """
+    return float(true_gap) * attenuation(a)
+
+
+def corrected_gap(measured: float, a: float) -> float:
+    """Invert the attenuation: ``measured / (2a - 1)``.
+
+    Raises:
+        ValueError: a outside [0, 1], or a <= 0.5 (the judge is at or below chance; a gap cannot
+            be recovered from it).
+    """
+    f = attenuation(a)
+    if f <= 0:
+        raise ValueError(f"a = {a} <= 0.5: the judge is no better than chance, the gap is not recoverable")
+    return float(measured) / f
+
+
+def majority_label(labels: Any) -> np.ndarray:
+    """Strict-majority label per item of an (n_items, n_annotators) label matrix.
+
+    Returns:
+        int array (n_items,): the label more than half of the annotators gave, else -1.
+
+    Raises:
+        ValueError: not 2-D, or a value outside {0, 1, 2}.
+    """
+    m = np.asarray(labels)
+    if m.ndim != 2:
+        raise ValueError(f"labels must be 2-D (n_items, n_annotators), got shape {m.shape}")
+    if not np.isin(m, (TIE, FIRST, SECOND)).all():
+        raise ValueError("annotator labels must be 0 (tie), 1 or 2")
+    counts = np.stack([(m == v).sum(axis=1) for v in (TIE, FIRST, SECOND)], axis=1)
+    best = counts.argmax(axis=1)
+    return np.where(counts.max(axis=1) * 2 > m.shape[1], best, UNPARSED).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class JudgeHumanAgreement:
+    """Judge vs human labels; ties reported apart from the agreement that gates.
+
+    Fields:
+        n_items: items compared.
+        n_decisive: items whose human label is decisive (1 or 2); denominator of ``agreement``.
+        n_agree: of those, items where the judge picked the human's side.
+        agreement: a = n_agree / n_decisive (judge ties and unparsed outputs on these items count
+            as disagreement: the judge did not recover the human's side). NaN if n_decisive == 0.
+        ci_low, ci_high: Wilson score interval of ``agreement`` (as ``reward_model.agreement``).
+        attenuation: 2a - 1.
+        n_human_ties: items the human called a tie (excluded from ``agreement``).
+        n_human_no_majority: items without a human majority (-1), excluded.
+        n_judge_ties_on_decisive: decisive-human items the judge called a tie.
+        n_judge_unparsed: items whose judge output was not a verdict (-1), all items.
+        agreement_both_decisive: agreement over items where both are decisive (judge ties removed).
+        tie_agreement: share of human-tie items the judge also called a tie (NaN if none).
+        three_class_agreement: P(judge == human) with tie as a class, over items with a human label.
+    """
+
+    n_items: int
+    n_decisive: int
+    n_agree: int
+    agreement: float
+    ci_low: float
+    ci_high: float
+    attenuation: float
+    n_human_ties: int
+    n_human_no_majority: int
+    n_judge_ties_on_decisive: int
+    n_judge_unparsed: int
+    agreement_both_decisive: float
+    tie_agreement: float
+    three_class_agreement: float
+
+
+def _labels_1d(name: str, x: Any) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if not np.isin(arr, (UNPARSED, TIE, FIRST, SECOND)).all():
+        raise ValueError(f"{name} values must be in {{-1, 0, 1, 2}}")
+    return arr.astype(np.int64)
+
+
+def judge_human_agreement(
+    judge_labels: Any, human_labels: Any, *, confidence: float = DEFAULT_CONFIDENCE
+) -> JudgeHumanAgreement:
+    """Agreement of an automated judge with human labels on pairwise items.
+
+    Args:
+        judge_labels: shape (n_items,), values in {-1 unparsed, 0 tie, 1, 2}.
+        human_labels: shape (n_items,) in {-1 no majority, 0, 1, 2}, or (n_items, n_annotators)
+            raw labels in {0, 1, 2}, reduced with ``majority_label``.
+        confidence: level of the Wilson interval.
+
+    Returns:
+        ``JudgeHumanAgreement``; ``agreement`` is the ``a`` of the judge-agreement gate.
+
+    Raises:
+        ValueError: shapes differ or values outside the convention.
+    """
+    judge = _labels_1d("judge_labels", judge_labels)
+    h = np.asarray(human_labels)
+    human = majority_label(h) if h.ndim == 2 else _labels_1d("human_labels", h)
+    if judge.shape != human.shape:
+        raise ValueError(f"judge_labels {judge.shape} and human_labels {human.shape} differ in length")
+    dec = (human == FIRST) | (human == SECOND)
+    n_dec = int(dec.sum())
+    n_agree = int((dec & (judge == human)).sum())
+    if n_dec:
+        a = n_agree / n_dec
+        lo, hi = proportion_confint(n_agree, n_dec, alpha=1 - confidence, method="wilson")
+    else:
+        a, lo, hi = math.nan, math.nan, math.nan
+    both = dec & ((judge == FIRST) | (judge == SECOND))
+    ties = human == TIE
+    labelled = human != UNPARSED
+    return JudgeHumanAgreement(
+        n_items=int(human.size),
+        n_decisive=n_dec,
+        n_agree=n_agree,
+        agreement=a,
+        ci_low=float(lo),
+        ci_high=float(hi),
+        attenuation=2 * a - 1,
+        n_human_ties=int(ties.sum()),
+        n_human_no_majority=int((human == UNPARSED).sum()),
+        n_judge_ties_on_decisive=int((dec & (judge == TIE)).sum()),
+        n_judge_unparsed=int((judge == UNPARSED).sum()),
+        agreement_both_decisive=(int((both & (judge == human)).sum()) / int(both.sum())) if both.any() else math.nan,
+        tie_agreement=(int((ties & (judge == TIE)).sum()) / int(ties.sum())) if ties.any() else math.nan,
+        three_class_agreement=(int((labelled & (judge == human)).sum()) / int(labelled.sum())) if labelled.any() else math.nan,
+    )
+
+
+def judge_agreement_gate(
+    agreement: JudgeHumanAgreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME
+) -> GateResult:
+    """The judge-agreement gate: the judge must agree with humans at least ``floor`` (default 0.85).
+
+    "block" when a < floor (then the win-rate gates are inconclusive and the release is blocked);
+    the reason says "on evidence" if the whole interval is below the floor, "could be noise"
+    otherwise. "inconclusive" when no decisive human label exists. Else "pass".
+
+    Returns:
+        GateResult with metrics ``agreement`` (fraction, CI, n = n_decisive) and ``attenuation``
+        (2a - 1); ``table`` holds the tie and abstention counts.
+    """
+    ag = agreement
+    metrics = {
+        "agreement": Metric(
+            value=ag.agreement, ci_low=ag.ci_low, ci_high=ag.ci_high, n=ag.n_decisive,
+            direction="higher_is_better", unit="fraction",
+        ),
+        "attenuation": Metric(value=ag.attenuation, n=ag.n_decisive, direction="higher_is_better", unit="factor"),
+    }
+    table = [{
+        "n_items": ag.n_items, "n_decisive": ag.n_decisive, "n_agree": ag.n_agree,
+        "n_human_ties": ag.n_human_ties, "n_human_no_majority": ag.n_human_no_majority,
+        "n_judge_ties_on_decisive": ag.n_judge_ties_on_decisive, "n_judge_unparsed": ag.n_judge_unparsed,
+        "agreement_both_decisive": ag.agreement_both_decisive, "tie_agreement": ag.tie_agreement,
+        "three_class_agreement": ag.three_class_agreement,
+    }]
+    txt = (
+        f"judge agreement a = {ag.agreement:.3f} (CI {ag.ci_low:.3f}-{ag.ci_high:.3f}, n = {ag.n_decisive} decisive "
+        f"human labels; {ag.n_human_ties} human ties reported apart), attenuation 2a-1 = {ag.attenuation:.3f}"
+    )
+    if ag.n_decisive == 0:
+        verdict, reason = "inconclusive", "no decisive human labels, so judge agreement is unknown."
+    elif ag.agreement < floor:
+        basis = "on evidence: the whole interval is below it" if ag.ci_high < floor else (
+            "could be noise: the interval still reaches it")
+        verdict = "block"
+        reason = f"Blocked, {txt} is below the floor {floor:.2f} ({basis}); win-rate gates are inconclusive."
+    else:
+        verdict, reason = "pass", f"Passed: {txt}, at or above the floor {floor:.2f}."
+    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=table)

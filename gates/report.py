@@ -1,0 +1,219 @@
+"""Gate reports: JSON (machine-readable, atomic), Markdown (for people), JUnit XML (for CI).
+
+Every file is written atomically: the content goes to a temporary file in the target directory,
+is flushed and fsynced, then ``os.replace``d over the target, so a reader never sees a
+half-written report that looks complete (DESIGN.md principle 5: a blocked verdict writes a
+machine-readable report).
+
+JUnit XML is built with the standard library's ``xml.etree.ElementTree`` (no extra dependency):
+one ``<testcase>`` per gate; a blocked gate gets a ``<failure>``, an inconclusive one a
+``<failure type="inconclusive">`` (it blocks the release too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gates.result import GateResult, release_verdict, to_jsonable
+from gates.winrate import WIN_RATE_COLUMNS
+
+REPORT_SCHEMA_VERSION = 1
+
+
+def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically (temp file in the same directory + fsync + os.replace).
+
+    Creates parent directories. On any error the temporary file is removed and the previous
+    content of ``path`` (if any) is untouched.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding=encoding, newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# JSON
+# --------------------------------------------------------------------------------------------
+
+
+def report_dict(results: Sequence[GateResult], *, metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON report as a dict: schema_version, verdict (``release_verdict``), gates, metadata.
+
+    Raises:
+        ValueError: ``results`` is empty (see ``release_verdict``).
+    """
+    results = list(results)
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "verdict": release_verdict(results),
+        "gates": [r.to_dict() for r in results],
+        "metadata": to_jsonable(dict(metadata or {})),
+    }
+
+
+def write_json_report(
+    results: Sequence[GateResult], path: str | Path, *, metadata: Mapping[str, Any] | None = None
+) -> Path:
+    """Write the JSON report atomically (strict JSON: NaN is written as null)."""
+    text = json.dumps(report_dict(results, metadata=metadata), indent=2, allow_nan=False, sort_keys=False)
+    return atomic_write_text(path, text + "\n")
+
+
+def read_json_report(path: str | Path) -> dict[str, Any]:
+    """Read a JSON report back (for CI and the flow)."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        if v.is_integer() and abs(v) < 1e15:
+            return str(int(v))
+        return f"{v:.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A GitHub-flavoured Markdown table of ``rows``.
+
+    Columns: ``columns`` if given, else the union of the rows' keys in first-seen order; a row
+    holding exactly alpaca_eval's win-rate columns is always printed in ``WIN_RATE_COLUMNS`` order.
+    """
+    rows = [to_jsonable(dict(r)) for r in rows]
+    if not rows:
+        return "_(no rows)_\n"
+    if columns is None:
+        cols: list[str] = []
+        for r in rows:
+            cols += [k for k in r if k not in cols]
+        if set(WIN_RATE_COLUMNS) <= set(cols):
+            cols = list(WIN_RATE_COLUMNS) + [c for c in cols if c not in WIN_RATE_COLUMNS]
+    else:
+        cols = list(columns)
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def render_markdown(results: Sequence[GateResult], *, title: str = "Release gates") -> str:
+    """The human report: release verdict, a summary table, then each gate's metrics (value, CI, n)
+    and its own table. Win-rate tables use alpaca_eval's columns (``WIN_RATE_COLUMNS``)."""
+    results = list(results)
+    verdict = release_verdict(results)
+    lines = [f"# {title}", "", f"**Release verdict: {verdict.upper()}**", ""]
+    lines.append(markdown_table([{"gate": r.name, "version": r.version, "verdict": r.verdict} for r in results]))
+    for r in results:
+        lines += [f"## {r.name} (v{r.version}): {r.verdict.upper()}", "", r.reason, ""]
+        metric_rows = [
+            {
+                "metric": k,
+                "value": m.value,
+                "ci_low": m.ci_low,
+                "ci_high": m.ci_high,
+                "n": m.n,
+                "unit": m.unit,
+                "direction": m.direction,
+            }
+            for k, m in r.metrics.items()
+        ]
+        lines.append(markdown_table(metric_rows, ["metric", "value", "ci_low", "ci_high", "n", "unit", "direction"]))
+        if r.table:
+            lines.append(markdown_table(r.table))
+    return "\n".join(lines)
+
+
+def write_markdown_report(results: Sequence[GateResult], path: str | Path, *, title: str = "Release gates") -> Path:
+    """Write ``render_markdown`` atomically."""
+    return atomic_write_text(path, render_markdown(results, title=title))
+
+
+# --------------------------------------------------------------------------------------------
+# JUnit XML
+# --------------------------------------------------------------------------------------------
+
+
+def render_junit_xml(results: Sequence[GateResult], *, suite_name: str = "release-gates") -> str:
+    """JUnit XML: one ``<testsuite>`` with one ``<testcase classname="gates" name=<gate>>`` per gate.
+
+    A "block" gate carries ``<failure type="block" message=reason>``, an "inconclusive" one
+    ``<failure type="inconclusive">`` (both block the release). Metrics go in ``<system-out>``
+    as JSON.
+    """
+    results = list(results)
+    n_fail = sum(r.blocks_release for r in results)
+    suites = ET.Element("testsuites", name=suite_name, tests=str(len(results)), failures=str(n_fail), errors="0")
+    suite = ET.SubElement(
+        suites, "testsuite", name=suite_name, tests=str(len(results)), failures=str(n_fail), errors="0", skipped="0"
+    )
+    for r in results:
+        case = ET.SubElement(suite, "testcase", classname="gates", name=r.name)
+        if r.blocks_release:
+            fail = ET.SubElement(case, "failure", type=r.verdict, message=r.reason)
+            fail.text = r.reason
+        out = ET.SubElement(case, "system-out")
+        out.text = json.dumps({k: m.to_dict() for k, m in r.metrics.items()}, allow_nan=False)
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_junit_xml(results: Sequence[GateResult], path: str | Path, *, suite_name: str = "release-gates") -> Path:
+    """Write ``render_junit_xml`` atomically."""
+    return atomic_write_text(path, render_junit_xml(results, suite_name=suite_name))
+
+
+def write_reports(
+    results: Iterable[GateResult],
+    out_dir: str | Path,
+    *,
+    stem: str = "gates",
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
+    """Write ``<stem>.md``, ``<stem>.junit.xml`` and, last, ``<stem>.json`` into ``out_dir``.
+
+    The JSON (the machine-readable verdict) is written last so its presence means all three
+    reports are complete.
+
+    Returns:
+        {"markdown": path, "junit": path, "json": path}.
+    """
+    results = list(results)
+    out_dir = Path(out_dir)
+    md = write_markdown_report(results, out_dir / f"{stem}.md")
+    xml = write_junit_xml(results, out_dir / f"{stem}.junit.xml")
+    js = write_json_report(results, out_dir / f"{stem}.json", metadata=metadata)
+    return {"markdown": md, "junit": xml, "json": js}

@@ -1,0 +1,239 @@
+"""Configuration of the PPO stage.
+
+TRL 1.16 ships no PPOConfig, so this is our own dataclass in TRL's style: every field carries its help text
+in ``metadata`` (``HfArgumentParser``/``TrlParser`` turn it into ``--help``), defaults < YAML < CLI.
+
+Two dataclasses are parsed together by :mod:`ppo.train`:
+    - :class:`PPOScriptArguments`: where the models and prompts are (paths only);
+    - :class:`PPOConfig`: how to train.
+
+Batch arithmetic (per process; multiply by the number of processes for a global figure):
+    each step generates ``batch_size`` completions (one per prompt); they are cut into
+    ``batch_size / mini_batch_size`` minibatches, each one optimizer step, so a step makes
+    ``ppo_epochs * batch_size / mini_batch_size`` optimizer steps. A minibatch is run as
+    ``mini_batch_size / micro_batch_size`` forward/backward passes with accumulated gradients.
+    Example (defaults): 8 prompts, minibatches of 4, 4 epochs -> 8 optimizer steps per PPO step.
+
+Defaults that differ from TRL 0.x's removed PPOConfig, and why:
+    - temperature 1.0 (TRL: 0.7): sampling and log-probs use the same temperature either way, 1.0 keeps the
+      optimised distribution equal to the model's own;
+    - top-k / top-p are not options: they make the sampled distribution differ from the one whose log-probs
+      are scored, which biases the KL estimate (it can go negative);
+    - vf_coef 0.1, cliprange 0.2, cliprange_value 0.2, gamma 1.0, lam 0.95, kl_coef 0.05: as TRL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+SUPPORTED_REPORT_TO = ("wandb",)
+
+
+@dataclass
+class PPOScriptArguments:
+    """Where the PPO stage reads its inputs. All local directories / files (the hub is not reachable)."""
+
+    policy_path: str = field(
+        default="",
+        metadata={"help": "Directory of the initial policy (AutoModelForCausalLM), normally the SFT output."},
+    )
+    ref_path: str = field(
+        default="",
+        metadata={
+            "help": "Directory of pi_ref, the frozen content-hashed copy of the SFT output. Loaded separately from "
+            "the policy, never shared with it."
+        },
+    )
+    reward_model_path: str = field(
+        default="",
+        metadata={"help": "Directory of the Bradley-Terry reward model (AutoModelForSequenceClassification, 1 label)."},
+    )
+    value_model_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Directory the value model is initialised from (AutoModelForSequenceClassification, 1 label). "
+            "Default: reward_model_path, as in Ouyang et al. 2022 (value function initialised from the RM)."
+        },
+    )
+    prompts_path: str = field(
+        default="",
+        metadata={
+            "help": "JSONL file, one object per line with a 'prompt' field: a string, or a list of chat messages "
+            "({'role', 'content'}) rendered with the tokenizer's chat template and a generation prompt."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        missing = [n for n in ("policy_path", "ref_path", "reward_model_path", "prompts_path") if not getattr(self, n)]
+        if missing:
+            raise ValueError(f"PPOScriptArguments: missing required path(s): {', '.join(missing)}")
+
+
+@dataclass
+class PPOConfig:
+    """Hyper-parameters of classic RLHF PPO (Ziegler et al. 2019; Ouyang et al. 2022)."""
+
+    # ---- run ------------------------------------------------------------------------------------
+    output_dir: str = field(
+        default="outputs/ppo",
+        metadata={"help": "Where the policy checkpoint (output_dir/checkpoint) and manifest.json are written."},
+    )
+    run_name: str | None = field(default=None, metadata={"help": "Run name for trackers (W&B)."})
+    seed: int = field(default=42, metadata={"help": "Seed of torch, python and numpy RNGs (sampling included)."})
+    num_steps: int = field(
+        default=100,
+        metadata={"help": "Number of PPO steps. One step = one rollout of batch_size prompts + ppo_epochs of updates."},
+    )
+
+    # ---- batch sizes (per process) --------------------------------------------------------------
+    batch_size: int = field(default=8, metadata={"help": "Prompts (= completions) per rollout, per process."})
+    mini_batch_size: int = field(
+        default=4, metadata={"help": "Completions per optimizer step; must divide batch_size."}
+    )
+    micro_batch_size: int = field(
+        default=2,
+        metadata={
+            "help": "Completions per forward/backward pass (gradients accumulate up to mini_batch_size); also the "
+            "chunk size of the rollout's scoring passes. Must divide mini_batch_size."
+        },
+    )
+    ppo_epochs: int = field(default=4, metadata={"help": "Passes over each rollout batch."})
+
+    # ---- optimisation -----------------------------------------------------------------------------
+    learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (policy and value)."})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient-norm clipping per optimizer step."})
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = field(
+        default="constant", metadata={"help": "Learning-rate schedule over all optimizer steps."}
+    )
+    warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up, in optimizer steps."})
+
+    # ---- PPO ------------------------------------------------------------------------------------
+    kl_coef: float = field(
+        default=0.05, metadata={"help": "Initial coefficient beta of the per-token KL penalty against pi_ref."}
+    )
+    kl_estimator: Literal["k1", "k3"] = field(
+        default="k1",
+        metadata={
+            "help": "KL estimator inside the reward: 'k1' = log pi - log pi_ref (classic, Ziegler et al. 2019) or "
+            "'k3' (non-negative per token). Both are logged whatever this is."
+        },
+    )
+    kl_target: float | None = field(
+        default=None,
+        metadata={
+            "help": "If set, adapt kl_coef towards this per-sequence KL (Ziegler et al. 2019 adaptive controller)."
+        },
+    )
+    kl_horizon: int = field(default=10000, metadata={"help": "Horizon (in samples) of the adaptive KL controller."})
+    cliprange: float = field(default=0.2, metadata={"help": "PPO ratio clip epsilon."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Value clip around the rollout's values."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss in the total loss."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
+    whiten_advantages: bool = field(
+        default=True, metadata={"help": "Normalise advantages over the real tokens of each rollout batch."}
+    )
+    missing_eos_penalty: float | None = field(
+        default=None,
+        metadata={
+            "help": "If set (>= 0), subtracted from the score of a completion with no EOS among its generated "
+            "tokens (an EOS in the prompt does not count)."
+        },
+    )
+
+    # ---- generation ---------------------------------------------------------------------------------
+    max_prompt_length: int = field(
+        default=512, metadata={"help": "Longest prompt in tokens; a longer prompt is an error naming its row."}
+    )
+    max_new_tokens: int = field(default=53, metadata={"help": "Most tokens generated per completion."})
+    temperature: float = field(
+        default=1.0,
+        metadata={"help": "Sampling temperature; the same temperature divides the logits when log-probs are scored."},
+    )
+
+    # ---- hardware ---------------------------------------------------------------------------------
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = field(
+        default="auto",
+        metadata={"help": "'auto' = bf16 where the device has native bf16 (CUDA), else fp32. The choice is logged."},
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Gradient checkpointing for the policy and value models."}
+    )
+    disable_dropout: bool = field(
+        default=True,
+        metadata={
+            "help": "Set every dropout of the policy and value models to 0, so that the first PPO epoch's ratios are "
+            "exactly 1 (rollouts are always scored in eval mode)."
+        },
+    )
+
+    # ---- logging --------------------------------------------------------------------------------
+    report_to: list[str] = field(
+        default_factory=list,
+        metadata={"help": f"Trackers to log to, among {list(SUPPORTED_REPORT_TO)}. Empty: none."},
+    )
+    logging_steps: int = field(default=1, metadata={"help": "Call the callbacks every this many PPO steps."})
+
+    def __post_init__(self) -> None:
+        errors: list[str] = []
+
+        def positive(name: str) -> None:
+            if getattr(self, name) <= 0:
+                errors.append(f"{name} must be > 0, got {getattr(self, name)}")
+
+        for name in (
+            "num_steps",
+            "batch_size",
+            "mini_batch_size",
+            "micro_batch_size",
+            "ppo_epochs",
+            "learning_rate",
+            "max_new_tokens",
+            "max_prompt_length",
+            "temperature",
+            "cliprange",
+            "cliprange_value",
+            "kl_horizon",
+            "logging_steps",
+        ):
+            positive(name)
+        if self.batch_size % self.mini_batch_size:
+            errors.append(f"mini_batch_size ({self.mini_batch_size}) must divide batch_size ({self.batch_size})")
+        if self.mini_batch_size % self.micro_batch_size:
+            errors.append(
+                f"micro_batch_size ({self.micro_batch_size}) must divide mini_batch_size ({self.mini_batch_size})"
+            )
+        if self.kl_coef < 0:
+            errors.append(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_target is not None and self.kl_target <= 0:
+            errors.append(f"kl_target must be > 0 when set, got {self.kl_target}")
+        if self.vf_coef < 0:
+            errors.append(f"vf_coef must be >= 0, got {self.vf_coef}")
+        if not 0.0 <= self.gamma <= 1.0:
+            errors.append(f"gamma must be in [0, 1], got {self.gamma}")
+        if not 0.0 <= self.lam <= 1.0:
+            errors.append(f"lam must be in [0, 1], got {self.lam}")
+        if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
+            errors.append(f"missing_eos_penalty must be >= 0 (it is subtracted), got {self.missing_eos_penalty}")
+        if self.kl_estimator not in ("k1", "k3"):
+            errors.append(f"kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            errors.append(f"mixed_precision must be auto/no/bf16/fp16, got {self.mixed_precision!r}")
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        self.report_to = [r for r in self.report_to if r != "none"]
+        unknown = [r for r in self.report_to if r not in SUPPORTED_REPORT_TO]
+        if unknown:
+            errors.append(f"report_to: unsupported tracker(s) {unknown}; supported: {list(SUPPORTED_REPORT_TO)}")
+        if errors:
+            raise ValueError("PPOConfig: " + "; ".join(errors))
+
+    @property
+    def optimizer_steps_per_ppo_step(self) -> int:
+        return self.ppo_epochs * (self.batch_size // self.mini_batch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

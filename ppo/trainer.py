@@ -1,0 +1,713 @@
+"""Classic RLHF PPO on accelerate (Ziegler et al. 2019; Ouyang et al. 2022), math in :mod:`ppo.core`.
+
+One step:
+    1. rollout (eval mode, no dropout, no gradients): left-padded batched sampling from the policy at
+       ``temperature`` with no top-k/top-p; log-probs of the completion under the policy and pi_ref; values;
+       the reward model's score at the last real token; the missing-EOS penalty (completion tokens only);
+       per-token rewards -kl_coef * KL_t (+ score at the last real token); GAE; whitened advantages.
+    2. ``ppo_epochs`` passes of shuffled minibatches: clipped policy loss + vf_coef * clipped value loss.
+
+Models:
+    - policy: ``AutoModelForCausalLM``, trained.
+    - ref_model (pi_ref): a separate ``AutoModelForCausalLM``, frozen, always in eval mode; its parameters are
+      fingerprinted (sha256) at construction and checked after training (:meth:`PPOTrainer.verify_frozen`).
+    - reward_model: ``AutoModelForSequenceClassification`` with one label, frozen and fingerprinted too.
+    - value_model: a *separate* ``AutoModelForSequenceClassification`` with one label (by default initialised
+      from the reward model, as Ouyang et al. 2022 initialise the value function from the RM), trained.
+      Chosen over a value head on the policy because (a) the value loss then never pulls on the policy's
+      representation, (b) an RM-initialised critic starts with a sensible value scale, (c) it is the layout of
+      TRL's former PPO trainer. Cost: one more model in memory (for SmolLM2-135M, +0.5 GB fp32 + Adam state).
+
+Per-token scores of a sequence-classification model (reward and value) are computed as
+``model.score(backbone(input_ids).last_hidden_state)`` and read by position: the reward at the last real
+completion token from the completion mask. We do not call the model's own pooled ``forward``, because
+transformers pools at the rightmost token that is not ``pad_token_id``, and with pad == eos (SmolLM2) that
+skips the final EOS.
+
+Policy and value are wrapped in one ``nn.Module`` (:class:`PolicyAndValue`) so that ``accelerator.prepare``
+sees one model and one optimizer (DDP / DeepSpeed need that). Generation uses the unwrapped policy; ZeRO-3
+would need its parameters gathered for generation, which is not done here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import logging
+import math
+import os
+import shutil
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, PreTrainedTokenizerBase, get_scheduler
+
+from ppo import core
+from ppo.config import PPOConfig
+from ppo.types import Rollout
+
+logger = logging.getLogger(__name__)
+
+#: A callback receives the PPO step (1-based) and that step's metrics.
+Callback = Callable[[int, dict[str, float]], None]
+
+Prompt = str | Sequence[Mapping[str, Any]] | Mapping[str, Any]
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def resolve_mixed_precision(requested: str) -> str:
+    """'auto' -> 'bf16' only where the device has native bf16 (CUDA with bf16 support), else 'no' (fp32).
+
+    CPUs here emulate bf16 (10x slower steps), so CPU runs stay in fp32 unless bf16 is asked for explicitly.
+    """
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "no"
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability of ``model`` to 0 (``nn.Dropout`` modules and attention-dropout floats)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of all parameters and buffers of ``model``."""
+    h = hashlib.sha256()
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    for name, tensor in sorted(tensors, key=lambda kv: kv[0]):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only, as ``generate`` does for left padding. (B, L) -> (B, L)."""
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    return position_ids.clamp(min=0)
+
+
+def token_scores(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
+    """Per-position scalar scores of a 1-label sequence-classification model. (B, L) -> (B, L) float32."""
+    backbone = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    head = getattr(model, "score", None)
+    if backbone is None or head is None:
+        raise TypeError(
+            f"{type(model).__name__}: reward and value models must be AutoModelForSequenceClassification-style "
+            "models with a backbone (base_model_prefix) and a `score` head"
+        )
+    hidden = backbone(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    scores = head(hidden)
+    if scores.shape[-1] != 1:
+        raise ValueError(f"{type(model).__name__}: the score head must have 1 output, has {scores.shape[-1]}")
+    return scores.squeeze(-1).float()
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists. Returns ids (B, P) and a 0/1 position mask (B, P)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if len(seq):
+            ids[i, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
+    return ids, mask
+
+
+def tokenize_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], max_prompt_length: int
+) -> list[list[int]]:
+    """Tokenize prompts: a string, a list of chat messages, or a mapping with a ``prompt`` field of either.
+
+    Chat messages are rendered with the chat template and a generation prompt, then tokenized without
+    special tokens (the template already holds them: no double BOS). Errors name the row.
+    """
+    out: list[list[int]] = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, Mapping):
+            if "prompt" not in prompt:
+                raise ValueError(f"prompt row {i}: no 'prompt' field (fields: {sorted(prompt)})")
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"prompt row {i}: empty prompt")
+            ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        elif isinstance(prompt, Sequence):
+            if not prompt:
+                raise ValueError(f"prompt row {i}: empty list of messages")
+            for j, message in enumerate(prompt):
+                if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+                    raise ValueError(f"prompt row {i}, message {j}: expected a mapping with a string 'role'")
+                if not isinstance(message.get("content"), str):
+                    raise ValueError(f"prompt row {i}, message {j}: 'content' must be a string")
+            if prompt[-1]["role"] == "assistant":
+                raise ValueError(f"prompt row {i}: the conversation ends on an assistant turn; nothing to complete")
+            text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            raise ValueError(f"prompt row {i}: expected a string or a list of messages, got {type(prompt).__name__}")
+        ids = list(ids)
+        bos = tokenizer.bos_token_id
+        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+            raise ValueError(f"prompt row {i}: starts with two BOS tokens (template + tokenizer both added one)")
+        if not ids:
+            raise ValueError(f"prompt row {i}: tokenizes to no tokens")
+        if len(ids) > max_prompt_length:
+            raise ValueError(f"prompt row {i}: {len(ids)} tokens > max_prompt_length={max_prompt_length}")
+        out.append(ids)
+    return out
+
+
+def completion_logits(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    completion_length: int,
+) -> torch.Tensor:
+    """Logits that predict the last ``completion_length`` tokens of ``input_ids``. (B, L) -> (B, T, V).
+
+    Position L - T - 1 predicts the first completion token, L - 2 the last one; only the last T + 1 positions
+    are projected on the vocabulary (``logits_to_keep``) where the model supports it.
+    """
+    T = completion_length
+    kwargs: dict[str, Any] = {}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kwargs["logits_to_keep"] = T + 1
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+    ).logits
+    return logits[:, -(T + 1) : -1]
+
+
+class PolicyAndValue(nn.Module):
+    """The trained pair, one module for ``accelerate.prepare``: forward returns (completion logits, values)."""
+
+    def __init__(self, policy: nn.Module, value_model: nn.Module):
+        super().__init__()
+        self.policy = policy
+        self.value_model = value_model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        completion_length: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, P + T) inputs -> policy logits (B, T, V) predicting the completion, values (B, T).
+
+        values[:, t] = V(state before completion token t) = the value head at position P - 1 + t.
+        """
+        T = completion_length
+        logits = completion_logits(self.policy, input_ids, attention_mask, position_ids, T)
+        values = token_scores(self.value_model, input_ids, attention_mask, position_ids)[:, -(T + 1) : -1]
+        return logits, values
+
+
+# --------------------------------------------------------------------------------------------------
+# trainer
+# --------------------------------------------------------------------------------------------------
+
+
+class PPOTrainer:
+    """Classic RLHF PPO. See the module docstring for the models and the step.
+
+    Args:
+        config: hyper-parameters.
+        policy: ``AutoModelForCausalLM`` to train.
+        ref_model: pi_ref, a separate ``AutoModelForCausalLM``; frozen and put in eval mode here.
+        reward_model: 1-label ``AutoModelForSequenceClassification``; frozen and put in eval mode here.
+        value_model: 1-label ``AutoModelForSequenceClassification`` to train (a separate model, not a head).
+        tokenizer: shared by all four models; needs ``pad_token_id`` and ``eos_token_id`` (pad may equal eos).
+        prompts: strings, lists of chat messages, or mappings with a ``prompt`` field (a ``datasets.Dataset``
+            with a ``prompt`` column works).
+        accelerator: an ``Accelerator``; created from ``config.mixed_precision`` if omitted.
+        callbacks: called as ``callback(step, metrics)`` every ``logging_steps`` steps on the main process.
+    """
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        policy: nn.Module,
+        ref_model: nn.Module,
+        reward_model: nn.Module,
+        value_model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        prompts: Sequence[Prompt],
+        accelerator: Accelerator | None = None,
+        callbacks: Sequence[Callback] | None = None,
+    ):
+        self.config = config
+        self.mixed_precision = resolve_mixed_precision(config.mixed_precision)
+        self.accelerator = accelerator or Accelerator(mixed_precision=self.mixed_precision)
+        if accelerator is not None:
+            self.mixed_precision = str(accelerator.mixed_precision)
+        logger.info(
+            "PPO precision: requested mixed_precision=%r -> %r (device %s)",
+            config.mixed_precision,
+            self.mixed_precision,
+            self.accelerator.device,
+        )
+        set_seed(config.seed)
+        self.callbacks: list[Callback] = list(callbacks or [])
+        self.log_history: list[dict[str, float]] = []
+        self.kl_coef = config.kl_coef
+        self.global_step = 0
+
+        self._check_models(policy, ref_model, reward_model, value_model, tokenizer)
+        self.tokenizer = tokenizer
+        self.pad_token_id: int = tokenizer.pad_token_id
+        eos = {tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
+        if gen_eos is not None:
+            eos.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
+        self.eos_token_ids: list[int] = sorted(eos)
+
+        # frozen models: no gradients, eval mode, fingerprinted
+        for frozen in (ref_model, reward_model):
+            frozen.requires_grad_(False)
+            frozen.eval()
+        self.ref_model = ref_model
+        self.reward_model = reward_model
+        self.ref_fingerprint = model_fingerprint(ref_model)
+        self.reward_fingerprint = model_fingerprint(reward_model)
+
+        if config.disable_dropout:
+            disable_dropout(policy)
+            disable_dropout(value_model)
+        if config.gradient_checkpointing:
+            for m in (policy, value_model):
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                if hasattr(m, "config"):
+                    m.config.use_cache = False
+
+        # data
+        self.prompt_ids = tokenize_prompts(tokenizer, prompts, config.max_prompt_length)
+        needed = config.batch_size * self.accelerator.num_processes
+        if len(self.prompt_ids) < needed:
+            raise ValueError(f"{len(self.prompt_ids)} prompts < batch_size x processes = {needed}")
+        dataloader = DataLoader(
+            self.prompt_ids,  # type: ignore[arg-type]
+            batch_size=config.batch_size,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=self._collate,
+        )
+
+        # optimisation
+        model = PolicyAndValue(policy, value_model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=config.learning_rate, eps=config.adam_epsilon, weight_decay=config.weight_decay
+        )
+        scheduler = get_scheduler(
+            config.lr_scheduler_type,
+            optimizer=optimizer,
+            num_warmup_steps=config.warmup_steps,
+            num_training_steps=config.num_steps * config.optimizer_steps_per_ppo_step,
+        )
+        self.model, self.optimizer, self.dataloader, self.scheduler = self.accelerator.prepare(
+            model, optimizer, dataloader, scheduler
+        )
+        self.ref_model.to(self.accelerator.device)
+        self.reward_model.to(self.accelerator.device)
+        self._batches = self._cycle()
+
+    # ---- checks -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_models(policy, ref_model, reward_model, value_model, tokenizer) -> None:
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs a pad_token_id and an eos_token_id (pad may equal eos)")
+        if ref_model is policy:
+            raise ValueError("ref_model is the policy object: pi_ref must be a separate, frozen copy")
+        if value_model is reward_model:
+            raise ValueError("value_model is the reward_model object: load the value model separately")
+        trained = {p.data_ptr() for m in (policy, value_model) for p in m.parameters()}
+        frozen = {p.data_ptr() for m in (ref_model, reward_model) for p in m.parameters()}
+        if trained & frozen:
+            raise ValueError("policy/value share parameter storage with pi_ref/reward model: training would move them")
+        vocab = len(tokenizer)
+        for name, m in (("policy", policy), ("ref_model", ref_model), ("reward_model", reward_model),
+                        ("value_model", value_model)):  # fmt: skip
+            n_emb = m.get_input_embeddings().num_embeddings
+            if n_emb < vocab:
+                raise ValueError(f"{name}: {n_emb} input embeddings < tokenizer size {vocab}")
+
+    def verify_frozen(self) -> None:
+        """Raise if pi_ref's (or the reward model's) parameters changed since construction."""
+        ref_now = model_fingerprint(self.ref_model)
+        if ref_now != self.ref_fingerprint:
+            raise RuntimeError(f"pi_ref parameters changed during PPO: {self.ref_fingerprint} -> {ref_now}")
+        rm_now = model_fingerprint(self.reward_model)
+        if rm_now != self.reward_fingerprint:
+            raise RuntimeError(f"reward model parameters changed during PPO: {self.reward_fingerprint} -> {rm_now}")
+
+    # ---- data -------------------------------------------------------------------------------------
+
+    def _collate(self, batch: list[list[int]]) -> dict[str, torch.Tensor]:
+        ids, mask = left_pad(batch, self.pad_token_id)
+        return {"prompt_ids": ids, "prompt_mask": mask}
+
+    def _cycle(self) -> Iterator[dict[str, torch.Tensor]]:
+        while True:
+            yield from self.dataloader
+
+    @property
+    def policy(self) -> nn.Module:
+        """The unwrapped policy being trained."""
+        return self.accelerator.unwrap_model(self.model).policy
+
+    @property
+    def value_model(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model).value_model
+
+    # ---- rollout ----------------------------------------------------------------------------------
+
+    def generation_config(self) -> GenerationConfig:
+        """Pure sampling at ``temperature``: every logits warper that would make the sampled distribution
+        differ from the scored one is set to its neutral value explicitly (None would let a checkpoint's
+        generation_config fill it in; transformers' global default is top_k=50)."""
+        return GenerationConfig(
+            max_new_tokens=self.config.max_new_tokens,
+            do_sample=True,
+            temperature=self.config.temperature,
+            top_k=0,
+            top_p=1.0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            encoder_repetition_penalty=1.0,
+            num_beams=1,
+            num_return_sequences=1,
+            pad_token_id=self.pad_token_id,
+            eos_token_id=self.eos_token_ids,
+            use_cache=True,
+        )
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, **kwargs: Any) -> Any:
+        """Sample completions for left-padded prompts; returns what ``generate`` returns ((B, P + T) ids)."""
+        policy = self.policy
+        was_training = policy.training
+        policy.eval()
+        saved = getattr(policy, "generation_config", None)
+        # the checkpoint's generation_config must not fill in min_p, suppress_tokens, ... (see generation_config)
+        policy.generation_config = GenerationConfig()
+        generation_config = self.generation_config()
+        model_kwargs = generation_config.update(**kwargs)  # e.g. output_scores=True; returns the non-generation rest
+        try:
+            return policy.generate(
+                input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config, **model_kwargs
+            )
+        finally:
+            policy.generation_config = saved
+            policy.train(was_training)
+
+    def _forward_chunks(self, fn: Callable[[slice], torch.Tensor], n: int) -> torch.Tensor:
+        step = self.config.micro_batch_size
+        return torch.cat([fn(slice(i, min(i + step, n))) for i in range(0, n, step)], dim=0)
+
+    @torch.no_grad()
+    def rollout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> Rollout:
+        """Sample and score one batch. Everything in eval mode (no dropout), without gradients."""
+        cfg = self.config
+        device = self.accelerator.device
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+        self.model.eval()
+        self.ref_model.eval()
+        self.reward_model.eval()
+
+        sequences = self.generate(prompt_ids, prompt_mask)
+        P = prompt_ids.shape[1]
+        completion_ids = sequences[:, P:]
+        T = completion_ids.shape[1]
+        completion_mask = core.completion_mask_from_ids(completion_ids, self.eos_token_ids)
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        position_ids = position_ids_from_mask(attention_mask)
+        B = input_ids.shape[0]
+        unwrapped = self.accelerator.unwrap_model(self.model)
+
+        def args(s: slice) -> dict[str, torch.Tensor]:
+            return {"input_ids": input_ids[s], "attention_mask": attention_mask[s], "position_ids": position_ids[s]}
+
+        def policy_logprobs(s: slice) -> torch.Tensor:
+            with self.accelerator.autocast():
+                logits = completion_logits(unwrapped.policy, **args(s), completion_length=T)
+            return core.logprobs_from_logits(logits, completion_ids[s], cfg.temperature)
+
+        def ref_logprobs(s: slice) -> torch.Tensor:
+            with self.accelerator.autocast():
+                logits = completion_logits(self.ref_model, **args(s), completion_length=T)
+            return core.logprobs_from_logits(logits, completion_ids[s], cfg.temperature)
+
+        def values(s: slice) -> torch.Tensor:
+            with self.accelerator.autocast():
+                return token_scores(unwrapped.value_model, **args(s))[:, P - 1 : -1]
+
+        def rm_scores(s: slice) -> torch.Tensor:
+            with self.accelerator.autocast():
+                return token_scores(self.reward_model, **args(s))
+
+        logprobs = self._forward_chunks(policy_logprobs, B)
+        ref_lp = self._forward_chunks(ref_logprobs, B)
+        old_values = self._forward_chunks(values, B)
+        per_token_rm = self._forward_chunks(rm_scores, B)
+
+        last = core.last_real_index(completion_mask)  # index into the completion
+        rows = torch.arange(B, device=device)
+        scores = per_token_rm[rows, P + last]
+        penalized = scores
+        if cfg.missing_eos_penalty is not None:
+            penalized = core.missing_eos_penalty(
+                scores, completion_ids, completion_mask, self.eos_token_ids, cfg.missing_eos_penalty
+            )
+
+        r = core.compute_rewards(penalized, logprobs, ref_lp, completion_mask, self.kl_coef, cfg.kl_estimator)
+        kl_k1 = core.per_token_kl(logprobs, ref_lp, completion_mask, "k1")
+        kl_k3 = core.per_token_kl(logprobs, ref_lp, completion_mask, "k3")
+        old_values = torch.where(completion_mask.bool(), old_values, torch.zeros_like(old_values))
+        advantages, returns = core.gae(r.rewards, old_values, completion_mask, cfg.gamma, cfg.lam)
+        if cfg.whiten_advantages and int(completion_mask.sum()) >= 2:
+            advantages = core.masked_whiten(advantages, completion_mask)
+        return Rollout(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            logprobs=logprobs,
+            ref_logprobs=ref_lp,
+            values=old_values,
+            scores=scores,
+            penalized_scores=penalized,
+            rewards=r.rewards,
+            kl_k1=kl_k1,
+            kl_k3=kl_k3,
+            advantages=advantages,
+            returns=returns,
+        )
+
+    # ---- update -----------------------------------------------------------------------------------
+
+    def update(self, ro: Rollout) -> dict[str, float]:
+        """``ppo_epochs`` passes of minibatch updates on one rollout. Returns mean update statistics."""
+        cfg = self.config
+        self.model.train()
+        T = ro.completion_ids.shape[1]
+        B = ro.prompt_ids.shape[0]
+        input_ids, attention_mask = ro.input_ids, ro.attention_mask
+        position_ids = position_ids_from_mask(attention_mask)
+        stats: dict[str, list[float]] = defaultdict(list)
+        for _epoch in range(cfg.ppo_epochs):
+            perm = torch.randperm(B, device=input_ids.device)
+            for start in range(0, B, cfg.mini_batch_size):
+                minibatch = perm[start : start + cfg.mini_batch_size]
+                micro_starts = list(range(0, len(minibatch), cfg.micro_batch_size))
+                for k, m_start in enumerate(micro_starts):
+                    idx = minibatch[m_start : m_start + cfg.micro_batch_size]
+                    last_micro = k == len(micro_starts) - 1
+                    sync = contextlib.nullcontext() if last_micro else self.accelerator.no_sync(self.model)
+                    with sync:
+                        logits, values = self.model(input_ids[idx], attention_mask[idx], position_ids[idx], T)
+                        mask = ro.completion_mask[idx]
+                        new_logprobs = core.logprobs_from_logits(logits, ro.completion_ids[idx], cfg.temperature)
+                        pl = core.ppo_policy_loss(
+                            new_logprobs, ro.logprobs[idx], ro.advantages[idx], mask, cfg.cliprange
+                        )
+                        vl = core.ppo_value_loss(values, ro.values[idx], ro.returns[idx], mask, cfg.cliprange_value)
+                        loss = pl.loss + cfg.vf_coef * vl.loss
+                        self.accelerator.backward(loss * (len(idx) / len(minibatch)))
+                    with torch.no_grad():
+                        entropy = core.masked_mean(core.entropy_from_logits(logits.detach(), cfg.temperature), mask)
+                    stats["loss/policy"].append(pl.loss.item())
+                    stats["loss/value"].append(vl.loss.item())
+                    stats["loss/total"].append(loss.item())
+                    stats["policy/clipfrac"].append(pl.clipfrac.item())
+                    stats["policy/approx_kl"].append(pl.approx_kl.item())
+                    stats["policy/ratio"].append(pl.ratio.item())
+                    stats["policy/entropy"].append(entropy.item())
+                    stats["value/clipfrac"].append(vl.clipfrac.item())
+                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                if grad_norm is not None:
+                    stats["policy/grad_norm"].append(float(grad_norm))
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self._first_minibatch_approx_kl = stats["policy/approx_kl"][0]
+        return {k: sum(v) / len(v) for k, v in stats.items()}
+
+    # ---- step / train -----------------------------------------------------------------------------
+
+    def step(self, batch: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
+        """One PPO step: rollout, then update. Returns the step's metrics (averaged over processes)."""
+        t0 = time.perf_counter()
+        batch = batch if batch is not None else next(self._batches)
+        ro = self.rollout(batch["prompt_ids"], batch["prompt_mask"])
+        t_rollout = time.perf_counter() - t0
+        kl_coef_used = self.kl_coef
+        update_stats = self.update(ro)
+        self.global_step += 1
+
+        mask = ro.completion_mask
+        seq_k1 = core.masked_sum(ro.kl_k1, mask, dim=-1)  # (B,) KL of each sampled sequence
+        seq_k3 = core.masked_sum(ro.kl_k3, mask, dim=-1)
+        lengths = mask.sum(-1).float()
+        has_eos = (torch.isin(ro.completion_ids, torch.as_tensor(self.eos_token_ids, device=mask.device))
+                   & mask.bool()).any(-1)  # fmt: skip
+        non_score = -kl_coef_used * core.masked_sum(
+            core.per_token_kl(ro.logprobs, ro.ref_logprobs, mask, self.config.kl_estimator), mask, dim=-1
+        )
+        local = {
+            "objective/score": ro.scores.mean().item(),
+            "objective/score_penalized": ro.penalized_scores.mean().item(),
+            "objective/kl_k1": seq_k1.mean().item(),
+            "objective/kl_k3": seq_k3.mean().item(),
+            "objective/non_score_reward": non_score.mean().item(),
+            "objective/rlhf_reward": (ro.penalized_scores + non_score).mean().item(),
+            "objective/kl_coef": kl_coef_used,
+            "value/mean": core.masked_mean(ro.values, mask).item(),
+            "value/returns_mean": core.masked_mean(ro.returns, mask).item(),
+            "response/length_mean": lengths.mean().item(),
+            "response/eos_rate": has_eos.float().mean().item(),
+            **update_stats,
+        }
+        keys = sorted(local)
+        reduced = self.accelerator.reduce(
+            torch.tensor([local[k] for k in keys], device=self.accelerator.device, dtype=torch.float64), "mean"
+        )
+        metrics = {k: float(v) for k, v in zip(keys, reduced.tolist())}
+
+        n = seq_k1.numel()
+        if n > 1:
+            se = float(seq_k1.std()) / math.sqrt(n)
+            if float(seq_k1.mean()) < -3.0 * se - 1e-6:
+                logger.warning(
+                    "step %d: k1 KL %.4f is negative beyond noise (3 x se = %.4f): samples may not come from the "
+                    "policy (sampling settings) or padding leaked into the log-probs",
+                    self.global_step,
+                    float(seq_k1.mean()),
+                    3 * se,
+                )
+        if self.config.kl_target is not None:
+            self.kl_coef = core.adaptive_kl_coef(
+                self.kl_coef,
+                metrics["objective/kl_k1"],
+                self.config.kl_target,
+                n_steps=n * self.accelerator.num_processes,
+                horizon=self.config.kl_horizon,
+            )
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics["step"] = float(self.global_step)
+        metrics["time/rollout_s"] = t_rollout
+        metrics["time/step_s"] = time.perf_counter() - t0
+        self.last_rollout = ro
+        return metrics
+
+    def train(self) -> list[dict[str, float]]:
+        """Run ``num_steps`` PPO steps with a progress bar; verify pi_ref is unchanged at the end."""
+        self.verify_frozen()
+        bar = tqdm(
+            range(self.config.num_steps), desc="PPO", disable=not self.accelerator.is_local_main_process
+        )
+        for _ in bar:
+            metrics = self.step()
+            self.log_history.append(metrics)
+            bar.set_postfix(
+                score=f"{metrics['objective/score']:.3f}",
+                kl=f"{metrics['objective/kl_k1']:.3f}",
+                len=f"{metrics['response/length_mean']:.1f}",
+            )
+            if self.global_step % self.config.logging_steps == 0 and self.accelerator.is_main_process:
+                for callback in self.callbacks:
+                    callback(self.global_step, metrics)
+        self.accelerator.wait_for_everyone()
+        self.verify_frozen()
+        return self.log_history
+
+    # ---- save -------------------------------------------------------------------------------------
+
+    def save_policy(self, directory: str | os.PathLike[str]) -> Path:
+        """Save the policy (safetensors) and tokenizer atomically: write a temp dir, check it, rename.
+
+        The saved tensors are read back and compared with the model's shapes, so an empty save (a ZeRO-3
+        pitfall) fails here rather than in the next stage.
+        """
+        final = Path(directory)
+        state_dict = self.accelerator.get_state_dict(self.model)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            policy_sd = {k[len("policy.") :]: v for k, v in state_dict.items() if k.startswith("policy.")}
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+            try:
+                self.policy.save_pretrained(tmp, state_dict=policy_sd)
+                self.tokenizer.save_pretrained(tmp)
+                _check_saved_tensors(tmp, policy_sd)
+                umask = os.umask(0)
+                os.umask(umask)
+                for f in tmp.iterdir():  # some writers create 0600 temp files; give the usual permissions
+                    os.chmod(f, 0o666 & ~umask)
+                os.chmod(tmp, 0o777 & ~umask)
+                old = None
+                if final.exists():
+                    old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+                    os.replace(final, old)
+                os.replace(tmp, final)
+                if old is not None:
+                    shutil.rmtree(old)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+        self.accelerator.wait_for_everyone()
+        return final
+
+
+def _check_saved_tensors(directory: Path, expected: Mapping[str, torch.Tensor]) -> None:
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise RuntimeError(f"{directory}: no .safetensors file was written")
+    seen: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for key in handle.keys():
+                seen[key] = tuple(handle.get_slice(key).get_shape())
+    for key, shape in seen.items():
+        if math.prod(shape) == 0:
+            raise RuntimeError(f"{directory}: tensor {key} was saved empty (shape {shape})")
+        if key in expected and tuple(expected[key].shape) != shape:
+            raise RuntimeError(f"{directory}: tensor {key} saved with shape {shape}, expected {tuple(expected[key].shape)}")
+    if not seen:
+        raise RuntimeError(f"{directory}: the checkpoint holds no tensors")

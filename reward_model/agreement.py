@@ -1,0 +1,650 @@
+"""Agreement statistics for pairwise preference labels.
+
+Everything here is a pure function of label / score arrays, so the PPO unlock rule
+(``reward_model.unlock``) and the judge-agreement gate can be tested against hand-worked
+numbers and against the real PandaLM test set (``../shared/datasets/pandalm``).
+
+Label convention (PandaLM's, used throughout)
+---------------------------------------------
+``0`` tie ("similar in quality"), ``1`` first response better, ``2`` second response better.
+``expert_labels`` adds ``NO_MAJORITY = -1`` for items where the annotators have no strict majority,
+and the judge parser adds ``UNPARSED = -1`` for judge outputs that are not a verdict.
+
+A label is *decisive* when it is 1 or 2 (it picks a side).
+
+Which number the PPO unlock rule uses (DESIGN.md principle 2)
+--------------------------------------------------------------
+A Bradley-Terry reward model always picks a side (its two scores essentially never tie), and
+``rm_agreement`` scores it only on items whose expert label is decisive. The human number on
+"the same kind of pairs" is therefore ``InterAnnotatorAgreement.pairwise_agreement_decisive``:
+how often two annotators pick the same side, counted over (item, annotator pair) comparisons in
+which *both* annotators picked a side. The all-labels figure (``pairwise_agreement``) counts
+tie-vs-side disagreements that a reward model is never scored on, so it is lower and would make
+the bar easier to clear; the leave-one-out "annotator vs majority of the others" figure only
+exists on items where the other annotators agree (with 3 annotators: both others), which selects
+easy items and inflates it. Both are reported, neither gates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+from sklearn.metrics import cohen_kappa_score
+from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
+from statsmodels.stats.proportion import proportion_confint
+
+TIE = 0
+FIRST = 1
+SECOND = 2
+NO_MAJORITY = -1
+UNPARSED = -1
+LABELS = (TIE, FIRST, SECOND)
+
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_N_RESAMPLES = 2000
+DEFAULT_SEED = 0
+
+
+def _to_jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_jsonable(v) for v in value]
+    if isinstance(value, (np.bool_, bool)):
+        return bool(value)
+    if isinstance(value, (np.integer, int)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        f = float(value)
+        return None if math.isnan(f) else f  # NaN is not valid JSON
+    return value
+
+
+class _JsonMixin:
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict (numpy scalars -> Python, NaN -> None)."""
+        return _to_jsonable(dataclasses.asdict(self))  # type: ignore[arg-type]
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Input validation
+# --------------------------------------------------------------------------------------------
+
+
+def _check_labels(labels: Any) -> np.ndarray:
+    arr = np.asarray(labels)
+    if arr.ndim != 2:
+        raise ValueError(f"labels must have shape (n_items, n_annotators); got shape {arr.shape}")
+    n_items, n_annotators = arr.shape
+    if n_items < 1:
+        raise ValueError("labels has no items")
+    if n_annotators < 2:
+        raise ValueError(f"need at least 2 annotators per item; got {n_annotators}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        if not np.all(np.isfinite(arr.astype(float))) or np.any(arr != np.round(arr)):
+            raise ValueError("labels must be integers in {0, 1, 2} (no NaN / missing labels)")
+        arr = arr.astype(np.int64)
+    bad = ~np.isin(arr, LABELS)
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise ValueError(
+            f"labels must be in {{0 tie, 1 first better, 2 second better}}; "
+            f"item {i}, annotator {j} has {arr[i, j]!r}"
+        )
+    return arr.astype(np.int64)
+
+
+def _check_1d(name: str, values: Any, allowed: tuple[int, ...]) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (n_items,); got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        as_float = arr.astype(float)
+        if not np.all(np.isfinite(as_float)) or np.any(as_float != np.round(as_float)):
+            raise ValueError(f"{name} must hold integers in {allowed}")
+    arr = arr.astype(np.int64)
+    bad = ~np.isin(arr, allowed)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name} must hold values in {allowed}; item {i} has {arr[i]!r}")
+    return arr
+
+
+# --------------------------------------------------------------------------------------------
+# Expert labels
+# --------------------------------------------------------------------------------------------
+
+
+def expert_labels(labels: Any) -> np.ndarray:
+    """Expert label per item: the strict-majority label of the annotators.
+
+    Args:
+        labels: int array, shape (n_items, n_annotators), values in {0 tie, 1 first, 2 second}.
+
+    Returns:
+        int64 array, shape (n_items,), values in {0, 1, 2} or ``NO_MAJORITY`` (-1).
+        A label is the expert label when more than half of the annotators gave it
+        (3 annotators: at least 2). A tie (0) is a label like the others, so (0, 0, 1) -> 0.
+        Items with no strict majority (3 annotators: a 3-way split 0/1/2) get -1. They are kept in
+        the array, never dropped: ``rm_agreement`` / ``judge_agreement`` count them in
+        ``n_expert_no_majority`` and ``inter_annotator_agreement`` in ``n_no_majority``.
+
+    Raises:
+        ValueError: wrong shape, fewer than 2 annotators, or a value outside {0, 1, 2}.
+    """
+    arr = _check_labels(labels)
+    n_annotators = arr.shape[1]
+    counts = np.stack([(arr == k).sum(axis=1) for k in LABELS], axis=1)  # (n_items, 3)
+    best = counts.argmax(axis=1)
+    has_majority = counts.max(axis=1) * 2 > n_annotators
+    return np.where(has_majority, np.asarray(LABELS)[best], NO_MAJORITY).astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Inter-annotator agreement
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval(_JsonMixin):
+    low: float
+    high: float
+    level: float
+    method: str
+
+
+@dataclass(frozen=True)
+class InterAnnotatorAgreement(_JsonMixin):
+    """Agreement among annotators on the same items. All rates are fractions in [0, 1].
+
+    Fields:
+        n_items, n_annotators: shape of the label matrix.
+        tie_share: fraction of all individual labels that are ties (0).
+        n_no_majority: items with no strict-majority label (3 annotators: 3-way splits).
+        pairwise_agreement: P(two annotators give the same label), ties included as a label;
+            pooled over all n_items x C(n_annotators, 2) comparisons (with every annotator labelling
+            every item this equals the mean of the per-pair rates).
+        pairwise_agreement_ci: bootstrap CI (items resampled) of ``pairwise_agreement``.
+        pairwise_agreement_decisive: P(same side | both annotators picked a side), pooled over the
+            (item, annotator pair) comparisons in which both labels are 1 or 2. **This is the number
+            the PPO unlock rule compares the reward model against** (see the module docstring).
+        pairwise_agreement_decisive_ci: bootstrap CI of it.
+        n_decisive_comparisons: denominator of ``pairwise_agreement_decisive``.
+        per_pair_agreement / per_pair_agreement_decisive / per_pair_cohen_kappa:
+            {"a1-a2": value, ...} per annotator pair (annotators numbered from 1). Cohen's kappa is
+            ``sklearn.metrics.cohen_kappa_score`` on the 3-class labels.
+        loo_majority_agreement: leave-one-out "annotator vs majority of the others": for each
+            annotator i and item, the reference is the strict-majority label of the other
+            annotators; pooled P(annotator i == reference) over (item, i) where a reference exists
+            (3 annotators: only where the other two agree, so it is biased upward).
+        loo_majority_agreement_decisive: the same restricted to reference and annotator both decisive.
+        n_loo_comparisons / n_loo_comparisons_decisive: their denominators.
+        fleiss_kappa: Fleiss' kappa, ``statsmodels.stats.inter_rater.fleiss_kappa`` on the
+            ``aggregate_raters`` count table (Fleiss 1971, Psychol. Bull. 76(5):378-382).
+        fleiss_kappa_ci: bootstrap CI of it.
+
+    CIs: percentile bootstrap over items (``scipy.stats.bootstrap``, fixed seed), since the item
+    is the unit that was sampled and the comparisons on one item are not independent.
+    """
+
+    n_items: int
+    n_annotators: int
+    tie_share: float
+    n_no_majority: int
+    pairwise_agreement: float
+    pairwise_agreement_ci: ConfidenceInterval
+    pairwise_agreement_decisive: float
+    pairwise_agreement_decisive_ci: ConfidenceInterval
+    n_decisive_comparisons: int
+    per_pair_agreement: dict[str, float]
+    per_pair_agreement_decisive: dict[str, float]
+    per_pair_cohen_kappa: dict[str, float]
+    loo_majority_agreement: float
+    n_loo_comparisons: int
+    loo_majority_agreement_decisive: float
+    n_loo_comparisons_decisive: int
+    fleiss_kappa: float
+    fleiss_kappa_ci: ConfidenceInterval
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den else float("nan")
+
+
+def _percentile_bootstrap(
+    data: tuple[np.ndarray, ...],
+    statistic: Any,
+    *,
+    vectorized: bool,
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+) -> ConfidenceInterval:
+    """Percentile bootstrap CI with ``scipy.stats.bootstrap`` (rows = items resampled together).
+
+    Resamples on which the statistic is undefined (NaN, e.g. no decisive comparison drawn) are
+    skipped; NaN bounds when every resample is undefined.
+    """
+    method = f"percentile bootstrap over items, {n_resamples} resamples, seed {seed}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        res = stats.bootstrap(
+            data,
+            statistic,
+            paired=True,
+            vectorized=vectorized,
+            n_resamples=n_resamples,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    dist = np.asarray(res.bootstrap_distribution, dtype=float)
+    dist = dist[np.isfinite(dist)]
+    if dist.size == 0:
+        return ConfidenceInterval(float("nan"), float("nan"), confidence, method)
+    tail = (1 - confidence) / 2
+    lo, hi = np.quantile(dist, [tail, 1 - tail])
+    return ConfidenceInterval(float(lo), float(hi), confidence, method)
+
+
+def _bootstrap_ratio_ci(
+    num: np.ndarray, den: np.ndarray, confidence: float, n_resamples: int, seed: int
+) -> ConfidenceInterval:
+    """Percentile bootstrap CI of sum(num)/sum(den), items (rows) resampled with replacement."""
+    if den.sum() == 0 or len(num) < 2:
+        point = _ratio(num.sum(), den.sum())
+        return ConfidenceInterval(point, point, confidence, "no resampling possible")
+
+    def statistic(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        d = b.sum(axis=axis)
+        return np.where(d > 0, a.sum(axis=axis) / np.where(d > 0, d, 1), np.nan)
+
+    return _percentile_bootstrap(
+        (num.astype(float), den.astype(float)), statistic, vectorized=True,
+        confidence=confidence, n_resamples=n_resamples, seed=seed,
+    )
+
+
+def _fleiss(labels: np.ndarray) -> float:
+    table, _ = aggregate_raters(labels, n_cat=len(LABELS))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(fleiss_kappa(table, method="fleiss"))
+
+
+def inter_annotator_agreement(
+    labels: Any,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_resamples: int = DEFAULT_N_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> InterAnnotatorAgreement:
+    """Agreement among annotators who labelled the same pairs.
+
+    Args:
+        labels: int array, shape (n_items, n_annotators), values in {0 tie, 1 first, 2 second};
+            every annotator labels every item (no missing values).
+        confidence: CI level (two-sided), default 0.95.
+        n_resamples, seed: bootstrap settings (items resampled with replacement, fixed seed, so the
+            CIs are reproducible).
+
+    Returns:
+        ``InterAnnotatorAgreement`` (see its docstring for every field's definition).
+
+    Raises:
+        ValueError: wrong shape, fewer than 2 annotators, or a value outside {0, 1, 2}.
+    """
+    arr = _check_labels(labels)
+    n_items, n_annotators = arr.shape
+    pairs = list(itertools.combinations(range(n_annotators), 2))
+    decisive = arr != TIE
+
+    # per item: number of agreeing pairs, of decisive pairs, of agreeing decisive pairs
+    agree_all = np.zeros(n_items)
+    comp_dec = np.zeros(n_items)
+    agree_dec = np.zeros(n_items)
+    per_pair, per_pair_dec, per_pair_kappa = {}, {}, {}
+    for i, j in pairs:
+        same = arr[:, i] == arr[:, j]
+        both = decisive[:, i] & decisive[:, j]
+        agree_all += same
+        comp_dec += both
+        agree_dec += same & both
+        key = f"a{i + 1}-a{j + 1}"
+        per_pair[key] = float(same.mean())
+        per_pair_dec[key] = _ratio((same & both).sum(), both.sum())
+        with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+            warnings.simplefilter("ignore")  # undefined kappa (one shared label) -> NaN
+            per_pair_kappa[key] = float(
+                cohen_kappa_score(arr[:, i], arr[:, j], labels=list(LABELS))
+            )
+    n_pairs = np.full(n_items, float(len(pairs)))
+
+    # leave-one-out: annotator i vs the strict majority of the others
+    loo_agree = np.zeros(n_items)
+    loo_comp = np.zeros(n_items)
+    loo_agree_dec = np.zeros(n_items)
+    loo_comp_dec = np.zeros(n_items)
+    for i in range(n_annotators):
+        others = np.delete(arr, i, axis=1)
+        if others.shape[1] == 1:
+            ref = others[:, 0]
+        else:
+            ref = expert_labels(others)
+        has_ref = ref != NO_MAJORITY
+        same = arr[:, i] == ref
+        loo_comp += has_ref
+        loo_agree += has_ref & same
+        dec = has_ref & (ref != TIE) & decisive[:, i]
+        loo_comp_dec += dec
+        loo_agree_dec += dec & same
+
+    kw = dict(confidence=confidence, n_resamples=n_resamples, seed=seed)
+    kappa = _fleiss(arr)
+    if n_items >= 2 and np.isfinite(kappa):
+        kappa_ci = _percentile_bootstrap(
+            (np.arange(n_items),), lambda idx: _fleiss(arr[np.asarray(idx, dtype=int)]),
+            vectorized=False, **kw,
+        )
+    else:
+        kappa_ci = ConfidenceInterval(float("nan"), float("nan"), confidence, "undefined")
+
+    return InterAnnotatorAgreement(
+        n_items=n_items,
+        n_annotators=n_annotators,
+        tie_share=float((arr == TIE).mean()),
+        n_no_majority=int((expert_labels(arr) == NO_MAJORITY).sum()),
+        pairwise_agreement=_ratio(agree_all.sum(), n_pairs.sum()),
+        pairwise_agreement_ci=_bootstrap_ratio_ci(agree_all, n_pairs, **kw),
+        pairwise_agreement_decisive=_ratio(agree_dec.sum(), comp_dec.sum()),
+        pairwise_agreement_decisive_ci=_bootstrap_ratio_ci(agree_dec, comp_dec, **kw),
+        n_decisive_comparisons=int(comp_dec.sum()),
+        per_pair_agreement=per_pair,
+        per_pair_agreement_decisive=per_pair_dec,
+        per_pair_cohen_kappa=per_pair_kappa,
+        loo_majority_agreement=_ratio(loo_agree.sum(), loo_comp.sum()),
+        n_loo_comparisons=int(loo_comp.sum()),
+        loo_majority_agreement_decisive=_ratio(loo_agree_dec.sum(), loo_comp_dec.sum()),
+        n_loo_comparisons_decisive=int(loo_comp_dec.sum()),
+        fleiss_kappa=kappa,
+        fleiss_kappa_ci=kappa_ci,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Model / judge agreement with expert labels
+# --------------------------------------------------------------------------------------------
+
+
+def _wilson(successes: int, n: int, confidence: float) -> ConfidenceInterval:
+    method = "Wilson score (statsmodels proportion_confint)"
+    if n == 0:
+        return ConfidenceInterval(float("nan"), float("nan"), confidence, method)
+    lo, hi = proportion_confint(successes, n, alpha=1 - confidence, method="wilson")
+    return ConfidenceInterval(float(lo), float(hi), confidence, method)
+
+
+@dataclass(frozen=True)
+class RewardModelAgreement(_JsonMixin):
+    """Agreement of a reward model's preferences with expert labels on held-out pairs.
+
+    Fields:
+        n_items: pairs scored.
+        n: pairs with a decisive expert label (1 or 2): the denominator of ``agreement``.
+        n_agree: of those, pairs where the RM prefers the expert's side.
+        agreement: n_agree / n (NaN when n == 0).
+        ci: Wilson score interval of ``agreement``.
+        n_expert_tie: pairs the experts called a tie. Excluded (an RM that always picks a side can
+            neither win nor lose them); never counted as agreements.
+        n_expert_no_majority: pairs with no expert majority (``NO_MAJORITY``). Excluded, reported.
+        n_rm_tie: decisive-expert pairs where the two scores are exactly equal. They stay in ``n``
+            and count as *not* agreeing (an abstention is not a correct preference, and a
+            constant-score RM must not score well); ``agreement_excluding_rm_ties`` shows the rate
+            without them.
+        agreement_excluding_rm_ties: n_agree / (n - n_rm_tie).
+    """
+
+    n_items: int
+    n: int
+    n_agree: int
+    agreement: float
+    ci: ConfidenceInterval
+    n_expert_tie: int
+    n_expert_no_majority: int
+    n_rm_tie: int
+    agreement_excluding_rm_ties: float
+
+
+def _expert_1d(expert: Any) -> np.ndarray:
+    arr = np.asarray(expert)
+    if arr.ndim == 2:
+        return expert_labels(arr)
+    return _check_1d("expert", arr, (NO_MAJORITY, TIE, FIRST, SECOND))
+
+
+def rm_agreement(
+    score_first: Any,
+    score_second: Any,
+    expert: Any,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> RewardModelAgreement:
+    """Agreement of a reward model with expert labels.
+
+    The RM prefers the first response when ``score_first > score_second``, the second when
+    ``score_second > score_first``; equal scores are an RM tie.
+
+    Args:
+        score_first, score_second: float arrays, shape (n_items,): RM scores (any units: only the
+            sign of the difference is used) of response 1 and response 2 of each pair.
+        expert: shape (n_items,) expert labels from ``expert_labels`` (values -1, 0, 1, 2), or the
+            raw (n_items, n_annotators) label matrix, from which the majority is taken.
+        confidence: level of the Wilson interval.
+
+    Returns:
+        ``RewardModelAgreement``; see its docstring for how ties are counted.
+
+    Raises:
+        ValueError: shapes differ, non-finite scores, or expert values outside {-1, 0, 1, 2}.
+    """
+    sf = np.asarray(score_first, dtype=float)
+    ss = np.asarray(score_second, dtype=float)
+    ex = _expert_1d(expert)
+    if sf.ndim != 1 or sf.shape != ss.shape or sf.shape != ex.shape:
+        raise ValueError(
+            f"score_first {sf.shape}, score_second {ss.shape} and expert {ex.shape} "
+            "must all have shape (n_items,)"
+        )
+    if not (np.all(np.isfinite(sf)) and np.all(np.isfinite(ss))):
+        raise ValueError("reward-model scores must be finite (found NaN or inf)")
+    pred = np.where(sf > ss, FIRST, np.where(ss > sf, SECOND, TIE))
+    c = _count(pred, ex)
+    return RewardModelAgreement(
+        n_items=int(ex.size),
+        n=c["n"],
+        n_agree=c["n_agree"],
+        agreement=_ratio(c["n_agree"], c["n"]),
+        ci=_wilson(c["n_agree"], c["n"], confidence),
+        n_expert_tie=c["n_expert_tie"],
+        n_expert_no_majority=c["n_expert_no_majority"],
+        n_rm_tie=c["n_pred_tie"],
+        agreement_excluding_rm_ties=_ratio(c["n_agree"], c["n"] - c["n_pred_tie"]),
+    )
+
+
+def _count(pred: np.ndarray, ex: np.ndarray) -> dict[str, int]:
+    dec = (ex == FIRST) | (ex == SECOND)
+    return {
+        "n": int(dec.sum()),
+        "n_agree": int((dec & (pred == ex)).sum()),
+        "n_expert_tie": int((ex == TIE).sum()),
+        "n_expert_no_majority": int((ex == NO_MAJORITY).sum()),
+        "n_pred_tie": int((dec & (pred == TIE)).sum()),
+        "n_pred_unparsed": int((dec & (pred == UNPARSED)).sum()),
+    }
+
+
+@dataclass(frozen=True)
+class JudgeAgreement(_JsonMixin):
+    """Agreement of an automated judge's verdicts with expert labels (same conventions as the RM).
+
+    Fields:
+        n_items: pairs judged.
+        n: pairs with a decisive expert label; denominator of ``agreement``.
+        n_agree: of those, pairs where the judge picked the expert's side.
+        agreement: n_agree / n, the judge-agreement gate's ``a``. Judge ties and unparsed outputs
+            on these pairs count as not agreeing.
+        ci: Wilson score interval.
+        n_expert_tie, n_expert_no_majority: excluded pairs, reported.
+        n_judge_tie: decisive-expert pairs the judge called a tie.
+        n_judge_unparsed: decisive-expert pairs whose judge output was not a verdict.
+        n_judge_unparsed_total: unparsed outputs over all pairs.
+        agreement_excluding_judge_abstentions: n_agree / (n - n_judge_tie - n_judge_unparsed).
+        three_class_accuracy: P(judge == expert) with ties as a class, over pairs with an expert
+            majority (unparsed = wrong); the "accuracy" PandaLM's paper reports for judges.
+        n_three_class: its denominator.
+    """
+
+    n_items: int
+    n: int
+    n_agree: int
+    agreement: float
+    ci: ConfidenceInterval
+    n_expert_tie: int
+    n_expert_no_majority: int
+    n_judge_tie: int
+    n_judge_unparsed: int
+    n_judge_unparsed_total: int
+    agreement_excluding_judge_abstentions: float
+    three_class_accuracy: float
+    n_three_class: int
+
+
+def judge_agreement(
+    judge_labels: Any,
+    human_labels: Any,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> JudgeAgreement:
+    """Agreement of a judge's verdicts with the human expert labels.
+
+    Args:
+        judge_labels: int array, shape (n_items,), values in {0 tie, 1, 2, UNPARSED=-1}
+            (``parse_judge_verdict`` maps PandaLM's gpt_result strings to these).
+        human_labels: shape (n_items,) expert labels (-1, 0, 1, 2) or the raw
+            (n_items, n_annotators) label matrix, reduced with ``expert_labels``.
+        confidence: level of the Wilson interval.
+
+    Returns:
+        ``JudgeAgreement``.
+
+    Raises:
+        ValueError: shapes differ or values out of range.
+    """
+    judge = _check_1d("judge_labels", judge_labels, (UNPARSED, TIE, FIRST, SECOND))
+    ex = _expert_1d(human_labels)
+    if judge.shape != ex.shape:
+        raise ValueError(f"judge_labels {judge.shape} and human_labels {ex.shape} differ in length")
+    c = _count(judge, ex)
+    has_majority = ex != NO_MAJORITY
+    n3 = int(has_majority.sum())
+    abstain = c["n_pred_tie"] + c["n_pred_unparsed"]
+    return JudgeAgreement(
+        n_items=int(ex.size),
+        n=c["n"],
+        n_agree=c["n_agree"],
+        agreement=_ratio(c["n_agree"], c["n"]),
+        ci=_wilson(c["n_agree"], c["n"], confidence),
+        n_expert_tie=c["n_expert_tie"],
+        n_expert_no_majority=c["n_expert_no_majority"],
+        n_judge_tie=c["n_pred_tie"],
+        n_judge_unparsed=c["n_pred_unparsed"],
+        n_judge_unparsed_total=int((judge == UNPARSED).sum()),
+        agreement_excluding_judge_abstentions=_ratio(c["n_agree"], c["n"] - abstain),
+        three_class_accuracy=_ratio((has_majority & (judge == ex)).sum(), n3),
+        n_three_class=n3,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# PandaLM files (../shared/datasets/pandalm, see its SOURCE.txt)
+# --------------------------------------------------------------------------------------------
+
+
+def parse_judge_verdict(raw: Any) -> int:
+    """Map a judge output to a label: '1' -> 1, '2' -> 2, '0' / 'Tie' -> 0, anything else -> -1.
+
+    PandaLM's gpt-3.5-turbo file holds '1', '2', 'Tie' and unparsed strings such as 'garbage'.
+    """
+    s = str(raw).strip().lower()
+    return {"1": FIRST, "2": SECOND, "0": TIE, "tie": TIE}.get(s, UNPARSED)
+
+
+def load_pandalm_annotations(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """Read PandaLM ``testset-v1.json``.
+
+    Returns:
+        (idx, labels): idx int array (n_items,); labels int array (n_items, 3) from
+        annotator1..annotator3 (0 tie, 1 first better, 2 second better).
+
+    Raises:
+        ValueError: a row lacks an annotator field (names the row and field).
+    """
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    idx, labels = [], []
+    for r, row in enumerate(rows):
+        for f in ("idx", "annotator1", "annotator2", "annotator3"):
+            if f not in row:
+                raise ValueError(f"{path}: row {r} has no field {f!r}")
+        idx.append(int(row["idx"]))
+        labels.append([int(row["annotator1"]), int(row["annotator2"]), int(row["annotator3"])])
+    return np.asarray(idx, dtype=np.int64), _check_labels(labels)
+
+
+def load_pandalm_judge(
+    path: str | Path, field: str = "gpt_result"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read a PandaLM judge file (e.g. ``gpt-3.5-turbo-testset-v1.json``).
+
+    Returns:
+        (idx, judge_labels): idx int array (n_items,); labels via ``parse_judge_verdict``.
+    """
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    for r, row in enumerate(rows):
+        for f in ("idx", field):
+            if f not in row:
+                raise ValueError(f"{path}: row {r} has no field {f!r}")
+    idx = np.asarray([int(row["idx"]) for row in rows], dtype=np.int64)
+    labels = np.asarray([parse_judge_verdict(row[field]) for row in rows], dtype=np.int64)
+    return idx, labels
+
+
+def align_by_idx(
+    idx_a: np.ndarray, values_a: np.ndarray, idx_b: np.ndarray, values_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Align two per-item arrays on their ``idx`` keys (inner join, sorted by idx).
+
+    Raises:
+        ValueError: duplicate idx in either input, or the idx sets differ (names the missing ones).
+    """
+    for name, ix in (("a", idx_a), ("b", idx_b)):
+        if len(np.unique(ix)) != len(ix):
+            raise ValueError(f"duplicate idx in input {name}")
+    sa, sb = set(idx_a.tolist()), set(idx_b.tolist())
+    if sa != sb:
+        raise ValueError(
+            f"idx sets differ: only in a {sorted(sa - sb)[:10]}, only in b {sorted(sb - sa)[:10]}"
+        )
+    oa, ob = np.argsort(idx_a), np.argsort(idx_b)
+    return idx_a[oa], np.asarray(values_a)[oa], np.asarray(values_b)[ob]

@@ -1,0 +1,32 @@
+"""Reward-model stage config: TRL's ``RewardConfig`` plus the pipeline's arguments and the PPO unlock inputs.
+
+Changed defaults (vs TRL 1.16): gradient_checkpointing False, bf16 resolved per device, max_length 512,
+save_strategy "no", report_to ["wandb"] (see sft/config.py for why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import RewardConfig
+
+from rlhf.stage import PipelineArguments
+
+
+@dataclass
+class RewardStageConfig(PipelineArguments, RewardConfig):
+    sft_dir: str = field(default="", metadata={"help": "SFT stage output dir; the reward model starts from its checkpoint."})
+    train_data: str = field(default="demo:hh_rlhf/pairs_train.jsonl", metadata={"help": "Preference pairs to train on."})
+    agreement_data: str = field(
+        default="demo:pandalm/testset-v1.jsonl",
+        metadata={"help": "Held-out pairs with several annotators' labels (PandaLM format): the RM's agreement with "
+                          "the expert (majority) label and the inter-annotator agreement are measured on them."},
+    )
+    max_agreement_pairs: int | None = field(default=None, metadata={"help": "RM agreement on the first N held-out pairs (inter-annotator agreement uses all)."})
+    scoring_batch_size: int = field(default=8, metadata={"help": "Batch size when scoring held-out pairs."})
+    ppo_override: bool = field(default=False, metadata={"help": "Research override: unlock PPO whatever the rule says."})
+    ppo_override_reason: str | None = field(default=None, metadata={"help": "Required with ppo_override; recorded."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations (saves memory)."})
+    max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + response."})
+    save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
+    report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

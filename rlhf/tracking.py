@@ -1,0 +1,75 @@
+"""Experiment tracking with W&B, offline by default (DESIGN.md pitfall: decide offline mode up front, never block).
+
+Stages log through the HF Trainer's W&B callback (``report_to=["wandb"]``); this module only fixes the
+environment before the trainer starts: mode, project, group (the round id), run name and directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PROJECT = "rlhf-flywheel"
+
+
+def wandb_mode() -> str:
+    """``online`` only when the user asked for it (WANDB_MODE=online) or gave a key (WANDB_API_KEY); else ``offline``.
+
+    ``WANDB_MODE=disabled`` is respected. Offline runs can be synced later with ``wandb sync <dir>``.
+    """
+    explicit = os.environ.get("WANDB_MODE")
+    if explicit:
+        return explicit
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def setup_wandb(*, run_name: str, group: str | None, output_dir: str | os.PathLike, project: str | None = None) -> str:
+    """Set the W&B environment for one stage run; returns the mode used.
+
+    Args:
+        run_name: e.g. ``sft``; shown as the run's name.
+        group: the round id, so all stages of a round are one W&B group.
+        output_dir: the stage's output directory; runs go to ``<output_dir>/wandb``.
+        project: W&B project (default ``$WANDB_PROJECT`` or ``rlhf-flywheel``).
+    """
+    mode = wandb_mode()
+    os.environ["WANDB_MODE"] = mode
+    os.environ.setdefault("WANDB_PROJECT", project or DEFAULT_PROJECT)
+    os.environ["WANDB_NAME"] = run_name
+    if group:
+        os.environ["WANDB_RUN_GROUP"] = group
+    wandb_dir = Path(output_dir)
+    wandb_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["WANDB_DIR"] = str(wandb_dir.resolve())
+    os.environ.setdefault("WANDB_SILENT", "true")
+    # The Trainer's callback would otherwise upload checkpoints as artifacts; checkpoints stay on disk.
+    os.environ["WANDB_LOG_MODEL"] = "false"
+    logger.info("W&B %s: project=%s group=%s run=%s dir=%s", mode, os.environ["WANDB_PROJECT"], group, run_name, wandb_dir)
+    return mode
+
+
+def log_summary(metrics: dict, *, table: dict[str, list[dict]] | None = None) -> None:
+    """Log final metrics (and optional tables: name -> rows) to the active W&B run, if any, then finish it."""
+    try:
+        import wandb
+    except ImportError:  # pragma: no cover - wandb is a dependency
+        return
+    if os.environ.get("WANDB_MODE") == "disabled":
+        return
+    run = wandb.run or wandb.init(
+        project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT),
+        group=os.environ.get("WANDB_RUN_GROUP"),
+        name=os.environ.get("WANDB_NAME"),
+        dir=os.environ.get("WANDB_DIR"),
+        mode=wandb_mode(),
+    )
+    for k, v in metrics.items():
+        run.summary[k] = v
+    for name, rows in (table or {}).items():
+        if rows:
+            cols = list(rows[0].keys())
+            run.log({name: wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in rows])})
+    run.finish()

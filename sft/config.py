@@ -1,0 +1,38 @@
+"""SFT stage config: TRL's ``SFTConfig`` plus the pipeline's arguments.
+
+Changed defaults (vs TRL 1.16) and why:
+    gradient_checkpointing False: the 135M model fits without it; on CPU it costs a second forward per step.
+    bf16 None -> resolved per device by ``precision`` (TRL's bf16=True is emulated, 8-10x slower, on these CPUs).
+    report_to ["wandb"]: offline unless a key is set (rlhf/tracking.py).
+    max_length 512, save_strategy "no" (the stage saves its own final checkpoint atomically).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import SFTConfig
+
+from rlhf.stage import PipelineArguments
+
+
+@dataclass
+class SFTStageConfig(PipelineArguments, SFTConfig):
+    train_data: str = field(
+        default="demo:hh_rlhf/sft.jsonl",
+        metadata={"help": "SFT conversations (`messages`): demo:<file>, a local jsonl/json path or a hub dataset id."},
+    )
+    style_audit_max_opener_share: float = field(
+        default=0.25, metadata={"help": "Style audit: largest share of demonstrations allowed to open the same way."}
+    )
+    style_audit_action: str = field(
+        default="warn", metadata={"help": "What a failed style audit does: warn | fail.", "choices": ["warn", "fail"]}
+    )
+    max_fully_masked_rate: float = field(
+        default=0.0,
+        metadata={"help": "Largest share of rows allowed to end with no trainable (labelled) token before SFT stops."},
+    )
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations (saves memory)."})
+    max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
+    save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
+    report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

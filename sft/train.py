@@ -1,0 +1,107 @@
+"""SFT stage: fine-tune the base checkpoint on demonstrations, then freeze the result as pi_ref.
+
+Launch alone:
+    accelerate launch -m sft.train --config recipes/demo/sft.yaml [--key value ...]
+
+Writes ``<output_dir>/checkpoint`` (the SFT model), ``<output_dir>/pi_ref`` (a read-only copy whose content hash
+DPO and PPO verify) and ``<output_dir>/manifest.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTTrainer, TrlParser
+
+from data.loaders import load_sft
+from data.validation import DataValidationError
+from rlhf.hashing import content_hash
+from rlhf.models import model_fingerprint, resolve_base_model
+from rlhf.stage import (data_fingerprint, freeze_dir, handle_rejects, make_writable, peft_config, save_checkpoint,
+                        setup_stage, stage_manifest)
+from rlhf.tracking import log_summary
+
+from .config import SFTStageConfig
+from .prepare import prepare_sft_rows
+from .style_audit import audit_style
+
+logger = logging.getLogger("sft.train")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    (args,) = TrlParser((SFTStageConfig,)).parse_args_and_config(argv)
+    setup_stage("sft", args)
+    out = Path(args.output_dir)
+    base = resolve_base_model(args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+
+    conversations = load_sft(
+        args.train_data, mode=args.data_mode, max_reject_rate=args.max_reject_rate,
+        rejects_path=out / "rejects-data.jsonl", limit=args.max_train_samples,
+    )
+    prepared = prepare_sft_rows(conversations, tokenizer, args.max_length, file=args.train_data)
+    handle_rejects(prepared.rejects, len(conversations), args, "tokenization")
+    audit = audit_style([r["completion"][0]["content"] for r in prepared.rows],
+                        max_opener_share=args.style_audit_max_opener_share)
+    (logger.warning if not audit.passed else logger.info)("style audit: %s", audit.message)
+    if not audit.passed and args.style_audit_action == "fail":
+        raise SystemExit(f"style audit failed: {audit.message}")
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    train_dataset = Dataset.from_list(prepared.rows)
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer,
+        peft_config=peft_config(args),
+    )
+    # TRL drops rows whose labels are all masked ("Dropping fully masked examples"); we name and count them.
+    kept = set(trainer.train_dataset["id"]) if "id" in trainer.train_dataset.column_names else None
+    if kept is not None and len(kept) != len(prepared.rows):
+        lost = [r["id"] for r in prepared.rows if r["id"] not in kept]
+        rate = len(lost) / len(prepared.rows)
+        logger.warning("TRL dropped %d fully masked rows: %s", len(lost), lost[:20])
+        if rate > args.max_fully_masked_rate:
+            raise DataValidationError(f"{len(lost)} rows fully masked after tokenization (ids {lost[:10]})",
+                                      file=args.train_data, field="messages")
+    result = trainer.train()
+
+    model = trainer.model
+    if args.use_peft:  # pi_ref must be a whole model: merge the adapters so DPO's reference is the SFT model
+        model = model.merge_and_unload()
+    checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
+    # pi_ref: a frozen, content-hashed copy of the SFT output (DESIGN.md principle 3).
+    pi_ref = out / "pi_ref"
+    if pi_ref.exists():
+        make_writable(pi_ref)
+        shutil.rmtree(pi_ref)
+    shutil.copytree(checkpoint, pi_ref)
+    pi_ref_hash = freeze_dir(pi_ref)
+
+    metrics = {
+        "train_loss": result.training_loss,
+        "train_steps": result.global_step,
+        "n_rows": len(prepared.rows),
+        "n_rejected": len(prepared.rejects),
+        "n_prompt_turns_dropped": prepared.n_prompt_turns_dropped,
+        "style_audit": audit.to_dict(),
+    }
+    log_summary({k: v for k, v in metrics.items() if not isinstance(v, dict)},
+                table={"style_audit_openers": [dict(opener=o, count=c, share=s) for o, c, s in audit.top_openers]})
+    stage_manifest(
+        "sft", args,
+        inputs={"base_model": args.model_name_or_path, "base_model_hash": model_fingerprint(base),
+                "train_data": args.train_data, "train_data_hash": data_fingerprint(args.train_data)},
+        outputs={"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint),
+                 "pi_ref": str(pi_ref.resolve()), "pi_ref_hash": pi_ref_hash},
+        metrics=metrics,
+    )
+    logger.info("SFT done: loss %.4f, pi_ref %s (hash %s)", result.training_loss, pi_ref, pi_ref_hash[:16])
+    return metrics
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
