@@ -32,7 +32,6 @@ DEMO_ALIASES: dict[str, str] = {
     "sycophancy_are_you_sure": "sycophancy_bct/truthfulqa_are_you_sure.jsonl.gz",
     "sycophancy_suggested_answer": "sycophancy_bct/truthfulqa_suggested_answer.jsonl.gz",
     "alpaca_eval_baseline": "alpaca_eval/annotations/baseline_gpt4_1106_preview.jsonl.gz",
-    "alpaca_eval_alpaca-7b": "alpaca_eval/annotations/alpaca-7b.jsonl.gz",
     "alpaca_eval_gpt-3.5-turbo-1106": "alpaca_eval/annotations/gpt-3.5-turbo-1106.jsonl.gz",
     "alpaca_eval_gpt-3.5-turbo-1106_concise": "alpaca_eval/annotations/gpt-3.5-turbo-1106_concise.jsonl.gz",
     "alpaca_eval_leaderboard": "alpaca_eval/leaderboards/weighted_alpaca_eval_gpt4_turbo_leaderboard.csv",

@@ -266,7 +266,7 @@ def _summarise(rejects: list[RowReject], top: int = 3) -> str:
 
 def validate_rows(
     records: Iterable[tuple[int, Any]],
-    parse: Callable[[Any], T],
+    parse: Callable[[Any, int], T],
     *,
     file: str,
     mode: Mode = "strict",
@@ -278,7 +278,8 @@ def validate_rows(
     Args:
         records: ``(row_number, raw_row)`` pairs, row numbers 0-based (see module docstring).
             ``raw_row`` may be an :class:`InvalidRecord` for undecodable input.
-        parse: turns one raw row into a validated object. It may raise
+        parse: ``parse(raw_row, row_number)`` turns one raw row into a validated object (the row
+            number is there for default ids like ``"<file stem>-<row>"``). It may raise
             :class:`DataValidationError` (file/row are filled in here when missing) or
             :class:`pydantic.ValidationError` (translated). Other exceptions are bugs and propagate.
         file: source label used in errors and rejects.
@@ -308,7 +309,7 @@ def validate_rows(
         try:
             if isinstance(raw, InvalidRecord):
                 raise DataValidationError(raw.reason, file=file, row=row)
-            accepted.append(parse(raw))
+            accepted.append(parse(raw, row))
         except ValidationError as exc:
             err = DataValidationError.from_pydantic(exc, file=file, row=row)
             if mode == "strict":

@@ -1,6 +1,6 @@
 """DPO stage config: TRL's ``DPOConfig`` plus the pipeline's arguments.
 
-Changed defaults (vs TRL 1.16) and why: gradient_checkpointing False and bf16 resolved per device (see
+Changed defaults (vs TRL 1.16) and why: activation (gradient) checkpointing off and bf16 resolved per device (see
 sft/config.py); max_length 512; save_strategy "no" (the stage saves its final checkpoint atomically);
 report_to ["wandb"] (offline unless a key is set). ``beta`` and ``loss_type`` are TRL's own fields.
 """
@@ -27,7 +27,8 @@ class DPOStageConfig(PipelineArguments, DPOConfig):
         default=4, metadata={"help": "Pairs checked before training: loss must be ln 2 and margins 0 (policy = pi_ref)."}
     )
     step0_tolerance: float = field(default=1e-3, metadata={"help": "Tolerance of the step-0 check (nats)."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations (saves memory)."})
+    # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
+    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
     max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + completion."})
     save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

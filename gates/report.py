@@ -59,26 +59,45 @@ def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> P
 # --------------------------------------------------------------------------------------------
 
 
-def report_dict(results: Sequence[GateResult], *, metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _checked_verdict(results: Sequence[GateResult], verdict: str | None) -> str:
+    computed = release_verdict(results)
+    if verdict is not None and verdict != computed:
+        raise ValueError(f"verdict {verdict!r} disagrees with release_verdict(results) = {computed!r}")
+    return computed
+
+
+def report_dict(
+    results: Sequence[GateResult], *, verdict: str | None = None, metadata: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The JSON report as a dict: schema_version, verdict (``release_verdict``), gates, metadata.
 
+    Args:
+        results: the gates' results.
+        verdict: optional; if given it must equal ``release_verdict(results)`` (a caller cannot
+            write a verdict the gates did not reach).
+        metadata: extra JSON-able context (round id, input hashes, ...).
+
     Raises:
-        ValueError: ``results`` is empty (see ``release_verdict``).
+        ValueError: ``results`` is empty (see ``release_verdict``) or ``verdict`` disagrees.
     """
     results = list(results)
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
-        "verdict": release_verdict(results),
+        "verdict": _checked_verdict(results, verdict),
         "gates": [r.to_dict() for r in results],
         "metadata": to_jsonable(dict(metadata or {})),
     }
 
 
 def write_json_report(
-    results: Sequence[GateResult], path: str | Path, *, metadata: Mapping[str, Any] | None = None
+    results: Sequence[GateResult],
+    path: str | Path,
+    *,
+    verdict: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write the JSON report atomically (strict JSON: NaN is written as null)."""
-    text = json.dumps(report_dict(results, metadata=metadata), indent=2, allow_nan=False, sort_keys=False)
+    """Write the JSON report (``report_dict``) atomically; strict JSON, NaN written as null."""
+    text = json.dumps(report_dict(results, verdict=verdict, metadata=metadata), indent=2, allow_nan=False)
     return atomic_write_text(path, text + "\n")
 
 
@@ -130,11 +149,18 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | N
     return "\n".join(out) + "\n"
 
 
-def render_markdown(results: Sequence[GateResult], *, title: str = "Release gates") -> str:
-    """The human report: release verdict, a summary table, then each gate's metrics (value, CI, n)
-    and its own table. Win-rate tables use alpaca_eval's columns (``WIN_RATE_COLUMNS``)."""
+def render_markdown(
+    results: Sequence[GateResult], *, title: str = "Release gates", verdict: str | None = None
+) -> str:
+    """The human report: release verdict, a summary table, then each gate's reason, metrics
+    (value, CI, n, unit, direction) and its own table. Win-rate tables use alpaca_eval's columns
+    (``WIN_RATE_COLUMNS``).
+
+    Raises:
+        ValueError: empty ``results`` or a ``verdict`` that disagrees with ``release_verdict``.
+    """
     results = list(results)
-    verdict = release_verdict(results)
+    verdict = _checked_verdict(results, verdict)
     lines = [f"# {title}", "", f"**Release verdict: {verdict.upper()}**", ""]
     lines.append(markdown_table([{"gate": r.name, "version": r.version, "verdict": r.verdict} for r in results]))
     for r in results:
@@ -157,9 +183,11 @@ def render_markdown(results: Sequence[GateResult], *, title: str = "Release gate
     return "\n".join(lines)
 
 
-def write_markdown_report(results: Sequence[GateResult], path: str | Path, *, title: str = "Release gates") -> Path:
+def write_markdown_report(
+    results: Sequence[GateResult], path: str | Path, *, title: str = "Release gates", verdict: str | None = None
+) -> Path:
     """Write ``render_markdown`` atomically."""
-    return atomic_write_text(path, render_markdown(results, title=title))
+    return atomic_write_text(path, render_markdown(results, title=title, verdict=verdict))
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,6 +222,9 @@ def render_junit_xml(results: Sequence[GateResult], *, suite_name: str = "releas
 def write_junit_xml(results: Sequence[GateResult], path: str | Path, *, suite_name: str = "release-gates") -> Path:
     """Write ``render_junit_xml`` atomically."""
     return atomic_write_text(path, render_junit_xml(results, suite_name=suite_name))
+
+
+write_junit = write_junit_xml  # short name used by gates.evaluate
 
 
 def write_reports(

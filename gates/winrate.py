@@ -103,7 +103,7 @@ def _describe(scores: np.ndarray, n_draws: int | None = None) -> dict[str, float
     """alpaca_eval's head-to-head numbers for scores in [0, 1] (preference - 1)."""
     n = int(scores.size)
     return {
-        "win_rate": float(scores.mean() * 100) if n else math.nan,
+        "win_rate": float(np.round(scores).mean() * 100) if n else math.nan,
         "standard_error": float(pd.Series(scores).sem() * 100) if n > 1 else math.nan,
         "n_wins": int((scores > 0.5).sum()),
         "n_wins_base": int((scores < 0.5).sum()),
@@ -483,7 +483,7 @@ def win_rate_gate(
         method, n_buckets, tolerance: passed to ``length_bucketed_win_rate``.
         confidence: level of the normal interval.
         require_ci_above_bar: stricter policy, see rule 4.
-        judge_agreement: the judge-vs-human agreement a, if measured this round.
+        judge_agreement: the judge-vs-human agreement a in [0, 1], if measured this round.
         judge_floor: minimum a (default 0.85).
 
     Returns:
@@ -492,8 +492,15 @@ def win_rate_gate(
         alpaca_eval's row (``WIN_RATE_COLUMNS``) with the LC column filled.
 
     Raises:
-        ValueError: invalid inputs (see ``length_bucketed_win_rate``).
+        ValueError: invalid inputs (see ``length_bucketed_win_rate``), judge_agreement outside [0, 1].
+        TypeError: judge_agreement not a number.
     """
+    if judge_agreement is not None:
+        if isinstance(judge_agreement, bool) or not isinstance(judge_agreement, (int, float, np.floating)):
+            raise TypeError(f"judge_agreement must be a number in [0, 1], got {type(judge_agreement).__name__}")
+        if not 0.0 <= float(judge_agreement) <= 1.0:
+            raise ValueError(f"judge_agreement must be in [0, 1], got {judge_agreement}")
+        judge_agreement = float(judge_agreement)
     res = length_bucketed_win_rate(
         preferences, len_candidate, len_baseline, n_buckets, tolerance=tolerance, method=method
     )

@@ -312,7 +312,11 @@ def ppo_policy_loss(
     Shapes: logprobs, old_logprobs, advantages, mask (B, T) -> :class:`PolicyLoss` of scalars.
     The mean is over real tokens of the batch (token-level), padding never contributes.
     """
-    log_ratio = logprobs - old_logprobs
+    # padding is zeroed *before* the arithmetic, so that a NaN/inf there reaches neither the loss nor the
+    # gradient (torch.where after the fact would still backpropagate 0 * NaN = NaN)
+    m = _bool(mask)
+    log_ratio = torch.where(m, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    advantages = torch.where(m, advantages, torch.zeros_like(advantages))
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
@@ -338,6 +342,10 @@ def ppo_value_loss(
 
     Shapes: values, old_values, returns, mask (B, T) -> :class:`ValueLoss` of scalars.
     """
+    m = _bool(mask)
+    values = torch.where(m, values, torch.zeros_like(values))  # see ppo_policy_loss: padding zeroed first
+    old_values = torch.where(m, old_values, torch.zeros_like(old_values))
+    returns = torch.where(m, returns, torch.zeros_like(returns))
     values_clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     err_unclipped = (values - returns) ** 2
     err_clipped = (values_clipped - returns) ** 2

@@ -1,6 +1,6 @@
 """Reward-model stage config: TRL's ``RewardConfig`` plus the pipeline's arguments and the PPO unlock inputs.
 
-Changed defaults (vs TRL 1.16): gradient_checkpointing False, bf16 resolved per device, max_length 512,
+Changed defaults (vs TRL 1.16): activation (gradient) checkpointing off, bf16 resolved per device, max_length 512,
 save_strategy "no", report_to ["wandb"] (see sft/config.py for why).
 """
 
@@ -26,7 +26,8 @@ class RewardStageConfig(PipelineArguments, RewardConfig):
     scoring_batch_size: int = field(default=8, metadata={"help": "Batch size when scoring held-out pairs."})
     ppo_override: bool = field(default=False, metadata={"help": "Research override: unlock PPO whatever the rule says."})
     ppo_override_reason: str | None = field(default=None, metadata={"help": "Required with ppo_override; recorded."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations (saves memory)."})
+    # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
+    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
     max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + response."})
     save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

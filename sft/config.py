@@ -1,7 +1,7 @@
 """SFT stage config: TRL's ``SFTConfig`` plus the pipeline's arguments.
 
 Changed defaults (vs TRL 1.16) and why:
-    gradient_checkpointing False: the 135M model fits without it; on CPU it costs a second forward per step.
+    activation (gradient) checkpointing off: the 135M model fits without it; on CPU it costs a second forward per step.
     bf16 None -> resolved per device by ``precision`` (TRL's bf16=True is emulated, 8-10x slower, on these CPUs).
     report_to ["wandb"]: offline unless a key is set (rlhf/tracking.py).
     max_length 512, save_strategy "no" (the stage saves its own final checkpoint atomically).
@@ -32,7 +32,8 @@ class SFTStageConfig(PipelineArguments, SFTConfig):
         default=0.0,
         metadata={"help": "Largest share of rows allowed to end with no trainable (labelled) token before SFT stops."},
     )
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations (saves memory)."})
+    # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
+    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
     max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
     save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

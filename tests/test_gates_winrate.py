@@ -232,3 +232,10 @@ def test_win_rate_ci_normal():
     se = math.sqrt(0.6875 / 3) / 2 * 100
     assert lo == pytest.approx(max(0, 62.5 - 1.959963984540054 * se))
     assert hi == pytest.approx(min(100, 62.5 + 1.959963984540054 * se))
+
+
+def test_gate_rejects_a_non_numeric_judge_agreement():
+    with pytest.raises(TypeError):
+        win_rate_gate([2, 1], [1, 1], [1, 1], judge_agreement={"agreement": 0.9})
+    with pytest.raises(ValueError):
+        win_rate_gate([2, 1], [1, 1], [1, 1], judge_agreement=1.3)

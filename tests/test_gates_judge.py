@@ -1,0 +1,111 @@
+"""Judge agreement and attenuation (gates/judge.py)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gates.judge import (
+    attenuation,
+    corrected_gap,
+    judge_agreement_gate,
+    judge_human_agreement,
+    majority_label,
+    measured_gap,
+)
+
+PANDALM = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "pandalm"
+needs_pandalm = pytest.mark.skipif(not PANDALM.is_dir(), reason=f"PandaLM files not found at {PANDALM}")
+
+
+def test_seed_figure_085_shrinks_4_points_to_2_8():
+    assert attenuation(0.85) == pytest.approx(0.7, abs=1e-12)
+    assert measured_gap(4.0, 0.85) == pytest.approx(2.8, abs=1e-12)
+    assert corrected_gap(2.8, 0.85) == pytest.approx(4.0, abs=1e-12)
+    # the derivation: a true 54% win rate judged with agreement 0.85 is measured at 52.8%
+    p, a = 0.54, 0.85
+    assert (a * p + (1 - a) * (1 - p)) * 100 - 50 == pytest.approx(2.8, abs=1e-9)
+
+
+def test_attenuation_edges_and_errors():
+    assert attenuation(1.0) == 1.0 and attenuation(0.5) == 0.0
+    with pytest.raises(ValueError):
+        attenuation(1.2)
+    with pytest.raises(ValueError):
+        attenuation(float("nan"))
+    with pytest.raises(ValueError, match="chance"):
+        corrected_gap(1.0, 0.5)
+
+
+def test_majority_label():
+    m = majority_label([[1, 1, 2], [0, 0, 1], [0, 1, 2], [2, 2, 2]])
+    assert m.tolist() == [1, 0, -1, 2]
+    with pytest.raises(ValueError):
+        majority_label([1, 2])
+
+
+def test_judge_human_agreement_hand_worked_with_ties():
+    human = [1, 1, 2, 2, 0, 0, 1, -1]
+    judge = [1, 2, 2, 0, 0, 1, -1, 1]
+    a = judge_human_agreement(judge, human)
+    # decisive human items: 0,1,2,3,6 -> judge agrees on 0 and 2
+    assert (a.n_items, a.n_decisive, a.n_agree) == (8, 5, 2)
+    assert a.agreement == pytest.approx(0.4) and a.attenuation == pytest.approx(-0.2)
+    assert a.n_human_ties == 2 and a.n_human_no_majority == 1
+    assert a.n_judge_ties_on_decisive == 1 and a.n_judge_unparsed == 1
+    assert a.agreement_both_decisive == pytest.approx(2 / 3)  # items 0, 1, 2
+    assert a.tie_agreement == pytest.approx(0.5)  # items 4, 5
+    assert a.three_class_agreement == pytest.approx(3 / 7)  # items 0, 2, 4 of 7 labelled
+    with pytest.raises(ValueError, match="differ"):
+        judge_human_agreement([1, 2], [1])
+    with pytest.raises(ValueError):
+        judge_human_agreement([3], [1])
+
+
+def test_judge_gate():
+    good = judge_human_agreement([1] * 90 + [2] * 10, [1] * 100)
+    assert judge_agreement_gate(good).verdict == "pass"
+    bad = judge_human_agreement([1] * 84 + [2] * 16, [1] * 100)
+    g = judge_agreement_gate(bad)
+    assert g.verdict == "block" and "could be noise" in g.reason
+    assert g.metrics["attenuation"].value == pytest.approx(0.68)
+    none = judge_human_agreement([1, 2], [0, 0])
+    assert judge_agreement_gate(none).verdict == "inconclusive"
+
+
+def _parse(raw) -> int:
+    return {"1": 1, "2": 2, "0": 0, "tie": 0}.get(str(raw).strip().lower(), -1)
+
+
+@needs_pandalm
+def test_pandalm_gpt35_judge_below_floor_on_evidence():
+    humans = json.loads((PANDALM / "testset-v1.json").read_text())
+    judge = {int(r["idx"]): _parse(r["gpt_result"]) for r in json.loads((PANDALM / "gpt-3.5-turbo-testset-v1.json").read_text())}
+    ids = [int(r["idx"]) for r in humans]
+    H = np.array([[r["annotator1"], r["annotator2"], r["annotator3"]] for r in humans])
+    J = np.array([judge[i] for i in ids])
+    a = judge_human_agreement(J, H)
+    print(f"\nPandaLM gpt-3.5-turbo vs human majority: a = {a.agreement:.4f} "
+          f"({a.n_agree}/{a.n_decisive}), ties {a.n_human_ties}, unparsed {a.n_judge_unparsed}")
+    assert (a.n_items, a.n_decisive, a.n_agree, a.n_human_ties) == (999, 894, 692, 105)
+    assert a.agreement == pytest.approx(692 / 894, abs=1e-12)
+    assert (a.n_judge_ties_on_decisive, a.n_judge_unparsed) == (33, 25)
+    g = judge_agreement_gate(a)
+    assert g.verdict == "block" and "on evidence" in g.reason  # Wilson CI high 0.800 < 0.85
+    assert a.ci_high < 0.85
+    assert math.isclose(g.metrics["attenuation"].value, 2 * 692 / 894 - 1)
+
+
+@needs_pandalm
+def test_same_number_as_reward_model_agreement():
+    agreement = pytest.importorskip("reward_model.agreement")
+    humans = json.loads((PANDALM / "testset-v1.json").read_text())
+    judge = {int(r["idx"]): _parse(r["gpt_result"]) for r in json.loads((PANDALM / "gpt-3.5-turbo-testset-v1.json").read_text())}
+    H = np.array([[r["annotator1"], r["annotator2"], r["annotator3"]] for r in humans])
+    J = np.array([judge[int(r["idx"])] for r in humans])
+    theirs = agreement.judge_agreement(J, H)
+    ours = judge_human_agreement(J, H)
+    assert ours.agreement == pytest.approx(theirs.agreement, abs=1e-12)
+    assert ours.n_decisive == theirs.n

@@ -1,0 +1,183 @@
+"""PPOTrainer on tiny Llama models (CPU, seconds)."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from ppo import core
+from ppo.config import PPOConfig
+from ppo.tiny import BOS, build_tiny_models, build_tiny_tokenizer
+from ppo.trainer import PPOTrainer, completion_logits, position_ids_from_mask, tokenize_prompts
+
+# chat prompts end their user turn with <|im_end|> = EOS = pad: the missing-EOS check must not see it
+PROMPTS = [[{"role": "user", "content": f"say {i}"}] for i in range(6)] + [f"raw prompt {i}" for i in range(6)]
+
+
+def small_config(**overrides) -> PPOConfig:
+    kwargs = dict(
+        num_steps=2,
+        batch_size=4,
+        mini_batch_size=2,
+        micro_batch_size=1,
+        ppo_epochs=2,
+        max_new_tokens=8,
+        learning_rate=1e-3,
+        output_dir="unused",
+        seed=0,
+    )
+    kwargs.update(overrides)
+    return PPOConfig(**kwargs)
+
+
+@pytest.fixture
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture
+def models(tokenizer):
+    # attention dropout on, so that the trainer's dropout switch-off is exercised
+    return build_tiny_models(tokenizer, seed=0, attention_dropout=0.1)
+
+
+def make_trainer(models, tokenizer, **overrides) -> PPOTrainer:
+    return PPOTrainer(
+        small_config(**overrides),
+        models["policy"],
+        models["ref"],
+        models["reward"],
+        models["value"],
+        tokenizer,
+        PROMPTS,
+    )
+
+
+def snapshot(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_first_rollout_with_policy_equal_to_ref(models, tokenizer):
+    trainer = make_trainer(models, tokenizer)
+    batch = next(trainer._batches)
+    ro = trainer.rollout(batch["prompt_ids"], batch["prompt_mask"])
+    mask = ro.completion_mask
+    # policy == pi_ref: KL is exactly 0 at every token, both estimators
+    assert torch.equal(ro.kl_k1, torch.zeros_like(ro.kl_k1))
+    assert torch.equal(ro.kl_k3, torch.zeros_like(ro.kl_k3))
+    # ... and the reward is the score at the last real token, nothing anywhere else
+    expected = torch.zeros_like(ro.rewards)
+    expected[torch.arange(len(mask)), core.last_real_index(mask)] = ro.penalized_scores
+    assert torch.equal(ro.rewards, expected)
+    # padding never holds anything
+    pad = mask == 0
+    for t in (ro.rewards, ro.advantages, ro.returns, ro.values, ro.kl_k1, ro.kl_k3):
+        assert torch.equal(t[pad], torch.zeros_like(t[pad]))
+    # the completion mask is a prefix mask with at least one real token
+    assert (mask.sum(-1) >= 1).all()
+    assert torch.equal(mask, mask.cummin(dim=-1).values)
+
+
+def test_sampling_distribution_is_the_scored_one(models, tokenizer):
+    # log-probs recomputed by a forward pass equal the ones generate() sampled from (temperature included,
+    # no top-k/top-p): otherwise the KL estimate is biased and can go negative
+    with torch.no_grad():
+        for p in models["policy"].parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    trainer = make_trainer(models, tokenizer, temperature=0.7, max_new_tokens=10)
+    batch = next(trainer._batches)
+    out = trainer.generate(batch["prompt_ids"], batch["prompt_mask"], output_scores=True, return_dict_in_generate=True)
+    P = batch["prompt_ids"].shape[1]
+    completion = out.sequences[:, P:]
+    sampled_lp = torch.log_softmax(torch.stack(out.scores, 1).float(), -1)
+    sampled_lp = sampled_lp.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+    mask = core.completion_mask_from_ids(completion, trainer.eos_token_ids)
+    ids = torch.cat([batch["prompt_ids"], completion], 1)
+    am = torch.cat([batch["prompt_mask"], mask], 1)
+    trainer.policy.eval()
+    with torch.no_grad():
+        logits = completion_logits(trainer.policy, ids, am, position_ids_from_mask(am), completion.shape[1])
+    scored_lp = core.logprobs_from_logits(logits, completion, temperature=0.7)
+    assert core.masked_mean((sampled_lp - scored_lp).abs(), mask) < 1e-4
+    assert torch.where(mask.bool(), (sampled_lp - scored_lp).abs(), 0).max() < 1e-4
+
+
+def test_two_steps_train_policy_and_value_and_freeze_ref(models, tokenizer):
+    ref_before = snapshot(models["ref"])
+    rm_before = snapshot(models["reward"])
+    policy_before = snapshot(models["policy"])
+    value_before = snapshot(models["value"])
+    seen = []
+    trainer = make_trainer(models, tokenizer, missing_eos_penalty=1.0)
+    trainer.callbacks.append(lambda step, metrics: seen.append(step))
+    history = trainer.train()
+
+    assert len(history) == 2 and seen == [1, 2]
+    for metrics in history:
+        for key in (
+            "objective/score", "objective/kl_k1", "objective/kl_k3", "loss/policy", "loss/value",
+            "policy/clipfrac", "policy/approx_kl", "policy/entropy", "response/length_mean",
+        ):  # fmt: skip
+            assert key in metrics and math.isfinite(metrics[key]), key
+        assert metrics["objective/kl_k3"] >= 0.0
+    assert history[0]["objective/kl_k1"] == 0.0  # step 1 samples before any update: policy == ref
+    # dropout is off and rollouts are scored in eval mode: the very first minibatch has ratio exactly 1
+    assert trainer._first_minibatch_approx_kl < 1e-10
+
+    # policy and value moved; pi_ref and the reward model are bit-identical
+    policy_after = trainer.policy.state_dict()
+    assert any(not torch.equal(policy_before[k], policy_after[k]) for k in policy_before)
+    value_after = trainer.value_model.state_dict()
+    assert any(not torch.equal(value_before[k], value_after[k]) for k in value_before)
+    for k, v in models["ref"].state_dict().items():
+        assert torch.equal(v, ref_before[k]), k
+    for k, v in models["reward"].state_dict().items():
+        assert torch.equal(v, rm_before[k]), k
+    assert not models["ref"].training and not models["reward"].training
+    assert all(not p.requires_grad for p in models["ref"].parameters())
+    trainer.verify_frozen()
+
+
+def test_missing_eos_penalty_ignores_the_eos_in_chat_prompts(models, tokenizer):
+    penalty = 2.5
+    trainer = make_trainer(models, tokenizer, missing_eos_penalty=penalty, max_new_tokens=3, batch_size=12)
+    batch = next(trainer._batches)
+    eos = tokenizer.eos_token_id
+    assert (batch["prompt_ids"] == eos).any(), "chat prompts hold an EOS"
+    ro = trainer.rollout(batch["prompt_ids"], batch["prompt_mask"])
+    has_eos = ((ro.completion_ids == eos) & ro.completion_mask.bool()).any(-1)
+    assert (~has_eos).any(), "3 random tokens from a 100-token vocab rarely include EOS"
+    torch.testing.assert_close(ro.penalized_scores[~has_eos], ro.scores[~has_eos] - penalty)
+    torch.testing.assert_close(ro.penalized_scores[has_eos], ro.scores[has_eos])
+
+
+def test_verify_frozen_detects_a_moved_ref(models, tokenizer):
+    trainer = make_trainer(models, tokenizer)
+    trainer.verify_frozen()
+    with torch.no_grad():
+        next(models["ref"].parameters()).view(-1)[0] += 1e-6
+    with pytest.raises(RuntimeError, match="pi_ref parameters changed"):
+        trainer.verify_frozen()
+
+
+def test_ref_must_be_a_separate_model(models, tokenizer):
+    with pytest.raises(ValueError, match="separate"):
+        PPOTrainer(small_config(), models["policy"], models["policy"], models["reward"], models["value"],
+                   tokenizer, PROMPTS)  # fmt: skip
+    shallow = copy.copy(models["policy"])  # a new object whose parameters are the policy's tensors
+    with pytest.raises(ValueError, match="share parameter storage"):
+        PPOTrainer(small_config(), models["policy"], shallow, models["reward"], models["value"], tokenizer, PROMPTS)
+
+
+def test_tokenize_prompts_errors_name_the_row(tokenizer):
+    ids = tokenize_prompts(tokenizer, [{"prompt": [{"role": "user", "content": "hi"}]}, "plain"], 64)
+    assert ids[0][0] == tokenizer.convert_tokens_to_ids(BOS) and ids[0].count(tokenizer.eos_token_id) == 1
+    with pytest.raises(ValueError, match="row 1: .*max_prompt_length"):
+        tokenize_prompts(tokenizer, ["ok", "x" * 100], 64)
+    with pytest.raises(ValueError, match="row 0, message 0"):
+        tokenize_prompts(tokenizer, [[{"role": "user", "content": 3}]], 64)
+    with pytest.raises(ValueError, match="row 0: .*assistant"):
+        tokenize_prompts(tokenizer, [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]], 64)
+    with pytest.raises(ValueError, match="two BOS"):
+        tokenize_prompts(tokenizer, [BOS + BOS + "hi"], 64)
