@@ -54,6 +54,7 @@ __all__ = [
     "native_to_pair",
     "implicit_to_pair",
     "native_to_conversation",
+    "implicit_to_conversation",
     "prompt_completion_to_conversation",
     "instruction_to_conversation",
     "pandalm_prompt",
@@ -335,6 +336,18 @@ def native_to_conversation(
     )
 
 
+def implicit_to_conversation(
+    row: Mapping[str, Any], *, id: str | None = None, source: str | None = None
+) -> Conversation:
+    """TRL implicit-preference row -> Conversation from its ``chosen`` message list."""
+    row = _require_mapping(row)
+    messages = _messages(_get(row, "chosen"), "chosen")
+    _check_transcript(messages, "chosen")
+    return _validate(
+        Conversation, {"id": _row_id(row, id, "conv"), "messages": messages, "source": row.get("source") or source}
+    )
+
+
 def prompt_completion_to_conversation(
     row: Mapping[str, Any], *, id: str | None = None, source: str | None = None
 ) -> Conversation:
@@ -377,11 +390,19 @@ _ANNOTATOR_KEY = re.compile(r"^annotator(\d+)$")
 def pandalm_prompt(row: Mapping[str, Any]) -> str:
     """``instruction`` + ``"\\n\\n" + input`` when ``input`` is non-empty.
 
+    A blank instruction with a non-empty input gives the input alone (PandaLM row 466 has
+    instruction ``" "`` and input ``"Truthfulness"``).
+
     Raises:
-        DataValidationError: ``instruction`` missing/empty/not a string, ``input`` not a string.
+        DataValidationError: ``instruction`` missing or not a string, ``input`` not a string,
+            both blank.
     """
-    instruction = _text(row, "instruction", empty_reason="empty instruction")
+    instruction = _text(row, "instruction", allow_empty=True)
     extra = _optional_text(row, "input")
+    if not instruction.strip():
+        if extra is None:
+            raise DataValidationError("empty instruction and no input", field="instruction")
+        return extra
     return f"{instruction}\n\n{extra}" if extra else instruction
 
 
@@ -470,18 +491,28 @@ def alpaca_eval_to_record(row: Mapping[str, Any], *, id: str | None = None) -> A
         data[key] = _text(row, key, allow_empty=key != "instruction", empty_reason="empty instruction")
     pref = row.get("preference")
     data["preference"] = None if pref is None or (isinstance(pref, float) and math.isnan(pref)) else pref
-    data["id"] = _row_id(row, id, "alpaca_eval")
+    data["id"] = _alpaca_id(row, id)
     return _validate(AlpacaEvalRecord, data)
 
 
+def _alpaca_id(row: Mapping[str, Any], given: str | None) -> str:
+    idx = row.get("idx")  # demo compact files; row order is the same in every AlpacaEval file
+    if isinstance(idx, int) and not isinstance(idx, bool):
+        return f"alpaca_eval-{idx}"
+    return _row_id(row, given, "alpaca_eval")
+
+
 def alpaca_eval_to_prompt(row: Mapping[str, Any], *, id: str | None = None) -> EvalPrompt:
-    """AlpacaEval row -> EvalPrompt(set="alpaca_eval", intent=dataset, reference=output_1 (baseline))."""
+    """AlpacaEval row -> EvalPrompt(set="alpaca_eval", intent=dataset, reference=output_1 (baseline)).
+
+    ``id = "alpaca_eval-<idx>"`` (demo files), else the row's ``id``, else ``id``.
+    """
     row = _require_mapping(row)
     reference = row.get("output_1")
     return _validate(
         EvalPrompt,
         {
-            "id": _row_id(row, id, "alpaca_eval"),
+            "id": _alpaca_id(row, id),
             "prompt": _text(row, "instruction", empty_reason="empty prompt"),
             "set": "alpaca_eval",
             "intent": _optional_text(row, "dataset"),

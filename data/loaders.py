@@ -459,9 +459,7 @@ def _unknown_format(kind: str, fmt: str, options: Iterable[str]) -> ValueError:
 _SFT_CONVERTERS = {
     "native": cv.native_to_conversation,
     "hh": cv.hh_to_conversation,
-    "implicit": lambda raw, **kw: cv.native_to_conversation(
-        {**raw, "messages": raw.get("chosen")} if isinstance(raw, Mapping) else raw, **kw
-    ),
+    "implicit": cv.implicit_to_conversation,
     "prompt_completion": cv.prompt_completion_to_conversation,
     "instruction": cv.instruction_to_conversation,
 }
@@ -616,7 +614,8 @@ def load_eval_prompts(
             own_sets = False
             return lambda value, row: cv.native_to_eval_prompt(value, id=f"{src.stem}-{row}", set_name=default_set)
         convert = _EVAL_CONVERTERS[fmt]
-        return lambda value, row: convert(value, id=f"{src.stem}-{row}")
+        prefix = "alpaca_eval" if fmt == "alpaca_eval" else src.stem  # same ids as load_alpaca_eval
+        return lambda value, row: convert(value, id=f"{prefix}-{row}")
 
     rows = _load(
         raw, "eval", parse_for, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path, source_format=source_format
@@ -665,7 +664,7 @@ def load_alpaca_eval(
 
     def parse_for(fmt: str, src: RawSource):
         return lambda value, row: cv.alpaca_eval_to_record(
-            {k: v for k, v in value.items() if k not in ("id", "idx")} if isinstance(value, Mapping) else value,
+            value,
             id=f"alpaca_eval-{row}",
         )
 

@@ -123,7 +123,8 @@ def check_turns(messages: Sequence[Message], *, field: str, final: Literal["user
     if messages[-1].role != final:
         _fail(
             f"{field}[{len(messages) - 1}].role",
-            f"ends on a {messages[-1].role} turn; expected the last turn from the {final}",
+            f"ends on {'an' if messages[-1].role == 'assistant' else 'a'} {messages[-1].role} turn; "
+            f"expected the last turn from the {final}",
         )
 
 

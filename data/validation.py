@@ -232,13 +232,20 @@ class InvalidRecord:
     reason: str
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+def _jsonable(value: Any) -> Any:
+    """A JSON-safe copy of ``value``: NaN/inf -> None, unknown objects -> their repr."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
     if hasattr(value, "model_dump"):
-        return value.model_dump()
+        return _jsonable(value.model_dump())
     if hasattr(value, "tolist"):  # numpy scalars / arrays
-        return value.tolist()
+        return _jsonable(value.tolist())
     return repr(value)
 
 
@@ -251,7 +258,7 @@ def write_rejects(rejects: Iterable[RowReject], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
         for reject in rejects:
-            fh.write(json.dumps(reject.to_dict(), ensure_ascii=False, default=_json_default) + "\n")
+            fh.write(json.dumps(_jsonable(reject.to_dict()), ensure_ascii=False) + "\n")
     return path
 
 

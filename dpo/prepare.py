@@ -31,8 +31,12 @@ def _n_tokens(tokenizer, text: str) -> list[int]:
 
 
 def prepare_pairs(pairs: list[PreferencePair], tokenizer, max_length: int | None, *, file: str,
-                  min_completion_tokens: int = 1) -> PreparedPairs:
+                  min_completion_tokens: int = 1, require_fit: bool = False) -> PreparedPairs:
     """Check and fit each pair to ``max_length`` (tokens, prompt + one completion).
+
+    ``require_fit``: a pair whose prompt + longer completion still exceeds ``max_length`` (after dropping old
+    turns) is an error instead of being truncated. TRL's RewardTrainer drops such pairs silently, so the reward
+    stage asks for this.
 
     Returns:
         ``PreparedPairs`` with the pairs that are safe to train on (prompts possibly shortened) and one
@@ -64,6 +68,9 @@ def prepare_pairs(pairs: list[PreferencePair], tokenizer, max_length: int | None
             for name, ids in (("chosen", c_ids), ("rejected", r_ids)):
                 if len(ids[:budget]) < min_completion_tokens:
                     raise DataValidationError("zero completion tokens after truncation", file=file, row=i, field=name)
+            if require_fit and budget is not None and max(len(c_ids), len(r_ids)) + 2 > budget:
+                raise DataValidationError(f"{len(p_ids)} prompt + {max(len(c_ids), len(r_ids))} completion tokens "
+                                          f"exceed max_length {max_length}", file=file, row=i, field="chosen")
             if budget is not None and c_ids[:budget] == r_ids[:budget]:
                 raise DataValidationError(f"chosen and rejected identical after truncation to {budget} tokens",
                                           file=file, row=i, field="rejected")

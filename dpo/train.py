@@ -37,7 +37,7 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
     """Evaluate each pair alone before training; require loss = ln 2 and reward margin = 0 for every pair.
 
     Returns:
-        ``{"step0_loss_max_dev": float, "step0_margin_max_abs": float, "n": int}``.
+        ``{"step0_loss_max_dev": float, "step0_margin_max_abs": float, "step0_n": int}``.
 
     Raises:
         RuntimeError: a pair deviates, naming the pair's index and values (pi_ref is not the policy's start, or
@@ -46,12 +46,13 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
     worst_loss = worst_margin = 0.0
     for i in range(len(dataset)):
         m = trainer.evaluate(eval_dataset=dataset.select([i]), metric_key_prefix="step0")
-        loss, margin = m["step0_loss"], m["step0_rewards/margins"]
+        # TRL 1.16 reports its own DPO metrics under "eval_" whatever the prefix.
+        loss, margin = m["step0_loss"], m.get("step0_rewards/margins", m.get("eval_rewards/margins"))
         worst_loss, worst_margin = max(worst_loss, abs(loss - math.log(2))), max(worst_margin, abs(margin))
         if abs(loss - math.log(2)) > tolerance or abs(margin) > tolerance:
             raise RuntimeError(f"DPO step-0 invariant broken on pair {i}: loss {loss:.6f} (ln 2 = 0.693147), "
                                f"margin {margin:.6f}; the policy does not start at pi_ref or dropout is on")
-    return {"step0_loss_max_dev": worst_loss, "step0_margin_max_abs": worst_margin, "n": len(dataset)}
+    return {"step0_loss_max_dev": worst_loss, "step0_margin_max_abs": worst_margin, "step0_n": len(dataset)}
 
 
 def main(argv: list[str] | None = None) -> dict:

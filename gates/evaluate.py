@@ -31,7 +31,7 @@ from rlhf.stage import BLOCKED_EXIT_CODE, data_fingerprint
 from rlhf.tracking import log_summary, setup_wandb
 
 from .refusal import RefusalThresholds, classify_refusal, refusal_rates, two_sided_refusal_gate
-from .report import write_json_report, write_junit, write_markdown_report
+from .report import write_reports
 from .result import release_verdict
 from .winrate import win_rate_gate
 
@@ -48,7 +48,7 @@ class GateStageConfig:
     candidate_dir: str = field(default="", metadata={"help": "Candidate: a stage dir with a manifest, or a checkpoint."})
     reward_model_dir: str = field(default="", metadata={"help": "The judge: reward-model stage dir or checkpoint."})
     round_id: str | None = field(default=None, metadata={"help": "Round id (W&B group)."})
-    winrate_data: str = field(default="demo:hh_rlhf/prompts_heldout.jsonl", metadata={"help": "Win-rate prompts."})
+    winrate_data: str = field(default="demo:hh_rlhf/pairs_heldout.jsonl", metadata={"help": "Win-rate prompts."})
     safe_data: str = field(default="demo:xstest/xstest_prompts.csv", metadata={"help": "Benign-but-scary prompts (XSTest safe)."})
     redteam_data: str = field(default="demo:harmbench/harmbench_behaviors_text_val.csv", metadata={"help": "Red-team prompts."})
     n_winrate: int = field(default=32, metadata={"help": "Win-rate prompts used (first N)."})
@@ -131,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
     ]
     verdict = release_verdict(results)
-    report_json = write_json_report(results, out / "report.json", verdict=verdict)
-    report_md = write_markdown_report(results, out / "report.md", verdict=verdict, title=f"Release gates: {args.round_id or out.name}")
-    junit = write_junit(results, out / "junit.xml")
+    reports = write_reports(results, out, stem="report", metadata={"round_id": args.round_id, "baseline": baseline,
+                                                                  "candidate": candidate, "judge": judge})
     gate_table = [{"gate": r.name, "verdict": r.verdict,
                    **{k: None if m.value is None else round(float(m.value), 4) for k, m in r.metrics.items()},
                    "reason": r.reason} for r in results]
@@ -145,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                    "candidate_hash": content_hash(candidate), "judge": judge, "judge_hash": content_hash(judge),
                    **{k: getattr(args, k) for k in ("winrate_data", "safe_data", "redteam_data")},
                    **{f"{k}_hash": data_fingerprint(getattr(args, k)) for k in ("winrate_data", "safe_data", "redteam_data")}},
-        "outputs": {"verdict": verdict, "report_json": str(report_json), "report_md": str(report_md),
-                    "junit": str(junit), "gate_table": gate_table},
+        "outputs": {"verdict": verdict, "report_json": str(reports["json"]), "report_md": str(reports["markdown"]),
+                    "junit": str(reports["junit"]), "gate_table": gate_table},
         "metrics": {r.name: r.to_dict() for r in results},
     })
     logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))

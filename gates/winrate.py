@@ -103,7 +103,7 @@ def _describe(scores: np.ndarray, n_draws: int | None = None) -> dict[str, float
     """alpaca_eval's head-to-head numbers for scores in [0, 1] (preference - 1)."""
     n = int(scores.size)
     return {
-        "win_rate": float(np.round(scores).mean() * 100) if n else math.nan,
+        "win_rate": float(scores.mean() * 100) if n else math.nan,
         "standard_error": float(pd.Series(scores).sem() * 100) if n > 1 else math.nan,
         "n_wins": int((scores > 0.5).sum()),
         "n_wins_base": int((scores < 0.5).sum()),

@@ -220,6 +220,8 @@ class PPOConfig:
             errors.append(f"missing_eos_penalty must be >= 0 (it is subtracted), got {self.missing_eos_penalty}")
         if self.kl_estimator not in ("k1", "k3"):
             errors.append(f"kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
+        if self.lr_scheduler_type not in ("constant", "linear", "cosine"):
+            errors.append(f"lr_scheduler_type must be constant/linear/cosine, got {self.lr_scheduler_type!r}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             errors.append(f"mixed_precision must be auto/no/bf16/fp16, got {self.mixed_precision!r}")
         if isinstance(self.report_to, str):

@@ -304,7 +304,10 @@ class PPOTrainer:
             disable_dropout(value_model)
         if config.gradient_checkpointing:
             for m in (policy, value_model):
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                if hasattr(m, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+                    m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                else:
+                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 if hasattr(m, "config"):
                     m.config.use_cache = False
 

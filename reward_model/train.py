@@ -64,16 +64,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     pairs = load_pairs(args.train_data, mode=args.data_mode, max_reject_rate=args.max_reject_rate,
                        rejects_path=out / "rejects-data.jsonl", limit=args.max_train_samples)
-    held_out = load_pairs(args.agreement_data, mode=args.data_mode, max_reject_rate=args.max_reject_rate,
+    held_out = load_pairs(args.agreement_data, mode=args.agreement_data_mode, max_reject_rate=args.agreement_max_reject_rate,
                           rejects_path=out / "rejects-agreement.jsonl")
     scored = held_out[: args.max_agreement_pairs] if args.max_agreement_pairs else held_out
     model, tokenizer = load_reward_model(start)
-    prepared = prepare_pairs(pairs, tokenizer, args.max_length, file=args.train_data)
+    prepared = prepare_pairs(pairs, tokenizer, args.max_length, file=args.train_data, require_fit=True)
     handle_rejects(prepared.rejects, len(pairs), args, "truncation")
     trainer = RewardTrainer(
         model=model, args=args, train_dataset=Dataset.from_list([pair_to_trl(p) for p in prepared.pairs]),
         processing_class=tokenizer, peft_config=peft_config(args, task_type="SEQ_CLS", modules_to_save=["score"]),
     )
+    if len(trainer.train_dataset) != len(prepared.pairs):  # TRL filters over-long pairs without naming them
+        raise RuntimeError(f"RewardTrainer kept {len(trainer.train_dataset)} of {len(prepared.pairs)} checked pairs")
     result = trainer.train()
     model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
     checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     logger.info("PPO unlock: %s", decision.summary())
 
     metrics = {"train_loss": result.training_loss, "train_steps": result.global_step, "n_pairs": len(prepared.pairs), "n_rejected": len(prepared.rejects),
-               "n_held_out": len(held_out), "n_scored": len(scored), "reload_max_abs_diff": reload_dev,
+               "n_held_out": len(held_out), "n_held_out_rejected": len(held_out.rejects), "n_scored": len(scored), "reload_max_abs_diff": reload_dev,
                "rm_agreement": rm.to_dict(), "inter_annotator_agreement": iaa.to_dict()}
     log_summary({"train_loss": result.training_loss, "rm_agreement": decision.rm_agreement,
                  "inter_annotator_agreement": decision.inter_annotator_agreement, "ppo_unlocked": decision.unlocked})

@@ -81,7 +81,7 @@ def test_cli_overrides_yaml_and_unknown_keys_are_errors(setup, tmp_path):
     bad.write_text(setup["config"].read_text() + "kl_coeff: 0.1\n")  # typo
     with pytest.raises(ValueError, match="kl_coeff"):
         parse_args(["--config", str(bad)])
-    with pytest.raises(SystemExit):  # argparse rejects an unknown CLI flag
+    with pytest.raises(ValueError, match="no_such_key"):
         parse_args(["--config", str(setup["config"]), "--no_such_key", "1"])
 
 

@@ -181,3 +181,12 @@ def test_tokenize_prompts_errors_name_the_row(tokenizer):
         tokenize_prompts(tokenizer, [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]], 64)
     with pytest.raises(ValueError, match="two BOS"):
         tokenize_prompts(tokenizer, [BOS + BOS + "hi"], 64)
+
+
+def test_one_step_with_gradient_checkpointing(models, tokenizer):
+    before = snapshot(models["policy"])
+    trainer = make_trainer(models, tokenizer, gradient_checkpointing=True, num_steps=1, ppo_epochs=1)
+    (metrics,) = trainer.train()
+    assert math.isfinite(metrics["loss/total"])
+    after = trainer.policy.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
