@@ -180,7 +180,7 @@ def _split_final_turn(
     prompt_c, prompt_r = chosen[:-1], rejected[:-1]
     if prompt_c != prompt_r:
         first = next(
-            (i for i, (a, b) in enumerate(zip(prompt_c, prompt_r)) if a != b), min(len(prompt_c), len(prompt_r))
+            (i for i, (a, b) in enumerate(zip(prompt_c, prompt_r, strict=False)) if a != b), min(len(prompt_c), len(prompt_r))
         )
         raise DataValidationError(
             f"context differs from {chosen_field}'s at turn {first} ({len(prompt_c)} vs {len(prompt_r)} turns "

@@ -235,7 +235,9 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
-def _hf_records(name: str, split: str, hf_kwargs: Mapping[str, Any] | None) -> list[tuple[int, Any]]:
+def _hf_records(
+    name: str, split: str, hf_kwargs: Mapping[str, Any] | None, limit: int | None = None
+) -> list[tuple[int, Any]]:
     try:
         import datasets
 
@@ -245,6 +247,8 @@ def _hf_records(name: str, split: str, hf_kwargs: Mapping[str, Any] | None) -> l
             f"could not load Hugging Face dataset {name!r} (split {split!r}): {type(exc).__name__}: {exc}. "
             "If the hub is unreachable (offline machines), pass a local file or 'demo:<name>' instead."
         ) from exc
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
     return list(enumerate(dataset))
 
 
@@ -270,7 +274,10 @@ def open_source(
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    path: Path | None = None
+
+    def cut(records: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        return records if limit is None else records[:limit]
+
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         if text.startswith("demo:"):
@@ -278,25 +285,19 @@ def open_source(
             if not path.is_file():
                 raise FileNotFoundError(f"{text} is a folder of the demo bundle, not a file")
             label = "demo:" + _demo_relative(path)
-        elif text.startswith("hf:") or not (_looks_like_path(text) or Path(text).expanduser().is_file()):
+            return RawSource(label, _stem(path.name), path, cut(_read_file(path, label)))
+        path = Path(text).expanduser()
+        if text.startswith("hf:") or not (_looks_like_path(text) or path.is_file()):
+            # a hub id, or a local dataset folder (datasets.load_dataset reads those offline)
             name = text.removeprefix("hf:")
-            if not text.startswith("hf:") and Path(text).exists():
-                name = text  # a local dataset folder: datasets.load_dataset reads it offline
-            records = _hf_records(name, split, hf_kwargs)
-            return RawSource(f"hf:{name}[{split}]", name.replace("/", "_"), None, records[:limit] if limit is not None else records)
-        else:
-            path = Path(text).expanduser()
-            label = text
-            if not path.is_file():
-                raise FileNotFoundError(f"data file not found: {text}")
-        records = _read_file(path, label)
-        return RawSource(label, _stem(path.name), path, records[:limit] if limit is not None else records)
+            return RawSource(f"hf:{name}[{split}]", name.replace("/", "_"), None, _hf_records(name, split, hf_kwargs, limit))
+        if not path.is_file():
+            raise FileNotFoundError(f"data file not found: {text}")
+        return RawSource(text, _stem(path.name), path, cut(_read_file(path, text)))
     if hasattr(source, "column_names") and hasattr(source, "__getitem__"):  # datasets.Dataset
-        records = list(enumerate(source))
-        return RawSource("<dataset>", "dataset", None, records[:limit] if limit is not None else records)
+        return RawSource("<dataset>", "dataset", None, cut(list(enumerate(source))))
     if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
-        records = list(enumerate(source))
-        return RawSource("<memory>", "memory", None, records[:limit] if limit is not None else records)
+        return RawSource("<memory>", "memory", None, cut(list(enumerate(source))))
     raise TypeError(f"unsupported source type {type(source).__name__}")
 
 
@@ -586,6 +587,9 @@ def load_eval_prompts(
             it is the set given to every prompt (default: the file stem).
         source_format: force a format: ``native``, ``xstest``, ``harmbench``, ``advbench``,
             ``sycophancy``, ``mt_bench``, ``alpaca_eval``, ``pair:<pair format>``.
+        limit: without ``set_name``, read only the first ``limit`` rows; with ``set_name``, the
+            whole source is read and validated and the first ``limit`` prompts *of that set* are
+            returned (XSTest interleaves safe and unsafe blocks of 25, so a read limit would not do).
         Other arguments as :func:`load_sft`.
 
     Returns:
@@ -598,7 +602,7 @@ def load_eval_prompts(
     """
     if source_format is not None and source_format not in _EVAL_FORMATS:
         raise _unknown_format("eval", source_format, _EVAL_FORMATS)
-    raw = open_source(source, split=split, hf_kwargs=hf_kwargs, limit=limit)
+    raw = open_source(source, split=split, hf_kwargs=hf_kwargs, limit=None if set_name is not None else limit)
     own_sets = True
 
     def parse_for(fmt: str, src: RawSource):
@@ -626,6 +630,8 @@ def load_eval_prompts(
         if not kept:
             raise ValueError(f"{raw.label}: no prompts in set {set_name!r}; sets in this source: {available}")
         rows[:] = kept
+    if set_name is not None and limit is not None:
+        del rows[limit:]
     return rows
 
 
@@ -740,5 +746,5 @@ def to_hf_dataset(rows: Iterable[Any], *, include_id: bool = True):
     else:
         raise TypeError(f"to_hf_dataset: unsupported row type {kind.__name__}")
     if include_id:
-        records = [{"id": r.id, **rec} for r, rec in zip(rows, records)]
+        records = [{"id": r.id, **rec} for r, rec in zip(rows, records, strict=True)]
     return datasets.Dataset.from_list(records)

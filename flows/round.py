@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from rlhf.manifest import atomic_write_text
 
-from .stages import BLOCKED_EXIT_CODE, StageRun, dump, run_stage, summarize
+from .stages import StageRun, dump, run_stage, summarize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,13 +50,13 @@ def _recipe(params: RoundParameters, name: str) -> Path:
 
 @task(cache_policy=NO_CACHE, task_run_name="{stage}")
 def stage_task(stage: str, module: str, params: RoundParameters, round_dir: Path, extra: list[str],
-               parents: list[StageRun], ok_returncodes: tuple[int, ...] = (0,)) -> StageRun:
+               parents: list[StageRun]) -> StageRun:
     logger = get_run_logger()
     recipe_name = {"reward_model": "reward"}.get(stage, stage)
     args = [*extra, "--round_id", round_dir.name, *params.overrides.get(stage, [])]
     return run_stage(stage, module, _recipe(params, recipe_name), round_dir / stage, extra_args=args,
                      parents=parents, accelerate_config=params.accelerate_config, force=stage in params.force,
-                     ok_returncodes=ok_returncodes, log=logger.info)
+                     log=logger.info)
 
 
 @flow(name="rlhf-round", log_prints=True)
@@ -88,8 +88,7 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
         candidate = ppo
     gates = stage_task("gates", "gates.evaluate", params, round_dir,
                        ["--baseline_dir", sft.output_dir, "--candidate_dir", candidate.output_dir,
-                        "--reward_model_dir", rm.output_dir], [sft, candidate, rm],
-                       ok_returncodes=(0, BLOCKED_EXIT_CODE))
+                        "--reward_model_dir", rm.output_dir, "--fail_on_block", "false"], [sft, candidate, rm])
     runs.append(gates)
 
     verdict = gates.manifest["outputs"]["verdict"]

@@ -21,7 +21,7 @@ import yaml
 
 from rlhf.hashing import code_version, content_hash, json_hash
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
-from rlhf.stage import BLOCKED_EXIT_CODE, data_fingerprint, make_writable
+from rlhf.stage import data_fingerprint, make_writable
 
 CACHE_KEY_FILE = ".cache_key"
 
@@ -37,7 +37,6 @@ class StageRun:
     cache_key: str
     cached: bool
     seconds: float
-    returncode: int = 0
 
 
 def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: list[StageRun]) -> str:
@@ -70,13 +69,13 @@ def launch_command(module: str, recipe: Path, output_dir: Path, extra_args: list
 
 def run_stage(stage: str, module: str, recipe: str | Path, output_dir: str | Path, *, extra_args: list[str] = (),
               parents: list[StageRun] = (), accelerate_config: str | None = None, force: bool = False,
-              ok_returncodes: tuple[int, ...] = (0,), log=print) -> StageRun:
+              log=print) -> StageRun:
     """Run one stage unless a finished run with the same cache key is already in ``output_dir``.
 
     The stage's stdout/stderr stream to ``log`` and to ``<output_dir>/stage.log``.
 
     Raises:
-        RuntimeError: the process failed (exit code not in ``ok_returncodes``) or wrote no manifest; the message
+        RuntimeError: the process failed (non-zero exit) or wrote no manifest; the message
             holds the command, the exit code and the log's last lines.
     """
     recipe, output_dir = Path(recipe), Path(output_dir)
@@ -106,12 +105,12 @@ def run_stage(stage: str, module: str, recipe: str | Path, output_dir: str | Pat
             tail = (tail + [line])[-40:]
         rc = proc.wait()
     seconds = time.perf_counter() - t0
-    if rc not in ok_returncodes or not (output_dir / MANIFEST_NAME).is_file():
+    if rc != 0 or not (output_dir / MANIFEST_NAME).is_file():
         raise RuntimeError(f"stage {stage} failed (exit {rc}) after {seconds:.0f}s: {' '.join(cmd)}\n"
                            f"log: {output_dir / 'stage.log'}\n{''.join(tail)}")
     atomic_write_text(key_file, key)
     log(f"[{stage}] done in {seconds:.0f}s")
-    return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=False, seconds=seconds, returncode=rc)
+    return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=False, seconds=seconds)
 
 
 def summarize(runs: list[StageRun]) -> list[dict]:

@@ -711,6 +711,7 @@ def _check_saved_tensors(directory: Path, expected: Mapping[str, torch.Tensor]) 
         if math.prod(shape) == 0:
             raise RuntimeError(f"{directory}: tensor {key} was saved empty (shape {shape})")
         if key in expected and tuple(expected[key].shape) != shape:
-            raise RuntimeError(f"{directory}: tensor {key} saved with shape {shape}, expected {tuple(expected[key].shape)}")
+            want = tuple(expected[key].shape)
+            raise RuntimeError(f"{directory}: tensor {key} saved with shape {shape}, expected {want}")
     if not seen:
         raise RuntimeError(f"{directory}: the checkpoint holds no tensors")

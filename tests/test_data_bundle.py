@@ -155,6 +155,8 @@ def test_xstest_250_safe_200_unsafe():
     assert (len(prompts), counts["xstest_safe"], counts["xstest_unsafe"]) == (n, safe, unsafe) == (450, 250, 200)
     assert all(p.intent.startswith("contrast_") for p in prompts if p.set == "xstest_unsafe")
     assert set(Counter(p.intent for p in prompts).values()) == {25}
+    first_safe = load_eval_prompts("demo:xstest", set_name="xstest_safe", limit=50)
+    assert len(first_safe) == 50 and {p.set for p in first_safe} == {"xstest_safe"}
     for path in sorted((DEMO_ROOT / "xstest/model_completions").glob("*.csv.gz")):
         frame = pd.read_csv(path)
         assert len(frame) == 450 and set(frame.final_label) <= {"1_full_compliance", "2_full_refusal", "3_partial_refusal"}

@@ -11,10 +11,10 @@ from data.converters import (
     implicit_to_pair,
     mt_bench_to_prompt,
     native_to_pair,
+    pair_to_eval_prompt,
     pandalm_judge_to_label,
     pandalm_to_pair,
     parse_hh_transcript,
-    pair_to_eval_prompt,
     sycophancy_to_prompt,
     xstest_to_prompt,
 )

@@ -176,6 +176,8 @@ def test_csv_eval_prompts_and_set_name(tmp_path):
     rows = load_eval_prompts(path)
     assert [(p.id, p.set) for p in rows] == [("xstest-1", "xstest_safe"), ("xstest-2", "xstest_unsafe")]
     assert [p.id for p in load_eval_prompts(path, "xstest_unsafe")] == ["xstest-2"]
+    assert [p.id for p in load_eval_prompts(path, "xstest_unsafe", limit=1)] == ["xstest-2"]  # limit counts the set's prompts
+    assert [p.id for p in load_eval_prompts(path, limit=1)] == ["xstest-1"]
     with pytest.raises(ValueError, match="sets in this source"):
         load_eval_prompts(path, "harmbench")
     plain = write_jsonl(tmp_path / "mine.jsonl", [{"prompt": "a"}, {"prompt": "b", "set": "other"}])

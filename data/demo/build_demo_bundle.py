@@ -61,6 +61,32 @@ FOLDERS = {
 }
 
 
+#: Per-file purpose for the README table (first matching path prefix wins).
+PURPOSES = (
+    ("hh_rlhf/sft", "SFT demonstrations (chosen transcripts)"),
+    ("hh_rlhf/pairs_train", "DPO / reward-model training pairs"),
+    ("hh_rlhf/pairs_heldout", "held-out pairs: RM accuracy, win-rate prompts"),
+    ("hh_rlhf/malformed", "real malformed rows (empty chosen reply) for loader tests"),
+    ("pandalm/testset", "3 human labels per pair: inter-annotator and RM-vs-expert agreement; intents"),
+    ("pandalm/gpt", "LLM-judge verdicts on the same pairs: judge-vs-human agreement"),
+    ("alpaca_eval/annotations/baseline", "instructions, clusters and baseline outputs (joined on idx)"),
+    ("alpaca_eval/annotations/gpt-3.5-turbo-1106_concise", "judged comparisons, concise variant: the length confound"),
+    ("alpaca_eval/annotations/", "judged comparisons: raw and length-controlled win rate, per-cluster matrix"),
+    ("alpaca_eval/leaderboards/weighted", "published win rates and LC win rates to reproduce"),
+    ("alpaca_eval/leaderboards/evaluators", "published judge-vs-human agreement"),
+    ("alpaca_eval/weights", "published LC GLM coefficients"),
+    ("harmbench/", "red-team set (violation rate)"),
+    ("mt_bench/mt_bench_question", "intent clusters, capability prompts"),
+    ("mt_bench/mt_bench_reference", "reference answers"),
+    ("mt_bench/judge", "LLM-judge prompt templates"),
+    ("sycophancy_bct/truthfulqa_are_you_sure", "flip rate after 'Are you sure?'"),
+    ("sycophancy_bct/truthfulqa_suggested", "agreement with a user-suggested wrong answer"),
+    ("xstest/xstest_prompts", "false-refusal (250 safe) and contrast (200 unsafe) sets"),
+    ("xstest/model_completions", "completions with 2 human labels: refusal-classifier ground truth"),
+    ("xstest/automated", "GPT-4 / string-match refusal labels: classifier baselines"),
+)
+
+
 # ------------------------------------------------------------------------------------- writing
 
 
@@ -120,7 +146,7 @@ def build_hh(b: Bundle, shared: Path) -> None:
 
     src = shared / "hh_rlhf"
     with gzip.open(src / "harmless-base.test.jsonl.gz", "rt", encoding="utf-8") as fh:
-        rows = [json.loads(line) for _, line in zip(range(HH_N), fh)]
+        rows = [json.loads(line) for _, line in zip(range(HH_N), fh, strict=False)]
     splits: dict[str, list[dict]] = {"sft": [], "pairs_train": [], "pairs_heldout": [], "malformed": []}
     for i, row in enumerate(rows):
         record = {"id": f"hh-harmless-base-test-{i:04d}", "chosen": row["chosen"], "rejected": row["rejected"]}
@@ -246,6 +272,7 @@ def write_docs(b: Bundle, shared: Path) -> None:
             continue
         folder = rel.split("/")[0]
         licence, purpose = FOLDERS[folder]
+        purpose = next((text for prefix, text in PURPOSES if rel.startswith(prefix)), purpose)
         table.append(f"| `{rel}` | {rows if rows is not None else '-'} | {len(data):,} | {folder} (see `{folder}/SOURCE.txt`) | {licence} | {purpose} |")
     b.write("MANIFEST.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     readme = README_TEMPLATE.format(table="\n".join(table), total=total, n_files=len(manifest))
