@@ -4,7 +4,7 @@ TRL 1.16 ships no PPOConfig, so this is our own dataclass in TRL's style: every 
 in ``metadata`` (``HfArgumentParser``/``TrlParser`` turn it into ``--help``), defaults < YAML < CLI.
 
 Two dataclasses are parsed together by :mod:`ppo.train`:
-    - :class:`PPOScriptArguments`: where the models and prompts are (paths only);
+    - :class:`PPOScriptArguments`: where the models and prompts are (stage directories or paths);
     - :class:`PPOConfig`: how to train.
 
 Batch arithmetic (per process; multiply by the number of processes for a global figure):
@@ -32,42 +32,98 @@ SUPPORTED_REPORT_TO = ("wandb",)
 
 @dataclass
 class PPOScriptArguments:
-    """Where the PPO stage reads its inputs. All local directories / files (the hub is not reachable)."""
+    """Where the PPO stage reads its inputs.
 
-    policy_path: str = field(
-        default="",
-        metadata={"help": "Directory of the initial policy (AutoModelForCausalLM), normally the SFT output."},
+    Each model comes either from a stage directory (what the round flow passes; its ``manifest.json`` is read) or
+    from an explicit local path (standalone runs); one of the two is required, both is an error.
+        pi_ref:       ``--sft_dir`` (SFT manifest ``outputs.pi_ref`` + ``outputs.pi_ref_hash``) or ``--ref_path``
+        policy:       ``--policy_dir`` (DPO manifest ``outputs.checkpoint``) or ``--policy_path``
+        reward model: ``--reward_model_dir`` (RM manifest ``outputs.checkpoint``) or ``--reward_model_path``
+        prompts:      ``--prompts_data`` (a data source: ``demo:<file>``, a local file, ``hf:<id>``) or
+                      ``--prompts_path`` (a JSONL file of ``{"prompt": str | [messages]}``)
+    """
+
+    sft_dir: str | None = field(
+        default=None,
+        metadata={"help": "SFT stage output directory: pi_ref and its content hash are read from its manifest."},
     )
-    ref_path: str = field(
-        default="",
+    policy_dir: str | None = field(
+        default=None,
+        metadata={"help": "Stage output directory of the initial policy (normally DPO): its manifest's "
+                          "outputs.checkpoint."},
+    )
+    reward_model_dir: str | None = field(
+        default=None,
+        metadata={"help": "Reward-model stage output directory: its manifest's outputs.checkpoint."},
+    )
+    round_id: str | None = field(default=None, metadata={"help": "Round id; groups W&B runs, recorded in the manifest."})
+    policy_path: str | None = field(
+        default=None,
+        metadata={"help": "Directory of the initial policy (AutoModelForCausalLM), instead of --policy_dir."},
+    )
+    ref_path: str | None = field(
+        default=None,
         metadata={
-            "help": "Directory of pi_ref, the frozen content-hashed copy of the SFT output. Loaded separately from "
-            "the policy, never shared with it."
+            "help": "Directory of pi_ref, instead of --sft_dir. Loaded separately from the policy, never shared "
+            "with it. Its content hash is --ref_hash if given, else computed at start."
         },
     )
-    reward_model_path: str = field(
-        default="",
-        metadata={"help": "Directory of the Bradley-Terry reward model (AutoModelForSequenceClassification, 1 label)."},
+    ref_hash: str | None = field(
+        default=None, metadata={"help": "Expected content hash of --ref_path (rlhf.hashing.content_hash)."}
+    )
+    reward_model_path: str | None = field(
+        default=None,
+        metadata={"help": "Directory of the Bradley-Terry reward model (AutoModelForSequenceClassification, 1 label), "
+                          "instead of --reward_model_dir."},
     )
     value_model_path: str | None = field(
         default=None,
         metadata={
             "help": "Directory the value model is initialised from (AutoModelForSequenceClassification, 1 label). "
-            "Default: reward_model_path, as in Ouyang et al. 2022 (value function initialised from the RM)."
+            "Default: the reward model, as in Ouyang et al. 2022 (value function initialised from the RM)."
         },
     )
-    prompts_path: str = field(
-        default="",
+    prompts_data: str | None = field(
+        default=None,
         metadata={
-            "help": "JSONL file, one object per line with a 'prompt' field: a string, or a list of chat messages "
-            "({'role', 'content'}) rendered with the tokenizer's chat template and a generation prompt."
+            "help": "Prompt source for data.loaders.load_eval_prompts: 'demo:hh_rlhf/pairs_train.jsonl', a local "
+            "file, or 'hf:<id>'. Each prompt is a user message, rendered with the chat template."
         },
     )
+    prompts_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Instead of --prompts_data: JSONL file, one object per line with a 'prompt' field: a user "
+            "string, or a list of chat messages ({'role', 'content'})."
+        },
+    )
+    max_prompts: int | None = field(default=None, metadata={"help": "Use the first N prompts of the source."})
+    data_mode: str = field(
+        default="strict",
+        metadata={"help": "strict: stop at the first bad prompt row. lenient: write rejects to "
+                          "<output_dir>/rejects-prompts.jsonl, stop above max_reject_rate.",
+                  "choices": ["strict", "lenient"]},
+    )
+    max_reject_rate: float = field(default=0.05, metadata={"help": "Lenient mode: largest tolerated share of bad rows."})
 
     def __post_init__(self) -> None:
-        missing = [n for n in ("policy_path", "ref_path", "reward_model_path", "prompts_path") if not getattr(self, n)]
-        if missing:
-            raise ValueError(f"PPOScriptArguments: missing required path(s): {', '.join(missing)}")
+        errors = []
+        for what, stage_dir, path in (("pi_ref", "sft_dir", "ref_path"), ("policy", "policy_dir", "policy_path"),
+                                      ("reward model", "reward_model_dir", "reward_model_path"),
+                                      ("prompts", "prompts_data", "prompts_path")):
+            given = [n for n in (stage_dir, path) if getattr(self, n)]
+            if not given:
+                errors.append(f"{what}: give --{stage_dir} or --{path}")
+            elif len(given) == 2:
+                errors.append(f"{what}: give --{stage_dir} or --{path}, not both")
+        if self.ref_hash and not self.ref_path:
+            errors.append("--ref_hash goes with --ref_path (with --sft_dir the hash comes from the SFT manifest)")
+        if self.max_prompts is not None and self.max_prompts <= 0:
+            errors.append(f"max_prompts must be > 0, got {self.max_prompts}")
+        if self.data_mode not in ("strict", "lenient"):
+            errors.append(f"data_mode must be strict or lenient, got {self.data_mode!r}")
+        if errors:
+            raise ValueError("PPOScriptArguments: " + "; ".join(errors))
 
 
 @dataclass
@@ -79,7 +135,7 @@ class PPOConfig:
         default="outputs/ppo",
         metadata={"help": "Where the policy checkpoint (output_dir/checkpoint) and manifest.json are written."},
     )
-    run_name: str | None = field(default=None, metadata={"help": "Run name for trackers (W&B)."})
+    run_name: str | None = field(default=None, metadata={"help": "W&B run name (default 'ppo'); the group is round_id."})
     seed: int = field(default=42, metadata={"help": "Seed of torch, python and numpy RNGs (sampling included)."})
     num_steps: int = field(
         default=100,
@@ -149,15 +205,22 @@ class PPOConfig:
         default=512, metadata={"help": "Longest prompt in tokens; a longer prompt is an error naming its row."}
     )
     max_new_tokens: int = field(default=53, metadata={"help": "Most tokens generated per completion."})
+    reward_max_length: int = field(
+        default=1024,
+        metadata={"help": "Longest render of (prompt, completion) the reward model scores (reward_model.scoring.score "
+                          "truncates from the left, so the end where the score is read is always kept)."},
+    )
     temperature: float = field(
         default=1.0,
         metadata={"help": "Sampling temperature; the same temperature divides the logits when log-probs are scored."},
     )
 
     # ---- hardware ---------------------------------------------------------------------------------
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = field(
+    mixed_precision: Literal["auto", "no", "fp32", "bf16", "fp16"] = field(
         default="auto",
-        metadata={"help": "'auto' = bf16 where the device has native bf16 (CUDA), else fp32. The choice is logged."},
+        metadata={"help": "Resolved by rlhf.precision.resolve_precision and logged: 'auto' = bf16 on CUDA with bf16, "
+                          "fp16 on older CUDA, fp32 on CPU; a bf16/fp16 request the device cannot honour falls back "
+                          "to fp32 with a warning. 'no' = 'fp32'."},
     )
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Gradient checkpointing for the policy and value models."}
@@ -193,6 +256,7 @@ class PPOConfig:
             "learning_rate",
             "max_new_tokens",
             "max_prompt_length",
+            "reward_max_length",
             "temperature",
             "cliprange",
             "cliprange_value",
@@ -222,8 +286,8 @@ class PPOConfig:
             errors.append(f"kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
         if self.lr_scheduler_type not in ("constant", "linear", "cosine"):
             errors.append(f"lr_scheduler_type must be constant/linear/cosine, got {self.lr_scheduler_type!r}")
-        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
-            errors.append(f"mixed_precision must be auto/no/bf16/fp16, got {self.mixed_precision!r}")
+        if self.mixed_precision not in ("auto", "no", "fp32", "bf16", "fp16"):
+            errors.append(f"mixed_precision must be auto/no/fp32/bf16/fp16, got {self.mixed_precision!r}")
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         self.report_to = [r for r in self.report_to if r != "none"]

@@ -3,14 +3,17 @@
 One step:
     1. rollout (eval mode, no dropout, no gradients): left-padded batched sampling from the policy at
        ``temperature`` with no top-k/top-p; log-probs of the completion under the policy and pi_ref; values;
-       the reward model's score at the last real token; the missing-EOS penalty (completion tokens only);
+       the reward model's score of (prompt, decoded completion), placed at the last real completion token; the
+       missing-EOS penalty (completion tokens only);
        per-token rewards -kl_coef * KL_t (+ score at the last real token); GAE; whitened advantages.
     2. ``ppo_epochs`` passes of shuffled minibatches: clipped policy loss + vf_coef * clipped value loss.
 
 Models:
     - policy: ``AutoModelForCausalLM``, trained.
     - ref_model (pi_ref): a separate ``AutoModelForCausalLM``, frozen, always in eval mode; its parameters are
-      fingerprinted (sha256) at construction and checked after training (:meth:`PPOTrainer.verify_frozen`).
+      fingerprinted (sha256 of its tensors) at construction and checked after training
+      (:meth:`PPOTrainer.verify_frozen`); ``ppo.train`` also verifies pi_ref's content hash on disk before and
+      after training (``rlhf.stage.verify_hash``).
     - reward_model: ``AutoModelForSequenceClassification`` with one label, frozen and fingerprinted too.
     - value_model: a *separate* ``AutoModelForSequenceClassification`` with one label (by default initialised
       from the reward model, as Ouyang et al. 2022 initialise the value function from the RM), trained.
@@ -18,11 +21,15 @@ Models:
       representation, (b) an RM-initialised critic starts with a sensible value scale, (c) it is the layout of
       TRL's former PPO trainer. Cost: one more model in memory (for SmolLM2-135M, +0.5 GB fp32 + Adam state).
 
-Per-token scores of a sequence-classification model (reward and value) are computed as
-``model.score(backbone(input_ids).last_hidden_state)`` and read by position: the reward at the last real
-completion token from the completion mask. We do not call the model's own pooled ``forward``, because
-transformers pools at the rightmost token that is not ``pad_token_id``, and with pad == eos (SmolLM2) that
-skips the final EOS.
+Reward: scored exactly as the reward-model stage scores (``reward_model.scoring.score``): the completion is
+decoded (special tokens skipped, stripped, as ``rlhf.generation`` decodes responses), rendered with the prompt
+through the chat template (``reward_model.scoring.render``: "...<|im_start|>assistant\n{completion}<|im_end|>\n")
+and read by transformers' default sequence-classification pooling, at the last non-pad token of that render.
+That is the position TRL's RewardTrainer trained the score at, so PPO optimises the number the RM was trained
+to give (and the number the release gates read). The scalar is then placed at the last real completion token.
+
+Values: per-token, ``value_model.score(backbone(input_ids).last_hidden_state)`` read by position (the value
+of the state before each completion token), never through the pooled ``forward`` (pad == eos would move it).
 
 Policy and value are wrapped in one ``nn.Module`` (:class:`PolicyAndValue`) so that ``accelerator.prepare``
 sees one model and one optimizer (DDP / DeepSpeed need that). Generation uses the unwrapped policy; ZeRO-3
@@ -37,9 +44,7 @@ import inspect
 import logging
 import math
 import os
-import shutil
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -56,6 +61,10 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase, get_schedule
 from ppo import core
 from ppo.config import PPOConfig
 from ppo.types import Rollout
+from reward_model.scoring import score as rm_score
+from rlhf.generation import chat_prompt
+from rlhf.precision import resolve_precision
+from rlhf.stage import save_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +80,14 @@ Prompt = str | Sequence[Mapping[str, Any]] | Mapping[str, Any]
 
 
 def resolve_mixed_precision(requested: str) -> str:
-    """'auto' -> 'bf16' only where the device has native bf16 (CUDA with bf16 support), else 'no' (fp32).
+    """``config.mixed_precision`` -> accelerate's ``mixed_precision`` ('no' | 'bf16' | 'fp16').
 
-    CPUs here emulate bf16 (10x slower steps), so CPU runs stay in fp32 unless bf16 is asked for explicitly.
+    The pipeline's rule (:func:`rlhf.precision.resolve_precision`, which logs the choice): 'auto' is bf16 on CUDA
+    with bf16, fp16 on older CUDA, fp32 on CPU (emulated bf16 is 8-10x slower here); an explicit bf16/fp16 the
+    device cannot honour falls back to fp32 with a warning. 'no' means fp32.
     """
-    if requested != "auto":
-        return requested
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "no"
+    chosen = resolve_precision("fp32" if requested == "no" else requested)
+    return "no" if chosen == "fp32" else chosen
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -91,8 +99,12 @@ def disable_dropout(model: nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-def model_fingerprint(model: nn.Module) -> str:
-    """sha256 over the names, dtypes, shapes and bytes of all parameters and buffers of ``model``."""
+def parameter_fingerprint(model: nn.Module) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of all parameters and buffers of an in-memory ``model``.
+
+    Complements ``rlhf.stage.verify_hash`` (pi_ref's files on disk): this one catches a frozen model that moved
+    in memory during training, which the files would not show.
+    """
     h = hashlib.sha256()
     tensors = list(model.named_parameters()) + list(model.named_buffers())
     for name, tensor in sorted(tensors, key=lambda kv: kv[0]):
@@ -140,39 +152,47 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[tor
     return ids, mask
 
 
+def prompt_messages(prompt: Prompt, row: int) -> list[dict[str, Any]]:
+    """A prompt as chat messages. A string is one user message, as ``reward_model.scoring.render`` and
+    ``rlhf.generation.chat_prompt`` read it (``data.loaders.load_eval_prompts`` gives user strings); a mapping
+    contributes its ``prompt`` field. Errors name the row.
+    """
+    if isinstance(prompt, Mapping):
+        if "prompt" not in prompt:
+            raise ValueError(f"prompt row {row}: no 'prompt' field (fields: {sorted(prompt)})")
+        prompt = prompt["prompt"]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError(f"prompt row {row}: empty prompt")
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, Sequence):
+        if not prompt:
+            raise ValueError(f"prompt row {row}: empty list of messages")
+        for j, message in enumerate(prompt):
+            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+                raise ValueError(f"prompt row {row}, message {j}: expected a mapping with a string 'role'")
+            if not isinstance(message.get("content"), str):
+                raise ValueError(f"prompt row {row}, message {j}: 'content' must be a string")
+        if prompt[-1]["role"] == "assistant":
+            raise ValueError(f"prompt row {row}: the conversation ends on an assistant turn; nothing to complete")
+        return [dict(m) for m in prompt]
+    raise ValueError(f"prompt row {row}: expected a string or a list of messages, got {type(prompt).__name__}")
+
+
 def tokenize_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], max_prompt_length: int
 ) -> list[list[int]]:
-    """Tokenize prompts: a string, a list of chat messages, or a mapping with a ``prompt`` field of either.
+    """Tokenize prompts (see :func:`prompt_messages`) rendered with the chat template and a generation prompt.
 
-    Chat messages are rendered with the chat template and a generation prompt, then tokenized without
-    special tokens (the template already holds them: no double BOS). Errors name the row.
+    The render is ``rlhf.generation.chat_prompt``'s, tokenized without special tokens (the template already
+    holds them: no double BOS). Errors name the row.
     """
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the tokenizer has no chat template: PPO renders prompts as the reward model scores them")
     out: list[list[int]] = []
     for i, prompt in enumerate(prompts):
-        if isinstance(prompt, Mapping):
-            if "prompt" not in prompt:
-                raise ValueError(f"prompt row {i}: no 'prompt' field (fields: {sorted(prompt)})")
-            prompt = prompt["prompt"]
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError(f"prompt row {i}: empty prompt")
-            ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        elif isinstance(prompt, Sequence):
-            if not prompt:
-                raise ValueError(f"prompt row {i}: empty list of messages")
-            for j, message in enumerate(prompt):
-                if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-                    raise ValueError(f"prompt row {i}, message {j}: expected a mapping with a string 'role'")
-                if not isinstance(message.get("content"), str):
-                    raise ValueError(f"prompt row {i}, message {j}: 'content' must be a string")
-            if prompt[-1]["role"] == "assistant":
-                raise ValueError(f"prompt row {i}: the conversation ends on an assistant turn; nothing to complete")
-            text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        else:
-            raise ValueError(f"prompt row {i}: expected a string or a list of messages, got {type(prompt).__name__}")
-        ids = list(ids)
+        text = chat_prompt(tokenizer, prompt_messages(prompt, i))
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         bos = tokenizer.bos_token_id
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
             raise ValueError(f"prompt row {i}: starts with two BOS tokens (template + tokenizer both added one)")
@@ -182,6 +202,16 @@ def tokenize_prompts(
             raise ValueError(f"prompt row {i}: {len(ids)} tokens > max_prompt_length={max_prompt_length}")
         out.append(ids)
     return out
+
+
+def decode_completions(
+    tokenizer: PreTrainedTokenizerBase, completion_ids: torch.Tensor, completion_mask: torch.Tensor
+) -> list[str]:
+    """Text of each completion as the pipeline scores responses (cf. ``rlhf.generation.generate``): the real
+    tokens (up to and including the first EOS), special tokens skipped, surrounding whitespace stripped."""
+    lengths = completion_mask.long().sum(-1).tolist()
+    return [tokenizer.decode(ids[:n], skip_special_tokens=True).strip()
+            for ids, n in zip(completion_ids.tolist(), lengths)]
 
 
 def completion_logits(
@@ -243,11 +273,15 @@ class PPOTrainer:
         config: hyper-parameters.
         policy: ``AutoModelForCausalLM`` to train.
         ref_model: pi_ref, a separate ``AutoModelForCausalLM``; frozen and put in eval mode here.
-        reward_model: 1-label ``AutoModelForSequenceClassification``; frozen and put in eval mode here.
+        reward_model: 1-label ``AutoModelForSequenceClassification``; frozen and put in eval mode here. Its
+            ``config.pad_token_id`` must be set (transformers' pooling finds the last non-pad token with it).
         value_model: 1-label ``AutoModelForSequenceClassification`` to train (a separate model, not a head).
-        tokenizer: shared by all four models; needs ``pad_token_id`` and ``eos_token_id`` (pad may equal eos).
-        prompts: strings, lists of chat messages, or mappings with a ``prompt`` field (a ``datasets.Dataset``
-            with a ``prompt`` column works).
+        tokenizer: of the policy, pi_ref and value model; needs ``pad_token_id`` and ``eos_token_id`` (pad may
+            equal eos) and a chat template.
+        prompts: user strings, lists of chat messages, or mappings with a ``prompt`` field (a
+            ``datasets.Dataset`` with a ``prompt`` column works); rendered with the chat template.
+        reward_tokenizer: the reward model's own tokenizer (default: ``tokenizer``); renders and tokenizes the
+            (prompt, completion) pairs it scores, as the reward-model stage does.
         accelerator: an ``Accelerator``; created from ``config.mixed_precision`` if omitted.
         callbacks: called as ``callback(step, metrics)`` every ``logging_steps`` steps on the main process.
     """
@@ -263,6 +297,7 @@ class PPOTrainer:
         prompts: Sequence[Prompt],
         accelerator: Accelerator | None = None,
         callbacks: Sequence[Callback] | None = None,
+        reward_tokenizer: PreTrainedTokenizerBase | None = None,
     ):
         self.config = config
         self.mixed_precision = resolve_mixed_precision(config.mixed_precision)
@@ -281,7 +316,8 @@ class PPOTrainer:
         self.kl_coef = config.kl_coef
         self.global_step = 0
 
-        self._check_models(policy, ref_model, reward_model, value_model, tokenizer)
+        self.reward_tokenizer = reward_tokenizer or tokenizer
+        self._check_models(policy, ref_model, reward_model, value_model, tokenizer, self.reward_tokenizer)
         self.tokenizer = tokenizer
         self.pad_token_id: int = tokenizer.pad_token_id
         eos = {tokenizer.eos_token_id}
@@ -296,8 +332,8 @@ class PPOTrainer:
             frozen.eval()
         self.ref_model = ref_model
         self.reward_model = reward_model
-        self.ref_fingerprint = model_fingerprint(ref_model)
-        self.reward_fingerprint = model_fingerprint(reward_model)
+        self.ref_fingerprint = parameter_fingerprint(ref_model)
+        self.reward_fingerprint = parameter_fingerprint(reward_model)
 
         if config.disable_dropout:
             disable_dropout(policy)
@@ -311,13 +347,15 @@ class PPOTrainer:
                 if hasattr(m, "config"):
                     m.config.use_cache = False
 
-        # data
-        self.prompt_ids = tokenize_prompts(tokenizer, prompts, config.max_prompt_length)
+        # data: the loader yields prompt indices; the collator turns them into left-padded ids (for the policy)
+        # and keeps the index (for the reward model, which scores the prompt's messages + the decoded completion)
+        self.prompts = [prompt_messages(p, i) for i, p in enumerate(prompts)]
+        self.prompt_ids = tokenize_prompts(tokenizer, self.prompts, config.max_prompt_length)
         needed = config.batch_size * self.accelerator.num_processes
         if len(self.prompt_ids) < needed:
             raise ValueError(f"{len(self.prompt_ids)} prompts < batch_size x processes = {needed}")
         dataloader = DataLoader(
-            self.prompt_ids,  # type: ignore[arg-type]
+            list(range(len(self.prompt_ids))),  # type: ignore[arg-type]
             batch_size=config.batch_size,
             shuffle=True,
             drop_last=True,
@@ -346,9 +384,12 @@ class PPOTrainer:
     # ---- checks -----------------------------------------------------------------------------------
 
     @staticmethod
-    def _check_models(policy, ref_model, reward_model, value_model, tokenizer) -> None:
+    def _check_models(policy, ref_model, reward_model, value_model, tokenizer, reward_tokenizer) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad_token_id and an eos_token_id (pad may equal eos)")
+        if getattr(reward_model.config, "pad_token_id", None) is None:
+            raise ValueError("reward_model.config.pad_token_id is unset: transformers' pooling needs it to find the "
+                             "last real token (set it to the reward tokenizer's pad_token_id)")
         if ref_model is policy:
             raise ValueError("ref_model is the policy object: pi_ref must be a separate, frozen copy")
         if value_model is reward_model:
@@ -357,27 +398,26 @@ class PPOTrainer:
         frozen = {p.data_ptr() for m in (ref_model, reward_model) for p in m.parameters()}
         if trained & frozen:
             raise ValueError("policy/value share parameter storage with pi_ref/reward model: training would move them")
-        vocab = len(tokenizer)
-        for name, m in (("policy", policy), ("ref_model", ref_model), ("reward_model", reward_model),
-                        ("value_model", value_model)):  # fmt: skip
+        for name, m, tok in (("policy", policy, tokenizer), ("ref_model", ref_model, tokenizer),
+                             ("reward_model", reward_model, reward_tokenizer), ("value_model", value_model, tokenizer)):
             n_emb = m.get_input_embeddings().num_embeddings
-            if n_emb < vocab:
-                raise ValueError(f"{name}: {n_emb} input embeddings < tokenizer size {vocab}")
+            if n_emb < len(tok):
+                raise ValueError(f"{name}: {n_emb} input embeddings < tokenizer size {len(tok)}")
 
     def verify_frozen(self) -> None:
         """Raise if pi_ref's (or the reward model's) parameters changed since construction."""
-        ref_now = model_fingerprint(self.ref_model)
+        ref_now = parameter_fingerprint(self.ref_model)
         if ref_now != self.ref_fingerprint:
             raise RuntimeError(f"pi_ref parameters changed during PPO: {self.ref_fingerprint} -> {ref_now}")
-        rm_now = model_fingerprint(self.reward_model)
+        rm_now = parameter_fingerprint(self.reward_model)
         if rm_now != self.reward_fingerprint:
             raise RuntimeError(f"reward model parameters changed during PPO: {self.reward_fingerprint} -> {rm_now}")
 
     # ---- data -------------------------------------------------------------------------------------
 
-    def _collate(self, batch: list[list[int]]) -> dict[str, torch.Tensor]:
-        ids, mask = left_pad(batch, self.pad_token_id)
-        return {"prompt_ids": ids, "prompt_mask": mask}
+    def _collate(self, batch: list[int]) -> dict[str, torch.Tensor]:
+        ids, mask = left_pad([self.prompt_ids[i] for i in batch], self.pad_token_id)
+        return {"prompt_ids": ids, "prompt_mask": mask, "prompt_index": torch.as_tensor(batch, dtype=torch.long)}
 
     def _cycle(self) -> Iterator[dict[str, torch.Tensor]]:
         while True:
@@ -441,8 +481,30 @@ class PPOTrainer:
         return torch.cat([fn(slice(i, min(i + step, n))) for i in range(0, n, step)], dim=0)
 
     @torch.no_grad()
-    def rollout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> Rollout:
-        """Sample and score one batch. Everything in eval mode (no dropout), without gradients."""
+    def score_completions(
+        self, prompts: Sequence[Prompt], completion_ids: torch.Tensor, completion_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Reward-model score of each (prompt, completion), exactly as the reward-model stage scores a pair.
+
+        The real completion tokens are decoded (:func:`decode_completions`) and scored with
+        ``reward_model.scoring.score``: chat-template render of the prompt + the completion as the assistant
+        turn, read at the last non-pad token by transformers' pooling. Shapes: completion_ids/mask (B, T) -> (B,).
+        """
+        messages = [prompt_messages(p, i) for i, p in enumerate(prompts)]
+        texts = decode_completions(self.tokenizer, completion_ids, completion_mask)
+        tok = self.reward_tokenizer
+        sides = (tok.padding_side, tok.truncation_side)  # score() sets them; do not leak that into the checkpoint
+        try:
+            scores = rm_score(self.reward_model, tok, messages, texts, batch_size=self.config.micro_batch_size,
+                              max_length=self.config.reward_max_length, desc="reward")
+        finally:
+            tok.padding_side, tok.truncation_side = sides
+        return torch.as_tensor(scores, dtype=torch.float32, device=completion_ids.device)
+
+    @torch.no_grad()
+    def rollout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, prompt_index: torch.Tensor) -> Rollout:
+        """Sample and score one batch (``prompt_index``: each row's index in ``self.prompts``, as the loader's
+        batches carry it). Everything in eval mode (no dropout), without gradients."""
         cfg = self.config
         device = self.accelerator.device
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
@@ -478,18 +540,12 @@ class PPOTrainer:
             with self.accelerator.autocast():
                 return token_scores(unwrapped.value_model, **args(s))[:, P - 1 : -1]
 
-        def rm_scores(s: slice) -> torch.Tensor:
-            with self.accelerator.autocast():
-                return token_scores(self.reward_model, **args(s))
-
         logprobs = self._forward_chunks(policy_logprobs, B)
         ref_lp = self._forward_chunks(ref_logprobs, B)
         old_values = self._forward_chunks(values, B)
-        per_token_rm = self._forward_chunks(rm_scores, B)
-
-        last = core.last_real_index(completion_mask)  # index into the completion
-        rows = torch.arange(B, device=device)
-        scores = per_token_rm[rows, P + last]
+        # (B,) scores; compute_rewards places each at the last real completion token
+        prompts = [self.prompts[i] for i in torch.as_tensor(prompt_index).tolist()]
+        scores = self.score_completions(prompts, completion_ids, completion_mask)
         penalized = scores
         if cfg.missing_eos_penalty is not None:
             penalized = core.missing_eos_penalty(
@@ -506,6 +562,7 @@ class PPOTrainer:
         return Rollout(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
+            prompt_index=torch.as_tensor(prompt_index, device=device),
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             logprobs=logprobs,
@@ -576,7 +633,7 @@ class PPOTrainer:
         """One PPO step: rollout, then update. Returns the step's metrics (averaged over processes)."""
         t0 = time.perf_counter()
         batch = batch if batch is not None else next(self._batches)
-        ro = self.rollout(batch["prompt_ids"], batch["prompt_mask"])
+        ro = self.rollout(batch["prompt_ids"], batch["prompt_mask"], batch["prompt_index"])
         t_rollout = time.perf_counter() - t0
         kl_coef_used = self.kl_coef
         update_stats = self.update(ro)
@@ -661,39 +718,31 @@ class PPOTrainer:
     # ---- save -------------------------------------------------------------------------------------
 
     def save_policy(self, directory: str | os.PathLike[str]) -> Path:
-        """Save the policy (safetensors) and tokenizer atomically: write a temp dir, check it, rename.
+        """Save the policy (safetensors) and tokenizer with ``rlhf.stage.save_checkpoint`` (temp dir, empty-tensor
+        check, rename; an existing checkpoint is replaced as a whole).
 
-        The saved tensors are read back and compared with the model's shapes, so an empty save (a ZeRO-3
-        pitfall) fails here rather than in the next stage.
+        The state dict is gathered by accelerate (ZeRO-3 safe) and the saved tensors are read back and compared
+        with its shapes, so an empty or truncated save fails here rather than in the next stage.
         """
         final = Path(directory)
         state_dict = self.accelerator.get_state_dict(self.model)
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             policy_sd = {k[len("policy.") :]: v for k, v in state_dict.items() if k.startswith("policy.")}
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-            try:
-                self.policy.save_pretrained(tmp, state_dict=policy_sd)
-                self.tokenizer.save_pretrained(tmp)
-                _check_saved_tensors(tmp, policy_sd)
-                umask = os.umask(0)
-                os.umask(umask)
-                for f in tmp.iterdir():  # some writers create 0600 temp files; give the usual permissions
-                    os.chmod(f, 0o666 & ~umask)
-                os.chmod(tmp, 0o777 & ~umask)
-                old = None
-                if final.exists():
-                    old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-                    os.replace(final, old)
-                os.replace(tmp, final)
-                if old is not None:
-                    shutil.rmtree(old)
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp)
+            save_checkpoint(_GatheredPolicy(self.policy, policy_sd), self.tokenizer, final)
         self.accelerator.wait_for_everyone()
         return final
+
+
+class _GatheredPolicy:
+    """What ``save_checkpoint`` saves: the policy with an explicit (gathered) state dict, checked after writing."""
+
+    def __init__(self, policy: nn.Module, state_dict: dict[str, torch.Tensor]):
+        self.policy, self.state_dict = policy, state_dict
+
+    def save_pretrained(self, directory: str | os.PathLike[str], **kwargs: Any) -> None:
+        self.policy.save_pretrained(directory, state_dict=self.state_dict, **kwargs)
+        _check_saved_tensors(Path(directory), self.state_dict)
 
 
 def _check_saved_tensors(directory: Path, expected: Mapping[str, torch.Tensor]) -> None:

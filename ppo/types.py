@@ -16,12 +16,13 @@ class Rollout(NamedTuple):
 
     prompt_ids: torch.Tensor  #: (B, P) left-padded prompt tokens
     prompt_mask: torch.Tensor  #: (B, P) 1 for real prompt tokens
+    prompt_index: torch.Tensor  #: (B,) index of each row's prompt in the trainer's prompt list
     completion_ids: torch.Tensor  #: (B, T) generated tokens; after the first EOS: pad
     completion_mask: torch.Tensor  #: (B, T) 1 up to and including the first EOS
     logprobs: torch.Tensor  #: (B, T) log pi_old(token), at the sampling temperature
     ref_logprobs: torch.Tensor  #: (B, T) log pi_ref(token), same temperature
     values: torch.Tensor  #: (B, T) V_old(state before the token)
-    scores: torch.Tensor  #: (B,) reward-model score at the last real token, before any penalty
+    scores: torch.Tensor  #: (B,) reward-model score of (prompt, decoded completion), before any penalty
     penalized_scores: torch.Tensor  #: (B,) scores minus the missing-EOS penalty where it applies
     rewards: torch.Tensor  #: (B, T) -kl_coef * KL_t, + penalized score at the last real token
     kl_k1: torch.Tensor  #: (B, T) log pi - log pi_ref (0 at padding)

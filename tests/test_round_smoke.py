@@ -15,8 +15,17 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture(scope="module", autouse=True)
+def prefect_db():
+    """A throwaway Prefect API + database, so tests never lock or litter the user's ~/.prefect."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness():
+        yield
+
+
 @pytest.fixture(scope="module")
-def smoke_round(tmp_path_factory):
+def smoke_round(tmp_path_factory, prefect_db):
     from flows.round import RoundParameters, rlhf_round
 
     runs = tmp_path_factory.mktemp("runs")
