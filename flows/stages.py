@@ -100,7 +100,7 @@ def run_stage(stage: str, module: str, recipe: str | Path, output_dir: str | Pat
     ) as proc:
         for line in proc.stdout:
             logf.write(line)
-            if "it/s]" not in line and "s/it]" not in line:  # keep progress-bar spam out of the flow log
+            if line.strip() and "it/s]" not in line and "s/it]" not in line:  # keep progress bars out of the flow log
                 log(f"[{stage}] {line.rstrip()}")
             tail = (tail + [line])[-40:]
         rc = proc.wait()

@@ -25,7 +25,7 @@ from trl import TrlParser
 
 from data.loaders import load_eval_prompts
 from rlhf.hashing import content_hash
-from rlhf.manifest import atomic_write_text, write_manifest
+from rlhf.manifest import write_manifest
 from rlhf.generation import generate
 from rlhf.hashing import code_version, json_hash
 from rlhf.stage import BLOCKED_EXIT_CODE, data_fingerprint

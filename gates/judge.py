@@ -232,3 +232,86 @@ def judge_agreement_gate(
     else:
         verdict, reason = "pass", f"Passed: {txt}, at or above the floor {floor:.2f}."
     return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=table)
+
+
+# --------------------------------------------------------------------------------------------
+# corrected effect size (added with the per-intent matrix; see gates/intent.py)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CorrectedEffect:
+    """A measured win rate and the effect it implies once the judge's attenuation is undone.
+
+    Fields (percent / points):
+        measured_win_rate: as the judge measured it.
+        measured_gap: measured_win_rate - bar.
+        attenuation: 2a - 1.
+        corrected_gap: measured_gap / (2a - 1) (NaN when a <= 0.5: not recoverable).
+        corrected_win_rate: bar + corrected_gap, clipped to [0, 100] (NaN when not recoverable).
+    """
+
+    measured_win_rate: float
+    measured_gap: float
+    attenuation: float
+    corrected_gap: float
+    corrected_win_rate: float
+
+
+def corrected_effect_size(measured_win_rate: float, a: float, *, bar: float = 50.0) -> CorrectedEffect:
+    """Undo the judge's attenuation on a measured win rate (see the module docstring).
+
+    Seed figure: a = 0.85, measured 52.8% -> gap 2.8 points -> corrected 2.8 / 0.7 = 4.0 points
+    (54.0%).
+
+    Args:
+        measured_win_rate: percent.
+        a: judge-vs-human agreement in [0, 1].
+        bar: percent, the no-effect point (50).
+
+    Raises:
+        ValueError: a outside [0, 1] or a non-finite win rate.
+    """
+    f = attenuation(a)
+    m = float(measured_win_rate)
+    if not math.isfinite(m):
+        raise ValueError(f"measured_win_rate must be finite, got {measured_win_rate}")
+    gap = m - bar
+    if f <= 0:
+        return CorrectedEffect(m, gap, f, math.nan, math.nan)
+    cg = gap / f
+    return CorrectedEffect(m, gap, f, cg, min(100.0, max(0.0, bar + cg)))
+
+
+def judge_agreement_gate_with_effect(
+    agreement: JudgeHumanAgreement,
+    measured_win_rate: float,
+    *,
+    floor: float = DEFAULT_FLOOR,
+    bar: float = 50.0,
+    name: str = GATE_NAME,
+) -> GateResult:
+    """``judge_agreement_gate`` plus the effect size a measured win rate implies at this agreement.
+
+    Adds metrics ``measured_gap`` and ``corrected_gap`` (points above ``bar``) and a sentence to the
+    reason, e.g. "measured gap +2.8 points / attenuation 0.70 = corrected +4.0 points". The
+    verdict is ``judge_agreement_gate``'s (below ``floor`` the win-rate gates are inconclusive).
+    """
+    base = judge_agreement_gate(agreement, floor=floor, name=name)
+    if not math.isfinite(agreement.agreement):
+        return base
+    eff = corrected_effect_size(measured_win_rate, agreement.agreement, bar=bar)
+    metrics = dict(base.metrics)
+    metrics["measured_gap"] = Metric(value=eff.measured_gap, n=agreement.n_decisive, direction="higher_is_better",
+                                     unit="points")
+    metrics["corrected_gap"] = Metric(value=eff.corrected_gap, n=agreement.n_decisive, direction="higher_is_better",
+                                      unit="points")
+    if math.isfinite(eff.corrected_gap):
+        txt = (f" Measured win rate {eff.measured_win_rate:.1f}% = gap {eff.measured_gap:+.1f} points over {bar:g}%; "
+               f"divided by the attenuation {eff.attenuation:.2f}, the corrected effect is {eff.corrected_gap:+.1f} points "
+               f"({eff.corrected_win_rate:.1f}%).")
+    else:
+        txt = (f" Measured gap {eff.measured_gap:+.1f} points cannot be corrected: attenuation {eff.attenuation:.2f} <= 0 "
+               "(the judge is no better than chance).")
+    return GateResult(name=base.name, version=base.version, verdict=base.verdict, metrics=metrics,
+                      reason=base.reason + txt, table=base.table)

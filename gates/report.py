@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,35 +21,9 @@ from typing import Any
 
 from gates.result import GateResult, release_verdict, to_jsonable
 from gates.winrate import WIN_RATE_COLUMNS
+from rlhf.manifest import atomic_write_text
 
 REPORT_SCHEMA_VERSION = 1
-
-
-def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
-    """Write ``text`` to ``path`` atomically (temp file in the same directory + fsync + os.replace).
-
-    Creates parent directories. On any error the temporary file is removed and the previous
-    content of ``path`` (if any) is untouched.
-
-    Returns:
-        The path written.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding=encoding, newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """PPO stage: classic RLHF PPO (per-token KL penalty against a frozen pi_ref, GAE, clipped losses) on accelerate.
 
     ppo.core      pure tensor math (tested against hand-worked numbers)
-    ppo.config    PPOConfig (hyper-parameters), PPOScriptArguments (paths)
+    ppo.config    PPOConfig (hyper-parameters), PPOScriptArguments (stage directories / paths, prompts)
     ppo.types     Rollout
     ppo.trainer   PPOTrainer
-    ppo.train     entry point: ``accelerate launch -m ppo.train --config recipes/<preset>/ppo.yaml``
+    ppo.train     entry point: ``accelerate launch -m ppo.train --config recipes/<preset>/ppo.yaml --sft_dir ...``;
+                  reads the stage manifests, verifies pi_ref's hash, writes the stage manifest (rlhf.stage conventions)
     ppo.tiny      tiny models and tokenizer for tests and smoke runs
 
 Heavy modules (transformers, accelerate) load on first use of ``PPOTrainer``.

@@ -35,7 +35,8 @@ class PPOScriptArguments:
     """Where the PPO stage reads its inputs.
 
     Each model comes either from a stage directory (what the round flow passes; its ``manifest.json`` is read) or
-    from an explicit local path (standalone runs); one of the two is required, both is an error.
+    from an explicit local path (standalone runs); one of the two is required (checked by
+    :meth:`check_complete` when the stage runs), both is an error.
         pi_ref:       ``--sft_dir`` (SFT manifest ``outputs.pi_ref`` + ``outputs.pi_ref_hash``) or ``--ref_path``
         policy:       ``--policy_dir`` (DPO manifest ``outputs.checkpoint``) or ``--policy_path``
         reward model: ``--reward_model_dir`` (RM manifest ``outputs.checkpoint``) or ``--reward_model_path``
@@ -108,13 +109,8 @@ class PPOScriptArguments:
 
     def __post_init__(self) -> None:
         errors = []
-        for what, stage_dir, path in (("pi_ref", "sft_dir", "ref_path"), ("policy", "policy_dir", "policy_path"),
-                                      ("reward model", "reward_model_dir", "reward_model_path"),
-                                      ("prompts", "prompts_data", "prompts_path")):
-            given = [n for n in (stage_dir, path) if getattr(self, n)]
-            if not given:
-                errors.append(f"{what}: give --{stage_dir} or --{path}")
-            elif len(given) == 2:
+        for what, stage_dir, path in self._SOURCES:
+            if getattr(self, stage_dir) and getattr(self, path):
                 errors.append(f"{what}: give --{stage_dir} or --{path}, not both")
         if self.ref_hash and not self.ref_path:
             errors.append("--ref_hash goes with --ref_path (with --sft_dir the hash comes from the SFT manifest)")
@@ -124,6 +120,17 @@ class PPOScriptArguments:
             errors.append(f"data_mode must be strict or lenient, got {self.data_mode!r}")
         if errors:
             raise ValueError("PPOScriptArguments: " + "; ".join(errors))
+
+    _SOURCES = (("pi_ref", "sft_dir", "ref_path"), ("policy", "policy_dir", "policy_path"),
+                ("reward model", "reward_model_dir", "reward_model_path"), ("prompts", "prompts_data", "prompts_path"))
+
+    def check_complete(self) -> None:
+        """Raise unless every input has a source. Not done at parse time: a recipe holds the hyper-parameters and
+        the prompt source, the flow adds the stage directories on the command line."""
+        missing = [f"{what} (--{stage_dir} or --{path})" for what, stage_dir, path in self._SOURCES
+                   if not getattr(self, stage_dir) and not getattr(self, path)]
+        if missing:
+            raise ValueError("PPOScriptArguments: missing input(s): " + ", ".join(missing))
 
 
 @dataclass

@@ -1,30 +1,37 @@
-"""PPO stage entry point: parse, load, build the trainer, train, save, write the manifest.
+"""PPO stage entry point: resolve the round's inputs, verify pi_ref, train, save, write the manifest.
 
-    accelerate launch -m ppo.train --config recipes/<preset>/ppo.yaml [--key value ...]
+    accelerate launch -m ppo.train --config recipes/<preset>/ppo.yaml --output_dir <round>/ppo \\
+        --sft_dir <round>/sft --policy_dir <round>/dpo --reward_model_dir <round>/reward_model --round_id <id>
 
 Configuration layers: dataclass defaults < YAML (``--config``) < CLI ``--key value``. Keys are the fields of
 :class:`ppo.config.PPOScriptArguments` and :class:`ppo.config.PPOConfig`; an unknown key in the YAML or on the
 command line is an error (``trl.TrlParser``).
 
-Outputs (main process):
-    ``output_dir/checkpoint/``   the trained policy (safetensors) and tokenizer, written to a temp dir and renamed
-    ``output_dir/manifest.json`` paths, metrics (final and per step), pi_ref / reward-model fingerprints before and
-                                 after, the config, library versions; written atomically too.
+Inputs come from the stage directories' manifests (``rlhf.manifest.read_manifest``): pi_ref and its content hash
+from SFT's ``outputs.pi_ref`` / ``outputs.pi_ref_hash``, the initial policy from DPO's ``outputs.checkpoint``,
+the reward model from the RM stage's ``outputs.checkpoint`` (whose ``outputs.ppo_unlock`` must say unlocked).
+Explicit paths (``--ref_path``, ``--policy_path``, ``--reward_model_path``) serve standalone runs.
+pi_ref's content hash is verified (``rlhf.stage.verify_hash``) before anything is loaded and after training.
 
-Tracking hook: :func:`build_callbacks` turns ``report_to`` into callbacks ``callback(step, metrics)``; W&B is
-used only when ``report_to`` includes ``wandb`` (offline unless ``WANDB_MODE`` says otherwise, so it never
-blocks without network). The pipeline's own tracking (``rlhf/tracking.py``) can replace that function or pass
-extra callbacks to :func:`main`.
+Outputs (main process):
+    ``output_dir/checkpoint/``   the trained policy and tokenizer (``rlhf.stage.save_checkpoint``: temp dir,
+                                 empty-tensor check, rename)
+    ``output_dir/manifest.json`` lineage as every stage writes it (stage, round_id, inputs with their hashes,
+                                 config_hash, code_version, precision, outputs.checkpoint + checkpoint_hash,
+                                 metrics with the per-step history); written last, atomically
+
+Tracking: with ``report_to: [wandb]``, ``rlhf.tracking.setup_wandb`` (offline unless configured, run "ppo",
+group = round_id, under output_dir) and one W&B run that gets every step's metrics, then the summary
+(``rlhf.tracking.log_summary``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
+import sys
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -32,15 +39,22 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
 from trl import TrlParser
 
 from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer, resolve_mixed_precision
+from rlhf.hashing import code_version, content_hash, json_hash
+from rlhf.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from rlhf.stage import data_fingerprint, verify_hash
+from rlhf.tracking import log_summary, setup_wandb, wandb_mode
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ppo.train")
 
-MANIFEST_NAME = "manifest.json"
 CHECKPOINT_NAME = "checkpoint"
 
 
@@ -49,6 +63,90 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PPOScriptArguments, P
     parser = TrlParser((PPOScriptArguments, PPOConfig))
     script_args, config = parser.parse_args_and_config(args=list(argv) if argv is not None else None)
     return script_args, config
+
+
+# ---- inputs -----------------------------------------------------------------------------------------
+
+
+def _stage_output(stage_dir: str, key: str, what: str) -> tuple[dict[str, Any], str]:
+    """``outputs[key]`` of the manifest in ``stage_dir``, with the manifest. Errors name the directory."""
+    manifest = read_manifest(stage_dir)
+    value = manifest.get("outputs", {}).get(key)
+    if not value:
+        raise ValueError(f"{Path(stage_dir) / MANIFEST_NAME}: no outputs.{key} ({what})")
+    return manifest, value
+
+
+def _checked_hash(path: str, manifest: dict[str, Any] | None, what: str) -> str:
+    """Content hash of a parent checkpoint; equal to the one its stage recorded, if it recorded one."""
+    actual = content_hash(path)
+    recorded = (manifest or {}).get("outputs", {}).get("checkpoint_hash")
+    if recorded and recorded != actual:
+        raise RuntimeError(f"{what} at {path} changed since its stage finished: manifest says {recorded}, "
+                           f"found {actual}")
+    return actual
+
+
+def resolve_inputs(script_args: PPOScriptArguments) -> dict[str, Any]:
+    """Paths and hashes of pi_ref, the initial policy, the reward model and the value model's start.
+
+    Returns:
+        ``{"pi_ref", "pi_ref_hash", "policy", "policy_hash", "reward_model", "reward_model_hash",
+        "value_model_init", "value_model_init_hash", "ppo_unlock", "*_manifest"}``; manifest entries are the
+        stage directories read (None for explicit paths).
+
+    Raises:
+        FileNotFoundError: a stage directory has no manifest (the stage did not finish).
+        ValueError: a manifest lacks the needed output.
+        RuntimeError: the reward-model stage left PPO locked, or a parent checkpoint changed since its stage.
+    """
+    script_args.check_complete()
+    out: dict[str, Any] = {}
+    if script_args.sft_dir:
+        sft = read_manifest(script_args.sft_dir)
+        outputs = sft.get("outputs", {})
+        if not outputs.get("pi_ref") or not outputs.get("pi_ref_hash"):
+            raise ValueError(f"{Path(script_args.sft_dir) / MANIFEST_NAME}: no outputs.pi_ref / outputs.pi_ref_hash")
+        out.update(pi_ref=outputs["pi_ref"], pi_ref_hash=outputs["pi_ref_hash"],
+                   sft_manifest=str(Path(script_args.sft_dir).resolve()))
+    else:
+        ref = str(Path(script_args.ref_path).resolve())
+        expected = script_args.ref_hash
+        if not expected:
+            expected = content_hash(ref)
+            logger.warning("pi_ref %s given by path without --ref_hash: its hash %s is taken now, not checked "
+                           "against the SFT stage's record", ref, expected[:16])
+        out.update(pi_ref=ref, pi_ref_hash=expected, sft_manifest=None)
+
+    if script_args.policy_dir:
+        manifest, policy = _stage_output(script_args.policy_dir, "checkpoint", "the initial policy")
+        out.update(policy=policy, policy_hash=_checked_hash(policy, manifest, "the initial policy"),
+                   policy_manifest=str(Path(script_args.policy_dir).resolve()))
+    else:
+        policy = str(Path(script_args.policy_path).resolve())
+        out.update(policy=policy, policy_hash=content_hash(policy), policy_manifest=None)
+
+    if script_args.reward_model_dir:
+        manifest, rm = _stage_output(script_args.reward_model_dir, "checkpoint", "the reward model")
+        unlock = manifest["outputs"].get("ppo_unlock")
+        if unlock is not None and not unlock.get("unlocked"):
+            raise RuntimeError(
+                f"{Path(script_args.reward_model_dir) / MANIFEST_NAME}: PPO is locked (RM agreement "
+                f"{unlock.get('rm_agreement')} is not above inter-annotator agreement "
+                f"{unlock.get('inter_annotator_agreement')}); rerun the reward-model stage with an explicit, "
+                "recorded override to run PPO anyway")
+        out.update(reward_model=rm, reward_model_hash=_checked_hash(rm, manifest, "the reward model"),
+                   reward_model_manifest=str(Path(script_args.reward_model_dir).resolve()), ppo_unlock=unlock)
+    else:
+        rm = str(Path(script_args.reward_model_path).resolve())
+        out.update(reward_model=rm, reward_model_hash=content_hash(rm), reward_model_manifest=None, ppo_unlock=None)
+
+    if script_args.value_model_path:
+        value = str(Path(script_args.value_model_path).resolve())
+        out.update(value_model_init=value, value_model_init_hash=content_hash(value))
+    else:
+        out.update(value_model_init=out["reward_model"], value_model_init_hash=out["reward_model_hash"])
+    return out
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[Any]:
@@ -74,6 +172,28 @@ def load_prompts(path: str | os.PathLike[str]) -> list[Any]:
     return rows
 
 
+def load_prompt_source(script_args: PPOScriptArguments, output_dir: Path) -> tuple[list[Any], str, int]:
+    """The training prompts, their source string (for ``data_fingerprint``) and the number of rejected rows.
+
+    ``--prompts_data`` goes through ``data.loaders.load_eval_prompts`` (user strings; strict or lenient with
+    rejects written to ``output_dir/rejects-prompts.jsonl``); ``--prompts_path`` through :func:`load_prompts`.
+    """
+    if script_args.prompts_data:
+        from data.loaders import load_eval_prompts
+
+        rows = load_eval_prompts(script_args.prompts_data, mode=script_args.data_mode,
+                                 max_reject_rate=script_args.max_reject_rate,
+                                 rejects_path=output_dir / "rejects-prompts.jsonl", limit=script_args.max_prompts)
+        return [r.prompt for r in rows], script_args.prompts_data, len(rows.rejects)
+    prompts = load_prompts(script_args.prompts_path)
+    if script_args.max_prompts:
+        prompts = prompts[: script_args.max_prompts]
+    return prompts, script_args.prompts_path, 0
+
+
+# ---- models -----------------------------------------------------------------------------------------
+
+
 def _load(cls: Any, path: str, what: str) -> torch.nn.Module:
     """Load a model in fp32 (autocast handles bf16 where the device has it) and refuse an incomplete one."""
     model, info = cls.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
@@ -86,72 +206,75 @@ def _load(cls: Any, path: str, what: str) -> torch.nn.Module:
     return model
 
 
-def load_models(script_args: PPOScriptArguments) -> dict[str, Any]:
-    """Tokenizer (from the policy directory), policy, pi_ref, reward and value models, as separate objects."""
-    tokenizer = AutoTokenizer.from_pretrained(script_args.policy_path)
+def _tokenizer(path: str) -> Any:
+    tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         # padding is masked by position everywhere, so pad == eos is safe here
         tokenizer.pad_token = tokenizer.eos_token
-        logger.info("tokenizer has no pad token; using eos %r as pad", tokenizer.eos_token)
-    policy = _load(AutoModelForCausalLM, script_args.policy_path, "policy")
-    ref = _load(AutoModelForCausalLM, script_args.ref_path, "pi_ref")
-    reward = _load(AutoModelForSequenceClassification, script_args.reward_model_path, "reward model")
-    value_path = script_args.value_model_path or script_args.reward_model_path
-    value = _load(AutoModelForSequenceClassification, value_path, "value model")
+        logger.info("tokenizer of %s has no pad token; using eos %r as pad", path, tokenizer.eos_token)
+    return tokenizer
+
+
+def load_models(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Tokenizers (policy's; reward model's own), policy, pi_ref, reward and value models, as separate objects."""
+    tokenizer = _tokenizer(inputs["policy"])
+    reward_tokenizer = _tokenizer(inputs["reward_model"])
+    policy = _load(AutoModelForCausalLM, inputs["policy"], "policy")
+    ref = _load(AutoModelForCausalLM, inputs["pi_ref"], "pi_ref")
+    reward = _load(AutoModelForSequenceClassification, inputs["reward_model"], "reward model")
+    value = _load(AutoModelForSequenceClassification, inputs["value_model_init"], "value model")
     for name, m in (("reward model", reward), ("value model", value)):
         if m.config.num_labels != 1:
             raise ValueError(f"{name}: expected a 1-label sequence classifier, got num_labels={m.config.num_labels}")
-    return {"tokenizer": tokenizer, "policy": policy, "ref": ref, "reward": reward, "value": value}
+    # as reward_model.train.load_reward_model: transformers' pooling finds the last non-pad token with this id
+    reward.config.pad_token_id = reward_tokenizer.pad_token_id
+    value.config.pad_token_id = tokenizer.pad_token_id
+    return {"tokenizer": tokenizer, "reward_tokenizer": reward_tokenizer, "policy": policy, "ref": ref,
+            "reward": reward, "value": value}
+
+
+# ---- tracking ---------------------------------------------------------------------------------------
 
 
 class WandbCallback:
-    """Logs each step's metrics to W&B. Offline unless WANDB_MODE is set, so a run never waits on the network."""
+    """Logs each step's metrics to the stage's W&B run (environment set by ``rlhf.tracking.setup_wandb``).
 
-    def __init__(self, config: PPOConfig, extra_config: dict[str, Any] | None = None):
+    The run stays open after training so that ``rlhf.tracking.log_summary`` writes the summary to it and
+    finishes it; :meth:`close` finishes it if that did not happen (an error).
+    """
+
+    def __init__(self, config: dict[str, Any]):
         self.config = config
-        self.extra_config = extra_config or {}
         self.run = None
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         import wandb
 
         if self.run is None:
-            self.run = wandb.init(
-                project=os.environ.get("WANDB_PROJECT", "rlhf-flywheel"),
-                name=self.config.run_name,
+            self.run = wandb.run or wandb.init(
+                project=os.environ.get("WANDB_PROJECT"),
+                group=os.environ.get("WANDB_RUN_GROUP"),
+                name=os.environ.get("WANDB_NAME"),
+                dir=os.environ.get("WANDB_DIR"),
+                mode=wandb_mode(),
                 job_type="ppo",
-                dir=self.config.output_dir,
-                mode=os.environ.get("WANDB_MODE", "offline"),
-                config={**asdict(self.config), **self.extra_config},
+                config=self.config,
             )
         self.run.log(metrics, step=step)
 
     def close(self) -> None:
-        if self.run is not None:
+        import wandb
+
+        if self.run is not None and wandb.run is self.run:  # log_summary finishes it on success
             self.run.finish()
-            self.run = None
+        self.run = None
 
 
-def build_callbacks(config: PPOConfig, script_args: PPOScriptArguments) -> list[Callback]:
-    """The tracking hook: one callback per entry of ``report_to``."""
-    callbacks: list[Callback] = []
-    if "wandb" in config.report_to:
-        callbacks.append(WandbCallback(config, {"paths": asdict(script_args)}))
-    return callbacks
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+def _close(callbacks: Sequence[Callback]) -> None:
+    for cb in callbacks:
+        close = getattr(cb, "close", None)
+        if callable(close):
+            close()
 
 
 def _versions() -> dict[str, str]:
@@ -159,85 +282,101 @@ def _versions() -> dict[str, str]:
     import transformers
     import trl
 
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "accelerate": accelerate.__version__,
-    }
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
+            "accelerate": accelerate.__version__}
+
+
+# ---- main -------------------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None = None) -> dict[str, Any]:
-    """Run the PPO stage; returns the manifest (also written to ``output_dir/manifest.json``)."""
+    """Run the PPO stage; returns the manifest (also written to ``output_dir/manifest.json``).
+
+    Raises:
+        RuntimeError: pi_ref's content hash differs from the SFT record (before training: nothing is loaded) or
+            moved during training; PPO is locked by the reward-model stage; a parent checkpoint changed.
+    """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     script_args, config = parse_args(argv)
     started = time.time()
-    accelerator = Accelerator(mixed_precision=resolve_mixed_precision(config.mixed_precision))
     output_dir = Path(config.output_dir)
+    inputs = resolve_inputs(script_args)
+    verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="before training")
+
+    accelerator = Accelerator(mixed_precision=resolve_mixed_precision(config.mixed_precision))
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
+    run_config = {**asdict(script_args), **asdict(config)}
+    use_wandb = "wandb" in config.report_to
+    if use_wandb:
+        setup_wandb(run_name=config.run_name or "ppo", group=script_args.round_id, output_dir=output_dir)
 
-    prompts = load_prompts(script_args.prompts_path)
-    models = load_models(script_args)
-    all_callbacks = build_callbacks(config, script_args) + list(callbacks or [])
-    trainer = PPOTrainer(
-        config=config,
-        policy=models["policy"],
-        ref_model=models["ref"],
-        reward_model=models["reward"],
-        value_model=models["value"],
-        tokenizer=models["tokenizer"],
-        prompts=prompts,
-        accelerator=accelerator,
-        callbacks=all_callbacks,
-    )
-    train_started = time.time()
+    prompts, prompts_source, n_rejected = load_prompt_source(script_args, output_dir)
+    models = load_models(inputs)
+    all_callbacks = ([WandbCallback(run_config)] if use_wandb else []) + list(callbacks or [])
     try:
-        history = trainer.train()  # raises if pi_ref or the reward model moved
-    finally:
-        for cb in all_callbacks:
-            close = getattr(cb, "close", None)
-            if callable(close):
-                close()
-    train_seconds = time.time() - train_started
-    checkpoint = trainer.save_policy(output_dir / CHECKPOINT_NAME)
+        trainer = PPOTrainer(
+            config=config,
+            policy=models["policy"],
+            ref_model=models["ref"],
+            reward_model=models["reward"],
+            value_model=models["value"],
+            tokenizer=models["tokenizer"],
+            reward_tokenizer=models["reward_tokenizer"],
+            prompts=prompts,
+            accelerator=accelerator,
+            callbacks=all_callbacks,
+        )
+        train_started = time.time()
+        history = trainer.train()  # raises if pi_ref or the reward model moved in memory
+        train_seconds = time.time() - train_started
+        verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="after training")
+        checkpoint = trainer.save_policy(output_dir / CHECKPOINT_NAME)
+    except BaseException:
+        _close(all_callbacks)
+        raise
 
-    manifest: dict[str, Any] = {
-        "stage": "ppo",
-        "status": "completed",
-        "checkpoint": str(checkpoint.resolve()),
-        "paths": {
-            "policy": str(Path(script_args.policy_path).resolve()),
-            "ref": str(Path(script_args.ref_path).resolve()),
-            "reward_model": str(Path(script_args.reward_model_path).resolve()),
-            "value_model_init": str(Path(script_args.value_model_path or script_args.reward_model_path).resolve()),
-            "prompts": str(Path(script_args.prompts_path).resolve()),
-            "output_dir": str(output_dir.resolve()),
-        },
-        "inputs": {"prompts_sha256": sha256_file(script_args.prompts_path), "num_prompts": len(prompts)},
-        "frozen_models": {
-            "ref_fingerprint": trainer.ref_fingerprint,
-            "ref_unchanged": True,  # verify_frozen() raised otherwise
-            "reward_model_fingerprint": trainer.reward_fingerprint,
-            "reward_model_unchanged": True,
-        },
-        "metrics": {"final": history[-1] if history else {}, "history": history},
+    precision = {"no": "fp32"}.get(trainer.mixed_precision, trainer.mixed_precision)
+    final = history[-1] if history else {}
+    metrics: dict[str, Any] = {
+        **final,
         "num_steps": len(history),
+        "n_prompts": len(prompts),
+        "n_prompts_rejected": n_rejected,
         "seconds_train": train_seconds,
         "seconds_per_step": train_seconds / max(len(history), 1),
         "seconds_total": time.time() - started,
-        "mixed_precision": trainer.mixed_precision,
         "num_processes": accelerator.num_processes,
-        "config": asdict(config),
+        "pi_ref_unchanged": True,  # verify_hash raised otherwise
+        "history": history,
+    }
+    manifest: dict[str, Any] = {
+        "stage": "ppo",
+        "round_id": script_args.round_id,
+        "inputs": {
+            **inputs,
+            "prompts_data": prompts_source,
+            "prompts_data_hash": data_fingerprint(prompts_source),
+        },
+        "config_hash": json_hash(run_config),
+        "config": run_config,
+        "code_version": code_version(),
+        "precision": precision,
+        "outputs": {"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": None},
+        "metrics": metrics,
         "versions": _versions(),
     }
     if accelerator.is_main_process:
-        write_json_atomic(output_dir / MANIFEST_NAME, manifest)
-        logger.info("PPO done: checkpoint %s, manifest %s", checkpoint, output_dir / MANIFEST_NAME)
+        manifest["outputs"]["checkpoint_hash"] = content_hash(checkpoint)
+        path = write_manifest(output_dir, manifest)
+        logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
+        if use_wandb:
+            log_summary({k: v for k, v in metrics.items() if k != "history"})
+    _close(all_callbacks)
     accelerator.wait_for_everyone()
     return manifest
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -300,10 +300,10 @@ class PPOTrainer:
         reward_tokenizer: PreTrainedTokenizerBase | None = None,
     ):
         self.config = config
-        self.mixed_precision = resolve_mixed_precision(config.mixed_precision)
-        self.accelerator = accelerator or Accelerator(mixed_precision=self.mixed_precision)
-        if accelerator is not None:
-            self.mixed_precision = str(accelerator.mixed_precision)
+        if accelerator is None:
+            accelerator = Accelerator(mixed_precision=resolve_mixed_precision(config.mixed_precision))
+        self.accelerator = accelerator
+        self.mixed_precision = str(accelerator.mixed_precision)
         logger.info(
             "PPO precision: requested mixed_precision=%r -> %r (device %s)",
             config.mixed_precision,

@@ -16,19 +16,26 @@ from typing import Any
 MANIFEST_NAME = "manifest.json"
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file + ``os.replace`` (readers see the old file or the new one)."""
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically: temp file in the same directory, fsync, ``os.replace``.
+
+    Readers see the old file or the new one, never a half-written one. Creates parent directories; on error the
+    temp file is removed and ``path`` is untouched. Returns ``path``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding=encoding, newline="") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return path
 
 
 def write_manifest(output_dir: str | os.PathLike, manifest: dict[str, Any]) -> Path:

@@ -38,7 +38,9 @@ def test_failed_write_leaves_previous_report_intact(tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report.os, "replace", boom)
+    import rlhf.manifest
+
+    monkeypatch.setattr(rlhf.manifest.os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
         report.write_json_report(results(), path)
     assert json.loads(path.read_text()) == {"verdict": "pass", "previous": True}

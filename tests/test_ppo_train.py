@@ -1,88 +1,177 @@
-"""ppo.train: strict config parsing and an end-to-end run on tiny models saved to tmp_path."""
+"""ppo.train: strict config parsing, and main() on SFT / DPO / RM stage directories built from tiny models."""
 
-import hashlib
 import json
+import os
+import shutil
+import sys
+import types
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from ppo.config import PPOConfig
+from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.tiny import save_tiny_models
 from ppo.train import load_prompts, main, parse_args
+from rlhf.hashing import code_version, content_hash, json_hash
+from rlhf.manifest import read_manifest, write_manifest
+from rlhf.stage import check_checkpoint, data_fingerprint, freeze_dir
+
+PROMPTS = "demo:hh_rlhf/pairs_train.jsonl"
 
 
-def dir_hash(path):
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
+def _stage_dir(root, name, checkpoint_src, **outputs):
+    d = root / name
+    shutil.copytree(checkpoint_src, d / "checkpoint")
+    write_manifest(d, {"stage": name, "outputs": {"checkpoint": str((d / "checkpoint").resolve()),
+                                                  "checkpoint_hash": content_hash(d / "checkpoint"), **outputs}})
+    return d
 
 
 @pytest.fixture
-def setup(tmp_path):
+def stages(tmp_path):
+    """A round's stage directories as the flow leaves them: sft (with a frozen pi_ref), dpo, reward_model."""
     paths = save_tiny_models(tmp_path / "models")
-    prompts = tmp_path / "prompts.jsonl"
-    with prompts.open("w") as f:
-        for i in range(4):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"hello {i}"}]}) + "\n")
-            f.write(json.dumps({"prompt": f"raw {i}"}) + "\n")
-    config = tmp_path / "ppo.yaml"
-    config.write_text(
-        f"policy_path: {paths['policy']}\n"
-        f"ref_path: {paths['ref']}\n"
-        f"reward_model_path: {paths['reward']}\n"
-        f"prompts_path: {prompts}\n"
-        f"output_dir: {tmp_path / 'out'}\n"
+    round_dir = tmp_path / "round"
+    sft = round_dir / "sft"
+    shutil.copytree(paths["ref"], sft / "pi_ref")
+    pi_ref_hash = freeze_dir(sft / "pi_ref")
+    _stage_dir(round_dir, "sft", paths["ref"], pi_ref=str((sft / "pi_ref").resolve()), pi_ref_hash=pi_ref_hash)
+    dpo = _stage_dir(round_dir, "dpo", paths["policy"])
+    rm = _stage_dir(round_dir, "reward_model", paths["reward"],
+                    ppo_unlock={"unlocked": True, "rm_agreement": 0.7, "inter_annotator_agreement": 0.6})
+    recipe = tmp_path / "ppo.yaml"
+    recipe.write_text(
+        f"prompts_data: {PROMPTS}\nmax_prompts: 8\n"
         "num_steps: 2\nbatch_size: 4\nmini_batch_size: 2\nmicro_batch_size: 2\nppo_epochs: 1\n"
         "max_new_tokens: 6\nlearning_rate: 1.0e-3\nmissing_eos_penalty: 1.0\n"
     )
-    return {"paths": paths, "prompts": prompts, "config": config, "out": tmp_path / "out"}
+    out = round_dir / "ppo"
+    argv = ["--config", str(recipe), "--output_dir", str(out), "--sft_dir", str(sft), "--policy_dir", str(dpo),
+            "--reward_model_dir", str(rm), "--round_id", "r1"]  # as flows/round.py launches the stage
+    return {"paths": paths, "sft": sft, "dpo": dpo, "rm": rm, "pi_ref": sft / "pi_ref", "pi_ref_hash": pi_ref_hash,
+            "recipe": recipe, "out": out, "argv": argv}
 
 
-def test_main_end_to_end_writes_checkpoint_and_manifest(setup):
-    out = setup["out"]
-    ref_hash = dir_hash(setup["paths"]["ref"])
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    """A stand-in ``wandb`` module recording what the stage logs (no service process, no network)."""
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_NAME", "WANDB_RUN_GROUP", "WANDB_DIR",
+                "WANDB_SILENT", "WANDB_LOG_MODEL"):
+        monkeypatch.setenv(key, "x")  # so that monkeypatch restores whatever setup_wandb writes
+        monkeypatch.delenv(key)
+    mod = types.ModuleType("wandb")
+    mod.run, mod.runs = None, []
+
+    class Run:
+        def __init__(self, **kwargs):
+            self.init, self.logs, self.summary, self.finished = kwargs, [], {}, False
+
+        def log(self, metrics, step=None):
+            self.logs.append((step, dict(metrics)))
+
+        def finish(self):
+            self.finished, mod.run = True, None
+
+    def init(**kwargs):
+        mod.run = Run(**kwargs, env={k: os.environ.get(k) for k in ("WANDB_NAME", "WANDB_RUN_GROUP", "WANDB_DIR")})
+        mod.runs.append(mod.run)
+        return mod.run
+
+    mod.init = init
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    return mod
+
+
+def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
+    out = stages["out"]
     (out / "checkpoint").mkdir(parents=True)
     (out / "checkpoint" / "stale.txt").write_text("from an earlier run")
 
-    manifest = main(["--config", str(setup["config"])])
+    returned = main(stages["argv"] + ["--report_to", "wandb"])
 
+    # checkpoint: saved by rlhf.stage.save_checkpoint, replaced as a whole, trained, passes the next stage's check
     checkpoint = out / "checkpoint"
-    assert not (checkpoint / "stale.txt").exists(), "the old checkpoint is replaced as a whole"
+    check_checkpoint(checkpoint)
+    assert not (checkpoint / "stale.txt").exists()
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [], "no temp dir left behind"
     weights = load_file(str(checkpoint / "model.safetensors"))
-    assert weights and all(t.numel() > 0 for t in weights.values())
-    initial = load_file(str(setup["paths"]["policy"] / "model.safetensors"))
+    initial = load_file(str(stages["dpo"] / "checkpoint" / "model.safetensors"))
     assert any(not torch.equal(weights[k], initial[k]) for k in initial), "the policy was trained"
     assert (checkpoint / "tokenizer.json").exists()
-    assert dir_hash(setup["paths"]["ref"]) == ref_hash
 
-    on_disk = json.loads((out / "manifest.json").read_text())
-    assert on_disk["stage"] == "ppo" and on_disk["num_steps"] == 2
-    assert on_disk["checkpoint"] == str(checkpoint.resolve())
-    assert on_disk["frozen_models"]["ref_unchanged"] is True
-    assert on_disk["paths"]["value_model_init"] == on_disk["paths"]["reward_model"]
-    assert len(on_disk["metrics"]["history"]) == 2
-    assert on_disk["metrics"]["final"]["objective/kl_k3"] >= 0
-    assert on_disk["config"]["max_new_tokens"] == 6
-    assert len(on_disk["inputs"]["prompts_sha256"]) == 64
-    assert manifest["checkpoint"] == on_disk["checkpoint"]
+    # pi_ref never moved, and its hash is recorded
+    assert content_hash(stages["pi_ref"]) == stages["pi_ref_hash"]
+    m = read_manifest(out)
+    assert m["stage"] == "ppo" and m["round_id"] == "r1"
+    inputs = m["inputs"]
+    assert inputs["pi_ref"] == str(stages["pi_ref"].resolve()) and inputs["pi_ref_hash"] == stages["pi_ref_hash"]
+    assert inputs["policy"] == read_manifest(stages["dpo"])["outputs"]["checkpoint"]
+    assert inputs["policy_hash"] == content_hash(stages["dpo"] / "checkpoint")
+    assert inputs["reward_model_hash"] == content_hash(stages["rm"] / "checkpoint")
+    assert inputs["value_model_init"] == inputs["reward_model"]
+    assert inputs["prompts_data"] == PROMPTS and inputs["prompts_data_hash"] == data_fingerprint(PROMPTS)
+    assert inputs["ppo_unlock"]["unlocked"] is True
+    assert m["config_hash"] == json_hash(m["config"]) and m["config"]["round_id"] == "r1"
+    assert m["code_version"] == code_version()
+    assert m["outputs"] == {"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint)}
+    assert m["precision"] == ("fp32" if not torch.cuda.is_available() else m["precision"])
+    metrics = m["metrics"]
+    assert metrics["num_steps"] == 2 and len(metrics["history"]) == 2 and metrics["n_prompts"] == 8
+    assert metrics["objective/kl_k3"] >= 0 and metrics["pi_ref_unchanged"] is True
+    assert returned["outputs"] == m["outputs"]
+
+    # W&B: one run, named "ppo", grouped by the round, under output_dir, with every step's metrics and a summary
+    (run,) = fake_wandb.runs
+    assert run.init["env"] == {"WANDB_NAME": "ppo", "WANDB_RUN_GROUP": "r1", "WANDB_DIR": str(out.resolve())}
+    assert [step for step, _ in run.logs] == [1, 2] and "objective/score" in run.logs[0][1]
+    assert run.summary["num_steps"] == 2 and "history" not in run.summary
+    assert run.finished
 
 
-def test_cli_overrides_yaml_and_unknown_keys_are_errors(setup, tmp_path):
-    script_args, config = parse_args(["--config", str(setup["config"]), "--kl_coef", "0.2", "--report_to", "wandb"])
+def test_tampered_pi_ref_stops_the_stage_before_training(stages, monkeypatch):
+    import ppo.train
+
+    weights = stages["pi_ref"] / "model.safetensors"
+    weights.chmod(0o644)
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # one bit of one weight, after the SFT stage recorded the hash
+    weights.write_bytes(bytes(data))
+    loaded = []
+    monkeypatch.setattr(ppo.train, "load_models", lambda *a, **k: loaded.append(1))
+    with pytest.raises(RuntimeError, match="changed before training"):
+        main(stages["argv"])
+    assert not loaded, "nothing was loaded, let alone trained"
+    assert not (stages["out"] / "manifest.json").exists() and not (stages["out"] / "checkpoint").exists()
+
+
+def test_locked_ppo_and_a_moved_parent_checkpoint_are_refused(stages):
+    rm_manifest = read_manifest(stages["rm"])
+    rm_manifest["outputs"]["ppo_unlock"]["unlocked"] = False
+    write_manifest(stages["rm"], rm_manifest)
+    with pytest.raises(RuntimeError, match="PPO is locked"):
+        main(stages["argv"])
+
+    rm_manifest["outputs"]["ppo_unlock"]["unlocked"] = True
+    write_manifest(stages["rm"], rm_manifest)
+    (stages["dpo"] / "checkpoint" / "extra.txt").write_text("not what the DPO stage wrote")
+    with pytest.raises(RuntimeError, match="changed since its stage finished"):
+        main(stages["argv"])
+
+
+def test_cli_overrides_yaml_and_unknown_keys_are_errors(stages, tmp_path):
+    script_args, config = parse_args(stages["argv"] + ["--kl_coef", "0.2", "--report_to", "wandb"])
     assert isinstance(config, PPOConfig) and config.kl_coef == 0.2 and config.num_steps == 2
     assert config.report_to == ["wandb"] and config.learning_rate == 1e-3
+    assert script_args.sft_dir == str(stages["sft"]) and script_args.round_id == "r1"
     assert script_args.value_model_path is None
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(setup["config"].read_text() + "kl_coeff: 0.1\n")  # typo
+    bad.write_text(stages["recipe"].read_text() + "kl_coeff: 0.1\n")  # typo
     with pytest.raises(ValueError, match="kl_coeff"):
         parse_args(["--config", str(bad)])
     with pytest.raises(ValueError, match="no_such_key"):
-        parse_args(["--config", str(setup["config"]), "--no_such_key", "1"])
+        parse_args(["--config", str(stages["recipe"]), "--no_such_key", "1"])
 
 
 def test_config_validation():
@@ -92,6 +181,10 @@ def test_config_validation():
         PPOConfig(missing_eos_penalty=-1.0)
     with pytest.raises(ValueError, match="report_to"):
         PPOConfig(report_to=["tensorboard"])
+    with pytest.raises(ValueError, match="not both"):
+        PPOScriptArguments(sft_dir="a", ref_path="b")
+    with pytest.raises(ValueError, match=r"missing input\(s\): pi_ref .*reward model"):
+        PPOScriptArguments(policy_dir="d", prompts_data=PROMPTS).check_complete()
 
 
 def test_load_prompts_names_file_and_line(tmp_path):
@@ -104,8 +197,16 @@ def test_load_prompts_names_file_and_line(tmp_path):
         load_prompts(f)
 
 
-def test_reward_model_without_a_score_head_is_refused(setup):
-    # a causal LM directory given as the reward model would load with a randomly initialised score head
-    argv = ["--config", str(setup["config"]), "--reward_model_path", str(setup["paths"]["policy"])]
+def test_reward_model_without_a_score_head_is_refused_with_explicit_paths(stages, tmp_path):
+    # standalone mode (paths instead of stage dirs); a causal LM given as the reward model would load with a
+    # randomly initialised score head
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"hello {i}"}) + "\n" for i in range(4)))
+    paths = stages["paths"]
+    argv = ["--config", str(tmp_path / "explicit.yaml"), "--output_dir", str(tmp_path / "out"),
+            "--ref_path", str(stages["pi_ref"]), "--ref_hash", stages["pi_ref_hash"],
+            "--policy_path", str(paths["policy"]), "--reward_model_path", str(paths["policy"]),
+            "--prompts_path", str(prompts)]
+    (tmp_path / "explicit.yaml").write_text("num_steps: 1\nbatch_size: 4\n")
     with pytest.raises(ValueError, match="missing from the checkpoint"):
         main(argv)

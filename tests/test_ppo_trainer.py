@@ -9,7 +9,12 @@ import torch
 from ppo import core
 from ppo.config import PPOConfig
 from ppo.tiny import BOS, build_tiny_models, build_tiny_tokenizer
-from ppo.trainer import PPOTrainer, completion_logits, position_ids_from_mask, tokenize_prompts
+from ppo.trainer import (
+    PPOTrainer,
+    completion_logits,
+    position_ids_from_mask,
+    tokenize_prompts,
+)
 
 # chat prompts end their user turn with <|im_end|> = EOS = pad: the missing-EOS check must not see it
 PROMPTS = [[{"role": "user", "content": f"say {i}"}] for i in range(6)] + [f"raw prompt {i}" for i in range(6)]
@@ -61,7 +66,7 @@ def snapshot(model):
 def test_first_rollout_with_policy_equal_to_ref(models, tokenizer):
     trainer = make_trainer(models, tokenizer)
     batch = next(trainer._batches)
-    ro = trainer.rollout(batch["prompt_ids"], batch["prompt_mask"])
+    ro = trainer.rollout(batch["prompt_ids"], batch["prompt_mask"], batch["prompt_index"])
     mask = ro.completion_mask
     # policy == pi_ref: KL is exactly 0 at every token, both estimators
     assert torch.equal(ro.kl_k1, torch.zeros_like(ro.kl_k1))
@@ -145,7 +150,7 @@ def test_missing_eos_penalty_ignores_the_eos_in_chat_prompts(models, tokenizer):
     batch = next(trainer._batches)
     eos = tokenizer.eos_token_id
     assert (batch["prompt_ids"] == eos).any(), "chat prompts hold an EOS"
-    ro = trainer.rollout(batch["prompt_ids"], batch["prompt_mask"])
+    ro = trainer.rollout(batch["prompt_ids"], batch["prompt_mask"], batch["prompt_index"])
     has_eos = ((ro.completion_ids == eos) & ro.completion_mask.bool()).any(-1)
     assert (~has_eos).any(), "3 random tokens from a 100-token vocab rarely include EOS"
     torch.testing.assert_close(ro.penalized_scores[~has_eos], ro.scores[~has_eos] - penalty)
@@ -171,16 +176,19 @@ def test_ref_must_be_a_separate_model(models, tokenizer):
 
 
 def test_tokenize_prompts_errors_name_the_row(tokenizer):
-    ids = tokenize_prompts(tokenizer, [{"prompt": [{"role": "user", "content": "hi"}]}, "plain"], 64)
+    ids = tokenize_prompts(tokenizer, [{"prompt": [{"role": "user", "content": "hi"}]}, "hi"], 64)
     assert ids[0][0] == tokenizer.convert_tokens_to_ids(BOS) and ids[0].count(tokenizer.eos_token_id) == 1
+    assert ids[1] == ids[0], "a string prompt is one user message, as reward_model.scoring.render reads it"
     with pytest.raises(ValueError, match="row 1: .*max_prompt_length"):
         tokenize_prompts(tokenizer, ["ok", "x" * 100], 64)
     with pytest.raises(ValueError, match="row 0, message 0"):
         tokenize_prompts(tokenizer, [[{"role": "user", "content": 3}]], 64)
     with pytest.raises(ValueError, match="row 0: .*assistant"):
         tokenize_prompts(tokenizer, [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]], 64)
+    double = build_tiny_tokenizer()
+    double.chat_template = "{{ bos_token }}" + double.chat_template  # the template adds a BOS before its own
     with pytest.raises(ValueError, match="two BOS"):
-        tokenize_prompts(tokenizer, [BOS + BOS + "hi"], 64)
+        tokenize_prompts(double, ["hi"], 64)
 
 
 def test_one_step_with_gradient_checkpointing(models, tokenizer):
@@ -190,3 +198,45 @@ def test_one_step_with_gradient_checkpointing(models, tokenizer):
     assert math.isfinite(metrics["loss/total"])
     after = trainer.policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_ppo_score_equals_reward_model_scoring_on_the_same_pair(models, tokenizer):
+    # The RM was trained (TRL RewardTrainer) on chat-template renders and is read by transformers' pooling at the
+    # last non-pad token of "...<|im_end|>\n". PPO must optimise that same number, not the head at another token.
+    from reward_model.scoring import render, score
+
+    trainer = make_trainer(models, tokenizer)
+    eos = tokenizer.eos_token_id
+    prompts = [[{"role": "user", "content": "say 1"}], "raw prompt 2"]
+    texts = ["hello there", "cut off before the end"]  # the second ran to max_new_tokens: no EOS
+    rows = [tokenizer(texts[0])["input_ids"] + [eos, eos, eos], tokenizer(texts[1])["input_ids"]]  # EOS + pads; none
+    width = max(map(len, rows))
+    completion_ids = torch.tensor([r + [eos] * (width - len(r)) for r in rows])
+    completion_mask = core.completion_mask_from_ids(completion_ids, eos)
+    assert completion_mask.sum(-1).tolist() == [len(texts[0]) + 1, len(texts[1])]
+
+    padding_side = tokenizer.padding_side
+    got = trainer.score_completions(prompts, completion_ids, completion_mask)
+    assert tokenizer.padding_side == padding_side, "scoring must not change the tokenizer that gets saved"
+    want = score(models["reward"], tokenizer, prompts, texts)
+    torch.testing.assert_close(got.double(), torch.as_tensor(want), atol=1e-5, rtol=0)
+
+    # ... and that number is the score head at the final "\n" after <|im_end|> of the full render, one pair alone
+    for prompt, text, value in zip(prompts, texts, got.tolist()):
+        ids = tokenizer(render(tokenizer, prompt, text), add_special_tokens=False, return_tensors="pt")["input_ids"]
+        assert ids[0, -2].item() == eos and tokenizer.decode(ids[0, -1:]) == "\n"
+        with torch.no_grad():
+            hidden = models["reward"].model(input_ids=ids).last_hidden_state
+            direct = models["reward"].score(hidden)[0, -1, 0].item()
+        assert abs(direct - value) < 1e-5
+
+    # in a rollout, every row's score is reward_model.scoring.score of (its prompt, its decoded completion)
+    from ppo.trainer import decode_completions
+
+    batch = next(trainer._batches)
+    ro = trainer.rollout(batch["prompt_ids"], batch["prompt_mask"], batch["prompt_index"])
+    decoded = decode_completions(tokenizer, ro.completion_ids, ro.completion_mask)
+    want = score(models["reward"], tokenizer, [trainer.prompts[i] for i in ro.prompt_index.tolist()], decoded)
+    torch.testing.assert_close(ro.scores.double(), torch.as_tensor(want), atol=1e-5, rtol=0)
+    last = core.last_real_index(ro.completion_mask)
+    torch.testing.assert_close(ro.rewards[torch.arange(len(last)), last], ro.penalized_scores)  # policy == ref: KL 0

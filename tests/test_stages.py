@@ -108,3 +108,16 @@ def test_ppo_override_needs_a_reason_and_is_recorded(sft_dir, tmp_path):
     assert unlock["unlocked"] and unlock["overridden"] and unlock["override_reason"] == "ablation"
     # the rule's own verdict is kept next to the override
     assert unlock["rule_verdict"] == (unlock["rm_agreement"] > unlock["inter_annotator_agreement"])
+
+
+def test_sft_with_lora_merges_adapters_so_pi_ref_is_a_whole_model(tmp_path, sft_args):
+    from safetensors import safe_open
+
+    from sft.train import main
+
+    out = tmp_path / "sft"
+    main(sft_args + ["--output_dir", str(out), "--use_peft", "true", "--lora_r", "4"])
+    pi_ref = json.loads((out / "manifest.json").read_text())["outputs"]["pi_ref"]
+    with safe_open(str(Path(pi_ref) / "model.safetensors"), framework="pt") as st:
+        keys = list(st.keys())
+    assert keys and not any("lora" in k for k in keys)  # a plain model DPO can load as its reference

@@ -1,0 +1,386 @@
+"""Personality drift: style counters of a round's responses compared with the previous round's.
+
+Preference optimisation drifts style before it drifts quality: answers get longer, open by
+restating the question, turn into bullet lists and hedge. Four counters (DESIGN.md "Release
+gates", personality-drift row), each measured on the same prompt set every round:
+
+* ``median_length_tokens`` - median response length in tokens (``tokenizer_len``; the default
+  counts whitespace-separated words, pass the round tokenizer's length for real tokens);
+* ``restating_pct`` - percent of responses whose opening restates the question (rules in
+  :func:`restates_question`);
+* ``bullets_pct`` - percent of responses with a list: at least 2 lines that start with a bullet
+  (``-``, ``*``, ``+``, ``•``) or an enumerator (``1.``, ``2)``) (:func:`has_bullet_list`);
+* ``hedged_pct`` - percent of responses with at least one epistemic hedge from a fixed lexicon
+  (:data:`HEDGES`, after Hyland 1998/2005's hedging devices; :func:`is_hedged`).
+
+The gate blocks when a counter moves (up or down) more than its configured step:
+``median_length_tokens`` by a relative step (0.25 = 25 %), the shares by percentage points.
+Defaults (:data:`DEFAULT_MAX_STEP`) are set so the documented drift blocks: rounds 0/1/2 with
+length 180/260/340, restating 8/31/52%, bullets 22/44/67%, hedged 14/29/41% - every round-over-round
+step and the round 0 -> 2 jump exceed them.
+
+Evidence vs noise: a share change carries Newcombe's interval for two independent proportions
+(statsmodels); the median-length change a percentile bootstrap of the ratio of medians (when the
+per-response lengths are kept). A jump whose interval excludes 0 is "on evidence"; counters built
+from published figures without n cannot say, and the reason says so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+from statsmodels.stats.proportion import confint_proportions_2indep
+
+from gates.result import GateResult, Metric
+
+GATE_NAME = "personality_drift"
+GATE_VERSION = "1"
+DEFAULT_CONFIDENCE = 0.95
+COUNTERS: tuple[str, ...] = ("median_length_tokens", "restating_pct", "bullets_pct", "hedged_pct")
+#: Allowed step per counter: median length as a relative change (0.25 = 25 %), shares in points.
+DEFAULT_MAX_STEP: dict[str, float] = {
+    "median_length_tokens": 0.25,
+    "restating_pct": 10.0,
+    "bullets_pct": 10.0,
+    "hedged_pct": 10.0,
+}
+
+# --------------------------------------------------------------------------------------------
+# rules
+# --------------------------------------------------------------------------------------------
+
+
+def whitespace_tokens(text: str) -> int:
+    """Number of whitespace-separated words (the default ``tokenizer_len``)."""
+    return len(text.split())
+
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_FIRST = re.compile(r"^(.+?)(?:[.!?:](?=\s|$)|\n|$)", re.DOTALL)
+_RESTATE_OPENERS = re.compile(
+    r"^(?:so,?\s+)?(?:you(?:'re| are)? ask(?:ed|ing)|you(?:'d| would)? (?:like|want) to know|you want to know"
+    r"|the question (?:is|of|asks|about)|your question (?:is|about|asks)|(?:to answer|regarding|as for) your question"
+    r"|in (?:response|answer) to your question)\b"
+)
+
+
+def _content_words(text: str) -> set[str]:
+    out = set()
+    for w in _WORD.findall(text.lower()):
+        if len(w) < 3 or w in ENGLISH_STOP_WORDS:
+            continue
+        out.add(w[:-1] if w.endswith("s") and len(w) > 3 else w)
+    return out
+
+
+def restates_question(response: str, prompt: str) -> bool:
+    """True when the response opens by restating the question.
+
+    The opening is the first sentence (up to the first ``.``, ``!``, ``?`` or ``:`` followed by
+    a space, or the first newline); when that sentence has at most 3 words ("Great question!",
+    "Sure."), the next sentence is the opening. It restates the question when either
+      * it starts with a restating formula ("You asked ...", "You're asking ...", "You want to
+        know ...", "The question is ...", "Your question is about ...", "To answer your
+        question ..."), or
+      * the prompt has P >= 3 content words (lower-cased, words of 3+ characters not in
+        scikit-learn's English stop-word list, a final "s" stripped) and the opening repeats at
+        least ``max(3, ceil(0.6 * min(P, 10)))`` of them (60 %, capped so long prompts need 6).
+
+    Known bias: a full-sentence answer that reuses most of the question's words counts as a
+    restatement. The counter is compared round over round on the same prompts, so a constant
+    bias cancels in the change the gate looks at.
+
+    Args:
+        response, prompt: texts.
+
+    Raises:
+        TypeError: a text is not a str.
+    """
+    if not isinstance(response, str) or not isinstance(prompt, str):
+        raise TypeError("response and prompt must be str")
+    text = response.strip()
+    if not text:
+        return False
+    m = _FIRST.match(text)
+    opening = m.group(1) if m else text
+    if len(opening.split()) <= 3 and m and m.end() < len(text):  # "Great question!", "Sure." -> next sentence
+        m2 = _FIRST.match(text[m.end():].strip())
+        if m2:
+            opening = m2.group(1)
+    if _RESTATE_OPENERS.match(opening.lower().replace("\u2019", "'")):
+        return True
+    p = _content_words(prompt)
+    if len(p) < 3:
+        return False
+    need = max(3, math.ceil(0.6 * min(len(p), 10)))
+    return len(p & _content_words(opening)) >= need
+
+
+_LIST_LINE = re.compile(r"^[ \t]{0,6}(?:[-*+\u2022\u2023\u25e6]|\d{1,2}[.)])[ \t]+\S", re.MULTILINE)
+
+
+def has_bullet_list(response: str) -> bool:
+    """True when at least 2 lines start with a bullet (-, *, +, •) or an enumerator (1. / 2)).
+
+    A single dash line or an inline "1." in prose is not a list. Markdown emphasis ("**bold**")
+    is not a bullet: a marker must be followed by a space.
+    """
+    if not isinstance(response, str):
+        raise TypeError("response must be str")
+    return len(_LIST_LINE.findall(response)) >= 2
+
+
+#: Epistemic hedges (subset of Hyland's hedging devices). ``may`` is matched in lower case only
+#: (the month "May" is not a hedge); "could", "can" and "should" are left out (mostly ability or
+#: advice in assistant answers, not doubt about a claim).
+HEDGES: tuple[str, ...] = (
+    "may", "might", "perhaps", "possibly", "probably", "likely", "unlikely", "apparently", "arguably",
+    "seemingly", "presumably", "it seems", "it appears", "appears to", "seems to", "it is possible",
+    "it's possible", "i think", "i believe", "i suspect", "in general", "generally", "typically",
+    "tends to", "tend to", "to some extent", "not necessarily", "it depends", "somewhat", "more or less",
+    "could be", "may be",
+)
+_HEDGE = re.compile(
+    r"\b(?:(?-i:may)|" + "|".join(re.escape(h) for h in HEDGES if h != "may").replace(r"\ ", r"\s+") + r")\b",
+    re.IGNORECASE,
+)
+
+
+def is_hedged(response: str) -> bool:
+    """True when the response contains at least one hedge from :data:`HEDGES` (word-bounded)."""
+    if not isinstance(response, str):
+        raise TypeError("response must be str")
+    return _HEDGE.search(response.replace("\u2019", "'")) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# counters
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriftCounters:
+    """The four counters of one round.
+
+    Fields:
+        median_length_tokens: median response length (tokens).
+        restating_pct, bullets_pct, hedged_pct: percent of responses.
+        n: responses measured (None for published figures without a sample size).
+        n_restating, n_bullets, n_hedged: the counts behind the shares (None without n).
+        lengths: per-response lengths (empty when not kept); used for the median's interval.
+    """
+
+    median_length_tokens: float
+    restating_pct: float
+    bullets_pct: float
+    hedged_pct: float
+    n: int | None = None
+    n_restating: int | None = None
+    n_bullets: int | None = None
+    n_hedged: int | None = None
+    lengths: tuple[int, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        for k in ("restating_pct", "bullets_pct", "hedged_pct"):
+            v = getattr(self, k)
+            if not (math.isfinite(v) and 0.0 <= v <= 100.0):
+                raise ValueError(f"{k} must be a percentage in [0, 100], got {v}")
+        if not (math.isfinite(self.median_length_tokens) and self.median_length_tokens >= 0):
+            raise ValueError(f"median_length_tokens must be >= 0, got {self.median_length_tokens}")
+        if self.n is not None and self.n < 0:
+            raise ValueError(f"n must be >= 0, got {self.n}")
+
+    @classmethod
+    def from_figures(
+        cls, median_length_tokens: float, restating_pct: float, bullets_pct: float, hedged_pct: float,
+        n: int | None = None,
+    ) -> "DriftCounters":
+        """Counters from reported figures; with ``n`` the counts are ``round(pct * n / 100)``."""
+        counts = {k: (None if n is None else int(round(v * n / 100)))
+                  for k, v in (("n_restating", restating_pct), ("n_bullets", bullets_pct), ("n_hedged", hedged_pct))}
+        return cls(float(median_length_tokens), float(restating_pct), float(bullets_pct), float(hedged_pct),
+                   n=n, **counts)
+
+    def count(self, counter: str) -> int | None:
+        """The count behind a share counter (None for the length or without n)."""
+        return {"restating_pct": self.n_restating, "bullets_pct": self.n_bullets, "hedged_pct": self.n_hedged}.get(counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        """n plus the four counters (for tables)."""
+        return {"n": self.n, **{k: getattr(self, k) for k in COUNTERS}}
+
+
+def drift_counters(
+    responses: Sequence[str],
+    prompts: Sequence[str],
+    tokenizer_len: Callable[[str], int] = whitespace_tokens,
+) -> DriftCounters:
+    """Measure the four counters on one round's responses.
+
+    Args:
+        responses: shape (n,), the model's responses.
+        prompts: shape (n,), the prompts they answer (for the restating rule).
+        tokenizer_len: text -> number of tokens (e.g. ``lambda t: len(tok(t).input_ids)``);
+            default whitespace words.
+
+    Returns:
+        :class:`DriftCounters` with n, counts and per-response lengths.
+
+    Raises:
+        ValueError: empty input or lengths differ; a negative token count.
+        TypeError: a response or prompt is not a str.
+    """
+    if len(responses) != len(prompts):
+        raise ValueError(f"responses ({len(responses)}) and prompts ({len(prompts)}) differ in length")
+    if not responses:
+        raise ValueError("no responses to measure")
+    lengths = []
+    for i, r in enumerate(responses):
+        if not isinstance(r, str):
+            raise TypeError(f"responses[{i}] must be str, got {type(r).__name__}")
+        k = int(tokenizer_len(r))
+        if k < 0:
+            raise ValueError(f"tokenizer_len returned {k} for responses[{i}]")
+        lengths.append(k)
+    n = len(responses)
+    k_r = sum(restates_question(r, p) for r, p in zip(responses, prompts))
+    k_b = sum(has_bullet_list(r) for r in responses)
+    k_h = sum(is_hedged(r) for r in responses)
+    return DriftCounters(
+        median_length_tokens=float(np.median(lengths)), restating_pct=100 * k_r / n, bullets_pct=100 * k_b / n,
+        hedged_pct=100 * k_h / n, n=n, n_restating=k_r, n_bullets=k_b, n_hedged=k_h, lengths=tuple(lengths),
+    )
+
+
+def drift_table(rounds: Mapping[Any, DriftCounters]) -> pd.DataFrame:
+    """Counters across rounds: one row per round (in the mapping's order), columns n + ``COUNTERS``.
+
+    Raises:
+        ValueError: no rounds.
+    """
+    if not rounds:
+        raise ValueError("no rounds")
+    df = pd.DataFrame([{"round": k, **v.as_dict()} for k, v in rounds.items()]).set_index("round")
+    return df
+
+
+# --------------------------------------------------------------------------------------------
+# gate
+# --------------------------------------------------------------------------------------------
+
+
+def _median_ratio_ci(cur: Sequence[int], prev: Sequence[int], confidence: float, n_boot: int, seed: int):
+    a, b = np.asarray(cur, dtype=float), np.asarray(prev, dtype=float)
+    rng = np.random.default_rng(seed)
+    ma = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
+    mb = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = ma / mb - 1.0
+    r = r[np.isfinite(r)]
+    if r.size == 0:
+        return math.nan, math.nan
+    alpha = 1 - confidence
+    lo, hi = np.quantile(r, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def drift_gate(
+    current: DriftCounters,
+    previous: DriftCounters,
+    max_step: Mapping[str, float | None] | None = None,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_boot: int = 2000,
+    seed: int = 0,
+    name: str = GATE_NAME,
+) -> GateResult:
+    """Block when any counter moved more than its allowed step since the previous round.
+
+    Change per counter: ``median_length_tokens`` relative (current / previous - 1, reported in
+    percent), the shares in percentage points. A counter jumps when ``|change| > step``; a step
+    of None reports the counter without gating it. Each jump is labelled "on evidence" (interval
+    of the change excludes 0), "could be noise" (it includes 0) or "no sample sizes" (figures
+    without n). The counters are never combined.
+
+    Args:
+        current, previous: :class:`DriftCounters`.
+        max_step: overrides of :data:`DEFAULT_MAX_STEP` (length: relative fraction; shares: points).
+        confidence: interval level.
+        n_boot, seed: bootstrap of the median-length ratio (only with per-response lengths).
+
+    Returns:
+        GateResult: metrics ``<counter>`` (current value; tokens or percent, n) and
+        ``<counter>_change`` (percent for length, points for shares; CI when available);
+        ``table`` one row per counter: counter, previous, current, change, change_unit,
+        allowed_step, ci_low, ci_high, n_previous, n_current, jumped.
+
+    Raises:
+        ValueError: an unknown counter in ``max_step`` or a negative step.
+    """
+    steps = dict(DEFAULT_MAX_STEP)
+    for k, v in (max_step or {}).items():
+        if k not in DEFAULT_MAX_STEP:
+            raise ValueError(f"unknown drift counter {k!r}; known: {list(DEFAULT_MAX_STEP)}")
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"step for {k} must be >= 0 or None, got {v}")
+        steps[k] = v
+    pct = f"{100 * confidence:g}%"
+    metrics: dict[str, Metric] = {}
+    rows: list[dict[str, Any]] = []
+    jumps: list[str] = []
+    within: list[str] = []
+    for key in COUNTERS:
+        prev, cur = getattr(previous, key), getattr(current, key)
+        step = steps[key]
+        lo = hi = math.nan
+        if key == "median_length_tokens":
+            change = (cur / prev - 1.0) if prev > 0 else (math.inf if cur > 0 else 0.0)
+            shown, unit, step_shown = 100 * change, "percent", (None if step is None else 100 * step)
+            if current.lengths and previous.lengths:
+                lo, hi = _median_ratio_ci(current.lengths, previous.lengths, confidence, n_boot, seed)
+                lo, hi = 100 * lo, 100 * hi
+            metrics[key] = Metric(value=cur, n=current.n, direction="lower_is_better", unit="tokens")
+            desc_vals = f"{prev:g} -> {cur:g} tokens ({shown:+.1f}%"
+        else:
+            change = cur - prev
+            shown, unit, step_shown = change, "points", step
+            kc, kp = current.count(key), previous.count(key)
+            if kc is not None and kp is not None and current.n and previous.n:
+                lo, hi = confint_proportions_2indep(kc, current.n, kp, previous.n, method="newcomb",
+                                                    compare="diff", alpha=1 - confidence)
+                lo, hi = 100 * float(lo), 100 * float(hi)
+            metrics[key] = Metric(value=cur, n=current.n, direction="lower_is_better", unit="percent")
+            desc_vals = f"{prev:g}% -> {cur:g}% ({shown:+.1f} points"
+        has_ci = math.isfinite(lo) and math.isfinite(hi)
+        metrics[f"{key}_change"] = Metric(
+            value=shown, ci_low=lo if has_ci else None, ci_high=hi if has_ci else None,
+            n=(current.n + previous.n) if (current.n is not None and previous.n is not None) else None,
+            direction="lower_is_better", unit=unit)
+        jumped = step is not None and abs(change) > step
+        desc = f"{key} {desc_vals}" + (f", {pct} CI {lo:+.1f} to {hi:+.1f}" if has_ci else "") + (
+            f"; allowed step {step_shown:g} {'%' if unit == 'percent' else 'points'})" if step is not None else "; not gated)")
+        if jumped:
+            basis = ("on evidence (the interval of the change excludes 0)" if has_ci and (lo > 0 or hi < 0)
+                     else "could be noise (the interval of the change includes 0)" if has_ci
+                     else "no sample sizes given, so evidence and noise cannot be told apart")
+            jumps.append(f"{desc} jumped, {basis}")
+        else:
+            within.append(desc)
+        rows.append({
+            "counter": key, "previous": prev, "current": cur, "change": shown, "change_unit": unit,
+            "allowed_step": step_shown, "ci_low": lo, "ci_high": hi, "n_previous": previous.n,
+            "n_current": current.n, "jumped": bool(jumped),
+        })
+    tail = (" Within step: " + "; ".join(within) + ".") if within else ""
+    if jumps:
+        verdict, reason = "block", "Blocked: " + "; ".join(jumps) + "." + tail
+    else:
+        verdict, reason = "pass", "Passed: no counter moved more than its step." + tail
+    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=rows)

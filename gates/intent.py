@@ -1,0 +1,451 @@
+"""Per-intent matrix: win rate per intent cluster, weighted by the round's traffic-share table.
+
+DESIGN.md principle 7: the eval mix follows traffic. Per-intent win rates are combined with a
+traffic-share table that is an *input of the round* (a file: :func:`traffic_shares`), never with
+the number of prompts the team happened to write per intent. The prompt-count average is shown
+only to show why it is not used (principle 1).
+
+Intents come from the data's own categories (AlpacaEval ``dataset``, MT-bench ``category``,
+PandaLM ``motivation_app``). Nothing is dropped silently: intents in the data but absent from
+the traffic table, and traffic intents without data, are listed in the table and the reason.
+
+Preferences follow AlpacaEval's convention (``gates.winrate``): 2 = candidate wins, 1 = baseline
+wins, 1.5 = draw, values in between are weighted preferences; NaN = no annotation (dropped and
+counted).
+
+Intervals (percent):
+  * per intent: exact Clopper-Pearson (statsmodels) when every preference is 1 or 2 (binary
+    outcomes), else a percentile bootstrap of the mean score (``n_boot`` resamples, ``seed``);
+  * traffic-weighted overall: stratified percentile bootstrap (each intent resampled within
+    itself, the weighted mean recomputed), same ``n_boot`` / ``seed``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import yaml
+from statsmodels.stats.proportion import proportion_confint
+
+from gates.judge import attenuation
+from gates.result import GateResult, Metric
+from gates.winrate import preferences_to_scores
+
+GATE_NAME = "intent_matrix"
+GATE_VERSION = "1"
+SHARE_TOLERANCE = 1e-6
+DEFAULT_MIN_SHARE = 0.05
+DEFAULT_BAR = 50.0
+DEFAULT_MIN_ITEMS = 10
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_N_BOOT = 2000
+UNLABELLED = "(unlabelled)"
+
+# --------------------------------------------------------------------------------------------
+# traffic-share table
+# --------------------------------------------------------------------------------------------
+
+
+def _check_shares(shares: Mapping[str, Any], label: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if not shares:
+        raise ValueError(f"{label}: the traffic-share table is empty")
+    for intent, share in shares.items():
+        if not isinstance(intent, str) or not intent.strip():
+            raise ValueError(f"{label}: intent names must be non-empty strings, got {intent!r}")
+        if isinstance(share, bool):
+            raise ValueError(f"{label}: share of {intent!r} must be a number, got {share!r}")
+        try:
+            v = float(share)
+        except (TypeError, ValueError):
+            raise ValueError(f"{label}: share of {intent!r} must be a number, got {share!r}") from None
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise ValueError(f"{label}: share of {intent!r} must be a fraction in [0, 1], got {share!r}")
+        out[intent.strip()] = v
+    total = math.fsum(out.values())
+    if abs(total - 1.0) > SHARE_TOLERANCE:
+        raise ValueError(
+            f"{label}: traffic shares must sum to 1 (within {SHARE_TOLERANCE:g}), but they sum to {total:.9g}"
+        )
+    return out
+
+
+def traffic_shares(path: str | Path) -> dict[str, float]:
+    """Read a traffic-share table: intent -> share of production traffic (fraction).
+
+    Formats (chosen by extension):
+      * ``.csv``: a header with columns ``intent`` and ``share`` (other columns ignored);
+      * ``.yaml`` / ``.yml``: a mapping ``{intent: share}``, or ``{"shares": {...}}``, or a list of
+        ``{intent: ..., share: ...}`` records.
+
+    Shares are fractions in [0, 1] and must sum to 1 within 1e-6.
+
+    Args:
+        path: the file.
+
+    Returns:
+        dict intent -> share, in file order.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unknown extension, missing column, duplicate intent, a share that is not a
+            fraction in [0, 1], or shares that do not sum to 1 (the message names the file and
+            the sum).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"traffic-share table {p} does not exist")
+    text = p.read_text(encoding="utf-8")
+    suffix = p.suffix.lower()
+    pairs: list[tuple[Any, Any]]
+    if suffix == ".csv":
+        reader = csv.DictReader(io.StringIO(text))
+        cols = [c.strip() for c in (reader.fieldnames or [])]
+        for col in ("intent", "share"):
+            if col not in cols:
+                raise ValueError(f"{p}: missing column {col!r} (columns: {cols})")
+        pairs = []
+        for rec in reader:
+            rec = {(k or "").strip(): v for k, v in rec.items()}
+            if not any((v or "").strip() for v in rec.values() if isinstance(v, str)):
+                continue  # blank line
+            pairs.append((rec.get("intent"), (rec.get("share") or "").strip()))
+    elif suffix in (".yaml", ".yml"):
+        data = yaml.safe_load(text)
+        if isinstance(data, Mapping) and set(data) == {"shares"}:
+            data = data["shares"]
+        if isinstance(data, Mapping):
+            pairs = list(data.items())
+        elif isinstance(data, list) and all(isinstance(r, Mapping) for r in data):
+            for i, r in enumerate(data):
+                if "intent" not in r or "share" not in r:
+                    raise ValueError(f"{p}: record {i} needs keys 'intent' and 'share', got {sorted(r)}")
+            pairs = [(r["intent"], r["share"]) for r in data]
+        else:
+            raise ValueError(f"{p}: expected a mapping intent -> share or a list of {{intent, share}} records")
+    else:
+        raise ValueError(f"{p}: unknown traffic-share format {suffix!r}; use .csv, .yaml or .yml")
+    seen: dict[str, Any] = {}
+    for intent, share in pairs:
+        key = intent.strip() if isinstance(intent, str) else intent
+        if key in seen:
+            raise ValueError(f"{p}: intent {key!r} appears more than once")
+        seen[key] = share
+    return _check_shares(seen, str(p))
+
+
+# --------------------------------------------------------------------------------------------
+# per-intent statistics
+# --------------------------------------------------------------------------------------------
+
+
+def _intent_labels(intents: Sequence[Any], n: int) -> list[str]:
+    labels = list(intents)
+    if len(labels) != n:
+        raise ValueError(f"preferences ({n}) and intents ({len(labels)}) differ in length")
+    out = []
+    for x in labels:
+        if x is None or (isinstance(x, float) and math.isnan(x)) or (isinstance(x, str) and not x.strip()):
+            out.append(UNLABELLED)
+        else:
+            out.append(str(x).strip())
+    return out
+
+
+def _boot_means(scores: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    idx = rng.integers(0, scores.size, size=(n_boot, scores.size))
+    return scores[idx].mean(axis=1)
+
+
+def intent_win_rates(
+    preferences: Any,
+    intents: Sequence[Any],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    ci_method: Literal["auto", "exact", "bootstrap"] = "auto",
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Win rate per intent with interval and n (AlpacaEval's ``win_rate`` within each intent).
+
+    Args:
+        preferences: shape (n_items,), AlpacaEval preferences (NaN = no annotation, dropped).
+        intents: shape (n_items,), intent labels; None / NaN / "" become ``"(unlabelled)"``.
+        confidence: interval level.
+        ci_method: "exact" (Clopper-Pearson on wins / n; needs preferences in {1, 2}),
+            "bootstrap" (percentile bootstrap of the mean score), "auto" (exact when possible).
+        n_boot, seed: bootstrap resamples and seed (the result is deterministic).
+
+    Returns:
+        DataFrame indexed by intent (sorted), columns: n, win_rate, ci_low, ci_high (percent),
+        n_wins, n_wins_base, n_draws, n_unannotated, ci_method.
+
+    Raises:
+        ValueError: invalid preferences (see ``gates.winrate.preferences_to_scores``), lengths
+            differ, ``ci_method="exact"`` with non-binary preferences, or bad confidence / n_boot.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_boot < 100:
+        raise ValueError(f"n_boot must be >= 100, got {n_boot}")
+    if ci_method not in ("auto", "exact", "bootstrap"):
+        raise ValueError(f"ci_method must be 'auto', 'exact' or 'bootstrap', got {ci_method!r}")
+    p = np.asarray(preferences, dtype=float)
+    if p.ndim != 1:
+        raise ValueError(f"preferences must be 1-D, got shape {p.shape}")
+    labels = np.asarray(_intent_labels(intents, p.size), dtype=object)
+    preferences_to_scores(p)  # validate the whole vector once (range, convention)
+    rng = np.random.default_rng(seed)
+    alpha = 1 - confidence
+    rows = []
+    for intent in sorted(set(labels.tolist())):
+        sel = labels == intent
+        n_nan = int(np.isnan(p[sel]).sum())
+        s = preferences_to_scores(p[sel]) if (~np.isnan(p[sel])).any() else np.zeros(0)
+        n = int(s.size)
+        binary = bool(np.isin(s, (0.0, 1.0)).all())
+        method = ("exact" if binary else "bootstrap") if ci_method == "auto" else ci_method
+        if method == "exact" and not binary:
+            raise ValueError(f"intent {intent!r}: ci_method='exact' needs preferences in {{1, 2}} (no draws or weights)")
+        if n == 0:
+            wr, lo, hi = math.nan, math.nan, math.nan
+        elif method == "exact":
+            k = int(s.sum())
+            wr = 100 * k / n
+            lo, hi = (100 * float(v) for v in proportion_confint(k, n, alpha=alpha, method="beta"))
+        else:
+            wr = 100 * float(s.mean())
+            if n < 2:
+                lo, hi = math.nan, math.nan
+            else:
+                bm = _boot_means(s, n_boot, rng)
+                lo, hi = (100 * float(v) for v in np.quantile(bm, [alpha / 2, 1 - alpha / 2]))
+        rows.append({
+            "intent": intent, "n": n, "win_rate": wr, "ci_low": lo, "ci_high": hi,
+            "n_wins": int((s > 0.5).sum()), "n_wins_base": int((s < 0.5).sum()), "n_draws": int((s == 0.5).sum()),
+            "n_unannotated": n_nan, "ci_method": method,
+        })
+    return pd.DataFrame(rows).set_index("intent")
+
+
+def traffic_weighted_win_rate(
+    preferences: Any,
+    intents: Sequence[Any],
+    traffic: Mapping[str, float],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = 0,
+) -> tuple[float, float, float, float]:
+    """Traffic-weighted win rate over the intents that have both a share and data.
+
+    ``WR = sum_i s_i WR_i / sum_i s_i`` over intents i with share s_i > 0 and n_i > 0 (shares
+    renormalised over what the data covers; the covered share is returned so a report can say
+    how much traffic the number speaks for). Interval: stratified percentile bootstrap.
+
+    Returns:
+        (win_rate, ci_low, ci_high) in percent and the covered share (fraction); NaNs and 0.0 when
+        no traffic intent has data.
+    """
+    p = np.asarray(preferences, dtype=float)
+    labels = np.asarray(_intent_labels(intents, p.size), dtype=object)
+    rng = np.random.default_rng(seed)
+    parts = []
+    for intent, share in traffic.items():
+        if share <= 0:
+            continue
+        sel = (labels == intent) & ~np.isnan(p)
+        if sel.any():
+            parts.append((share, preferences_to_scores(p[sel])))
+    covered = math.fsum(w for w, _ in parts)
+    if not parts:
+        return math.nan, math.nan, math.nan, 0.0
+    wr = 100 * sum(w * s.mean() for w, s in parts) / covered
+    boot = sum(w * _boot_means(s, n_boot, rng) for w, s in parts) / covered
+    alpha = 1 - confidence
+    lo, hi = (100 * float(v) for v in np.quantile(boot, [alpha / 2, 1 - alpha / 2]))
+    return float(wr), lo, hi, covered
+
+
+# --------------------------------------------------------------------------------------------
+# gate
+# --------------------------------------------------------------------------------------------
+
+
+def intent_matrix_gate(
+    preferences: Any,
+    intents: Sequence[Any],
+    traffic: Mapping[str, float] | str | Path,
+    min_share: float = DEFAULT_MIN_SHARE,
+    bar: float = DEFAULT_BAR,
+    *,
+    min_items: int = DEFAULT_MIN_ITEMS,
+    confidence: float = DEFAULT_CONFIDENCE,
+    ci_method: Literal["auto", "exact", "bootstrap"] = "auto",
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = 0,
+    judge_agreement: float | None = None,
+    judge_floor: float = 0.85,
+    name: str = GATE_NAME,
+) -> GateResult:
+    """Block when a cluster with a meaningful traffic share loses to the baseline on evidence.
+
+    An intent is *meaningful* when its traffic share >= ``min_share``. Rule, in order:
+      1. ``judge_agreement`` given and below ``judge_floor`` -> "inconclusive" (the judge's gaps
+         are shrunk by 2a-1; the release blocks).
+      2. no annotated item at all -> "inconclusive".
+      3. a meaningful intent whose interval lies wholly below ``bar`` (ci_high < bar) -> "block",
+         on evidence.
+      4. a meaningful intent with fewer than ``min_items`` items (none included) -> "inconclusive":
+         a meaningful share of traffic is untested.
+      5. otherwise "pass". Intents below the bar whose interval still reaches it are named as
+         "could be noise"; intents below ``min_share`` are reported but never block.
+    Intents in the data without a traffic share get share 0 (reported, not weighted); traffic
+    intents without data are reported with n = 0.
+
+    Args:
+        preferences: shape (n_items,), AlpacaEval preferences (candidate vs baseline).
+        intents: shape (n_items,), intent label per item (e.g. AlpacaEval ``dataset``).
+        traffic: intent -> share mapping (must sum to 1) or a path for :func:`traffic_shares`.
+        min_share: fraction, default 0.05.
+        bar: percent, default 50.
+        min_items: items an intent needs before its interval is trusted (default 10).
+        confidence, ci_method, n_boot, seed: see :func:`intent_win_rates`.
+        judge_agreement, judge_floor: the judge's agreement with humans, as in ``win_rate_gate``.
+
+    Returns:
+        GateResult: metrics ``traffic_weighted_win_rate`` (percent, stratified-bootstrap CI, n),
+        ``traffic_share_covered`` (fraction), ``win_rate_by_prompt_count_not_used`` (percent;
+        shown only to show why it is not used), and ``win_rate[<intent>]`` per intent with data
+        (percent, CI, n); ``table`` has one row per intent (union of data and traffic):
+        intent, traffic_share, meaningful, in_traffic_table, n, win_rate, ci_low, ci_high,
+        n_wins, n_wins_base, n_draws, n_unannotated, ci_method, status.
+
+    Raises:
+        ValueError: invalid preferences / intents, a traffic table that does not sum to 1, bad
+            min_share / bar / min_items, judge_agreement outside [0, 1].
+    """
+    if isinstance(traffic, (str, Path)):
+        traffic = traffic_shares(traffic)
+    else:
+        traffic = _check_shares(dict(traffic), "traffic mapping")
+    if not 0.0 <= min_share <= 1.0:
+        raise ValueError(f"min_share must be a fraction in [0, 1], got {min_share}")
+    if not 0.0 <= bar <= 100.0:
+        raise ValueError(f"bar must be in percent [0, 100], got {bar}")
+    if min_items < 1:
+        raise ValueError(f"min_items must be >= 1, got {min_items}")
+    if judge_agreement is not None:
+        judge_agreement = float(judge_agreement)
+        attenuation(judge_agreement)  # validates [0, 1]
+    per = intent_win_rates(preferences, intents, confidence=confidence, ci_method=ci_method, n_boot=n_boot, seed=seed)
+    wr, lo, hi, covered = traffic_weighted_win_rate(
+        preferences, intents, traffic, confidence=confidence, n_boot=n_boot, seed=seed
+    )
+    scores = preferences_to_scores(preferences)
+    n_total = int(scores.size)
+    by_count = 100 * float(scores.mean()) if n_total else math.nan
+
+    rows: list[dict[str, Any]] = []
+    blocks, noise, untested, extra, small = [], [], [], [], []
+    for intent in list(traffic) + [i for i in per.index if i not in traffic]:
+        share = traffic.get(intent, 0.0)
+        meaningful = share >= min_share and share > 0
+        has = intent in per.index
+        r = per.loc[intent] if has else None
+        n = int(r["n"]) if has else 0
+        row = {
+            "intent": intent, "traffic_share": share, "meaningful": bool(meaningful), "in_traffic_table": intent in traffic,
+            "n": n, "win_rate": float(r["win_rate"]) if has else math.nan,
+            "ci_low": float(r["ci_low"]) if has else math.nan, "ci_high": float(r["ci_high"]) if has else math.nan,
+            "n_wins": int(r["n_wins"]) if has else 0, "n_wins_base": int(r["n_wins_base"]) if has else 0,
+            "n_draws": int(r["n_draws"]) if has else 0, "n_unannotated": int(r["n_unannotated"]) if has else 0,
+            "ci_method": r["ci_method"] if has else None,
+        }
+        desc = (f"{intent} (share {100 * share:.1f}%): {row['win_rate']:.1f}% "
+                f"(CI {row['ci_low']:.1f}-{row['ci_high']:.1f}, n={n})")
+        if intent not in traffic:
+            status = "not in traffic table (share 0, not weighted)"
+            extra.append(f"{intent} (n={n})")
+        elif n == 0:
+            status = "no data" + (" (meaningful share untested)" if meaningful else "")
+            if meaningful:
+                untested.append(f"{intent} (share {100 * share:.1f}%, n=0)")
+        elif meaningful and n < min_items:
+            status = f"too few items (< {min_items})"
+            untested.append(f"{intent} (share {100 * share:.1f}%, n={n} < {min_items})")
+        elif row["win_rate"] < bar and math.isfinite(row["ci_high"]) and row["ci_high"] < bar:
+            status = "below bar on evidence" + ("" if meaningful else " (share below min_share: reported only)")
+            (blocks if meaningful else small).append(desc)
+        elif row["win_rate"] < bar:
+            status = "below bar, could be noise"
+            noise.append(desc)
+        else:
+            status = "ok"
+        row["status"] = status
+        rows.append(row)
+
+    pct = f"{100 * confidence:g}%"
+    metrics: dict[str, Metric] = {
+        "traffic_weighted_win_rate": Metric(value=wr, ci_low=lo, ci_high=hi,
+                                            n=int(sum(r["n"] for r in rows if r["traffic_share"] > 0)),
+                                            direction="higher_is_better", unit="percent"),
+        "traffic_share_covered": Metric(value=covered, direction="higher_is_better", unit="fraction"),
+        "win_rate_by_prompt_count_not_used": Metric(value=by_count, n=n_total, direction="higher_is_better",
+                                                    unit="percent"),
+    }
+    for r in rows:
+        if r["n"] > 0:
+            metrics[f"win_rate[{r['intent']}]"] = Metric(
+                value=r["win_rate"], ci_low=None if math.isnan(r["ci_low"]) else r["ci_low"],
+                ci_high=None if math.isnan(r["ci_high"]) else r["ci_high"], n=r["n"],
+                direction="higher_is_better", unit="percent")
+    if judge_agreement is not None:
+        metrics["judge_agreement"] = Metric(value=judge_agreement, direction="higher_is_better", unit="fraction")
+
+    summary = (
+        f"traffic-weighted win rate {wr:.1f}% ({pct} CI {lo:.1f}-{hi:.1f}) over {100 * covered:.1f}% of traffic; "
+        f"the prompt-count average {by_count:.1f}% is not used (it weights intents by how many prompts were "
+        f"written, not by traffic)"
+    )
+    notes = []
+    if noise:
+        notes.append("below the bar but could be noise: " + "; ".join(noise))
+    if small:
+        notes.append(f"below the bar on evidence but under min_share {100 * min_share:g}% (not blocking): "
+                     + "; ".join(small))
+    if extra:
+        notes.append("in the data but not in the traffic table (not weighted): " + ", ".join(extra))
+    missing_small = [r["intent"] for r in rows if r["in_traffic_table"] and r["n"] == 0 and not r["meaningful"]]
+    if missing_small:
+        notes.append("traffic intents with no data (share below min_share): " + ", ".join(missing_small))
+    tail = (" " + ". ".join(notes) + ".") if notes else ""
+
+    if judge_agreement is not None and judge_agreement < judge_floor:
+        verdict = "inconclusive"
+        reason = (f"judge agreement {judge_agreement:.3f} is below the floor {judge_floor:.2f}: gaps are shrunk by "
+                  f"2a-1 = {attenuation(judge_agreement):.2f}, so per-intent win rates cannot decide the release. "
+                  f"{summary}.{tail}")
+    elif n_total == 0:
+        verdict, reason = "inconclusive", f"no annotated items, so no per-intent win rate.{tail}"
+    elif blocks:
+        verdict = "block"
+        reason = (f"Blocked on evidence: intents with a meaningful traffic share (>= {100 * min_share:g}%) whose whole "
+                  f"{pct} interval is below {bar:g}%: " + "; ".join(blocks) + f". {summary}.{tail}")
+        if untested:
+            reason += " Also untested: " + "; ".join(untested) + "."
+    elif untested:
+        verdict = "inconclusive"
+        reason = ("intents with a meaningful traffic share have no or too little data, so the matrix cannot clear "
+                  "them: " + "; ".join(untested) + f". {summary}.{tail}")
+    else:
+        verdict = "pass"
+        reason = f"Passed: no intent with a meaningful traffic share is below {bar:g}% on evidence. {summary}.{tail}"
+    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=rows)
