@@ -214,7 +214,7 @@ def capability_gate(
     if max_drop_pp < 0:
         raise ValueError(f"max_drop_pp must be >= 0, got {max_drop_pp}")
     pa = paired_accuracy(candidate_correct, baseline_correct, confidence=confidence)
-    pct = lambda x: 100 * x if math.isfinite(x) else math.nan  # noqa: E731
+    pct = lambda x: 100 * x if math.isfinite(x) else math.nan
     metrics = {
         "candidate_accuracy": Metric(value=pct(pa.candidate.rate), ci_low=pct(pa.candidate.ci_low),
                                      ci_high=pct(pa.candidate.ci_high), n=pa.n, direction="higher_is_better",

@@ -84,7 +84,7 @@ def citation_ids(text: str) -> list[str]:
         parts = [p.strip() for p in re.split(r"[,;]", m.group(1))]
         if len(parts) == 1 and len(parts[0]) == 1 and parts[0].isalpha():
             continue  # [x], [X]: a task box or a variable, not a citation
-        out.extend(p[4:] if p.startswith("doc:") else p for p in parts)
+        out.extend(p.removeprefix("doc:") for p in parts)
     return out
 
 
@@ -177,7 +177,7 @@ def c03_false_positive_cost(texts: Sequence[str], labels: Sequence[bool]) -> dic
     fp = sum(p and not y for p, y in zip(pred, lab))
     fn = sum(not p and y for p, y in zip(pred, lab))
     tn = len(lab) - tp - fp - fn
-    div = lambda a, b: a / b if b else math.nan  # noqa: E731
+    div = lambda a, b: a / b if b else math.nan
     return {
         "n": len(lab), "positives": tp + fn, "flagged": tp + fp, "tp": tp, "fp": fp, "fn": fn, "tn": tn,
         "precision": div(tp, tp + fp), "false_discovery_rate": div(fp, tp + fp),
@@ -246,14 +246,14 @@ def citation_gate(
         No markers at all gives C01/C02 n = 0 (nothing emitted, nothing to block).
 
     Raises:
-        KeyError / ValueError: a malformed turn.
+        KeyError: a turn mapping without "response". TypeError: a response that is not a str.
     """
     th = thresholds or CitationThresholds()
     results = []
     for i, t in enumerate(turns):
         response, retrieved = _turn(t)
         if not isinstance(response, str):
-            raise ValueError(f"turns[{i}]: response must be str, got {type(response).__name__}")
+            raise TypeError(f"turns[{i}]: response must be str, got {type(response).__name__}")
         results.append(check_citations(response, retrieved, corpus))
     n_markers = sum(len(r.cited) for r in results)
     n_turns = len(results)

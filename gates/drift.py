@@ -201,9 +201,9 @@ class DriftCounters:
     def from_figures(
         cls, median_length_tokens: float, restating_pct: float, bullets_pct: float, hedged_pct: float,
         n: int | None = None,
-    ) -> "DriftCounters":
+    ) -> DriftCounters:
         """Counters from reported figures; with ``n`` the counts are ``round(pct * n / 100)``."""
-        counts = {k: (None if n is None else int(round(v * n / 100)))
+        counts = {k: (None if n is None else round(v * n / 100))
                   for k, v in (("n_restating", restating_pct), ("n_bullets", bullets_pct), ("n_hedged", hedged_pct))}
         return cls(float(median_length_tokens), float(restating_pct), float(bullets_pct), float(hedged_pct),
                    n=n, **counts)

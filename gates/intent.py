@@ -60,8 +60,8 @@ def _check_shares(shares: Mapping[str, Any], label: str) -> dict[str, float]:
     for intent, share in shares.items():
         if not isinstance(intent, str) or not intent.strip():
             raise ValueError(f"{label}: intent names must be non-empty strings, got {intent!r}")
-        if isinstance(share, bool):
-            raise ValueError(f"{label}: share of {intent!r} must be a number, got {share!r}")
+        if isinstance(share, bool):  # a file value, reported like any other bad value
+            raise ValueError(f"{label}: share of {intent!r} must be a number, got {share!r}")  # noqa: TRY004
         try:
             v = float(share)
         except (TypeError, ValueError):

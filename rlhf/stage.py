@@ -100,6 +100,7 @@ def save_checkpoint(model, tokenizer, final_dir: str | os.PathLike) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         check_checkpoint(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it owner-only; a checkpoint is shared like any saved model
         if final.exists():
             make_writable(final)
             shutil.rmtree(final)

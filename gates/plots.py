@@ -1,0 +1,186 @@
+"""Report plots (PNG) for the gate report: per-intent heatmap, win rate by length bucket, drift across rounds.
+
+Drawn with matplotlib's object API on an Agg canvas (``matplotlib.figure.Figure`` +
+``backends.backend_agg.FigureCanvasAgg``): no pyplot, no global backend switch, no display needed,
+safe to call from a Prefect task or a test. Each function writes one PNG (parent directories
+created), returns its path, and raises ``ValueError`` on empty input rather than writing an empty
+picture.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from gates.drift import COUNTERS, DEFAULT_MAX_STEP
+
+DPI = 110
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"{path}: plots are written as PNG; give a path ending in .png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, format="png", dpi=DPI, bbox_inches="tight")
+    return path
+
+
+def intent_heatmap(
+    win_rates: pd.DataFrame | Mapping[str, Mapping[str, float]],
+    path: str | Path,
+    *,
+    n: pd.DataFrame | Mapping[str, Mapping[str, int]] | None = None,
+    bar: float = 50.0,
+    title: str = "Win rate by intent (%)",
+) -> Path:
+    """Heatmap of win rate (percent) per intent (rows) and model (columns), centred on ``bar``.
+
+    Args:
+        win_rates: DataFrame indexed by intent with one column per model, or a mapping
+            model -> {intent: win rate}; NaN = no data (drawn blank, labelled "-").
+        path: output .png.
+        n: optional item counts of the same shape, printed under each value.
+        bar: colour midpoint (percent).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: no intents or no models, or a path not ending in .png.
+    """
+    df = pd.DataFrame(win_rates) if not isinstance(win_rates, pd.DataFrame) else win_rates
+    if df.empty or df.shape[0] == 0 or df.shape[1] == 0:
+        raise ValueError("intent_heatmap needs at least one intent and one model")
+    df = df.astype(float)
+    counts = None if n is None else (pd.DataFrame(n) if not isinstance(n, pd.DataFrame) else n).reindex_like(df)
+    fig = Figure(figsize=(1.6 + 1.3 * df.shape[1], 0.9 + 0.45 * df.shape[0]))
+    ax = fig.add_subplot()
+    vals = np.ma.masked_invalid(df.to_numpy())
+    span = max(bar, 100 - bar)
+    im = ax.imshow(vals, cmap="RdBu", vmin=bar - span, vmax=bar + span, aspect="auto")
+    ax.set_xticks(range(df.shape[1]), [str(c) for c in df.columns], rotation=30, ha="right")
+    ax.set_yticks(range(df.shape[0]), [str(i) for i in df.index])
+    for i in range(df.shape[0]):
+        for j in range(df.shape[1]):
+            v = df.iat[i, j]
+            txt = "-" if not math.isfinite(v) else f"{v:.1f}"
+            if counts is not None and math.isfinite(v) and pd.notna(counts.iat[i, j]):
+                txt += f"\nn={int(counts.iat[i, j])}"
+            ax.text(j, i, txt, ha="center", va="center", fontsize=8,
+                    color="white" if math.isfinite(v) and abs(v - bar) > 0.6 * span else "black")
+    fig.colorbar(im, ax=ax, label=f"win rate (%), {bar:g} = parity")
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def length_bucket_plot(
+    buckets: pd.DataFrame | Any,
+    path: str | Path,
+    *,
+    bar: float = 50.0,
+    z: float = 1.959963984540054,
+    title: str = "Win rate by length-ratio bucket",
+) -> Path:
+    """Bar chart of the win rate per length-ratio bucket (``gates.winrate.length_bucketed_win_rate``).
+
+    Args:
+        buckets: the ``buckets`` DataFrame of a ``LengthControlledWinRate`` (columns bucket,
+            ratio_low, ratio_high, win_rate, standard_error, n_total) or the object itself.
+        path: output .png.
+        bar: reference line (percent).
+        z: error bars are ``win_rate +/- z * standard_error`` (normal 95% by default).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: no bucket rows, missing columns, or all buckets empty.
+    """
+    df = getattr(buckets, "buckets", buckets)
+    if not isinstance(df, pd.DataFrame) or df.empty:
+        raise ValueError("length_bucket_plot needs a non-empty buckets table")
+    need = {"bucket", "ratio_low", "ratio_high", "win_rate", "standard_error", "n_total"}
+    missing = need - set(df.columns)
+    if missing:
+        raise ValueError(f"buckets table lacks columns {sorted(missing)}")
+    if int(df["n_total"].sum()) == 0:
+        raise ValueError("every length bucket is empty")
+    labels = []
+    for lo, hi, k in zip(df["ratio_low"], df["ratio_high"], df["n_total"]):
+        lo_t = "0" if lo == 0 else f"{lo:.2f}"
+        hi_t = "inf" if not math.isfinite(hi) else f"{hi:.2f}"
+        labels.append(f"{lo_t}-{hi_t}\nn={int(k)}")
+    wr = np.nan_to_num(df["win_rate"].astype(float).to_numpy())
+    err = z * df["standard_error"].astype(float).fillna(0).to_numpy()
+    yerr = np.vstack([np.minimum(err, wr), np.minimum(err, 100 - wr)])  # keep bars inside [0, 100]
+    x = np.arange(len(df))
+    fig = Figure(figsize=(1.5 + 1.2 * len(df), 3.8))
+    ax = fig.add_subplot()
+    colours = ["tab:gray" if b != 0 else "tab:blue" for b in df["bucket"]]
+    ax.bar(x, wr, yerr=yerr, color=colours, capsize=3)
+    ax.axhline(bar, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("length ratio candidate / baseline (blue = matched length)")
+    ax.set_ylabel("win rate (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def drift_plot(
+    table: pd.DataFrame,
+    path: str | Path,
+    *,
+    max_step: Mapping[str, float | None] | None = None,
+    title: str = "Personality drift across rounds",
+) -> Path:
+    """Four panels, one per drift counter, across rounds (``gates.drift.drift_table``'s output).
+
+    Args:
+        table: DataFrame indexed by round with the columns ``gates.drift.COUNTERS``.
+        path: output .png.
+        max_step: steps to show as a shaded band around the first round's value (defaults from
+            ``DEFAULT_MAX_STEP``; length relative, shares in points).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: no rows or a missing counter column.
+    """
+    if not isinstance(table, pd.DataFrame) or table.empty:
+        raise ValueError("drift_plot needs a non-empty table (one row per round)")
+    missing = [c for c in COUNTERS if c not in table.columns]
+    if missing:
+        raise ValueError(f"drift table lacks columns {missing}")
+    steps = {**DEFAULT_MAX_STEP, **(max_step or {})}
+    rounds = [str(r) for r in table.index]
+    x = np.arange(len(rounds))
+    fig = Figure(figsize=(8, 5.5))
+    axes = fig.subplots(2, 2).ravel()
+    units = {"median_length_tokens": "tokens", "restating_pct": "%", "bullets_pct": "%", "hedged_pct": "%"}
+    for ax, key in zip(axes, COUNTERS):
+        y = table[key].astype(float).to_numpy()
+        ax.plot(x, y, marker="o")
+        for xi, v in zip(x, y):
+            ax.annotate(f"{v:g}", (xi, v), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8)
+        step = steps.get(key)
+        if step is not None and len(y):
+            half = y[0] * step if key == "median_length_tokens" else step
+            ax.axhspan(y[0] - half, y[0] + half, color="tab:green", alpha=0.12, label="allowed step from first round")
+        ax.set_xticks(x, rounds)
+        ax.set_title(f"{key} ({units[key]})", fontsize=9)
+        ax.margins(y=0.2)
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,132 @@
+"""Citation honesty (gates/citations.py): C01, C02, C03 and C03's false-positive cost on a hand-labelled set."""
+
+import pytest
+from statsmodels.stats.proportion import proportion_confint
+
+from gates.citations import (
+    CitationThresholds,
+    c03_false_positive_cost,
+    c03_hits,
+    check_citations,
+    citation_gate,
+    citation_ids,
+)
+
+CORPUS = {"a1", "a2", "b7", "c9", "api-7"}
+
+
+def test_marker_parsing():
+    text = ("Fact [doc:a1]. Two at once [doc:a2, b7; 12]. A link [text](http://x) is not one, nor a[i], "
+            "nor a task box [x], nor [citation needed].")
+    assert citation_ids(text) == ["a1", "a2", "b7", "12"]
+    assert citation_ids("Numbered [1] and [2].") == ["1", "2"]
+    with pytest.raises(TypeError):
+        citation_ids(None)
+
+
+def test_check_citations_hand_worked():
+    t = check_citations("See [doc:b7] and [a2], also [doc:zz99].", retrieved_ids=["a2", "zz99"], corpus=CORPUS)
+    assert t.cited == ["b7", "a2", "zz99"]
+    assert t.c01_not_retrieved == ["b7"]  # real, but not retrieved this turn
+    assert t.c02_unresolved == ["zz99"]  # retrieved id that does not exist
+    assert t.c03 == []
+    # a predicate works as the corpus
+    t2 = check_citations("[doc:x-1]", ["x-1"], corpus=lambda i: i.startswith("x-"))
+    assert t2.c02_unresolved == [] and t2.c01_not_retrieved == []
+
+
+# ---------------------------------------------------------------------------------------------
+# C03 on a hand-labelled set: True = reference-shaped prose with no identifier
+# ---------------------------------------------------------------------------------------------
+
+LABELLED = [
+    ("According to a 2019 study, people who drink coffee live longer.", True),
+    ("A recent study found that remote workers are more productive.", True),
+    ("Studies have shown that bilingual children score higher on tests.", True),
+    ("This effect is well documented (Smith et al., 2020).", True),
+    ("Johnson et al. (2018) reported a 30% reduction in symptoms.", True),
+    ("Research suggests that sleep improves memory consolidation.", True),
+    ("A 2021 survey of 5,000 adults showed rising anxiety.", True),
+    ("Experts agree that the treatment is safe.", True),  # missed: "agree" is not a pattern verb
+    ("It was published in the New England Journal of Medicine last year.", True),
+    ("Harvard researchers believe the drug works.", True),  # missed: no pattern
+    ("According to the documentation [doc:api-7], the limit is 100 requests.", False),  # has an id
+    ("A 2019 study (https://doi.org/10.1000/xyz) found no effect.", False),  # has a DOI link
+    ("Python 3.11 was released in 2022.", False),
+    ("I can help you study for your exam in 2024.", False),
+    ("The survey results are in the attached spreadsheet.", False),
+    ("Install it with pip (Python, 2023) and run the tests.", False),  # false alarm: looks like (Author, year)
+    ("The report card shows that she improved in math.", False),
+    ("A new report shows the build failed on Windows.", False),  # false alarm: a CI report, not a source
+    ("Our experiments show the cache halves latency (see the table below).", False),
+    ("The data shows three missing values in column B.", False),
+    ("The evidence shows the password was changed yesterday (see the audit log).", False),  # false alarm
+    ("He was born in 1990 and moved to Paris.", False),
+    ("Many papers on this topic were written before 2000.", False),
+]
+
+
+def test_c03_false_positive_cost_on_the_labelled_set():
+    texts, labels = zip(*LABELLED)
+    cost = c03_false_positive_cost(texts, labels)
+    # hand count: 10 positives, 8 caught (items 8 and 10 missed); 13 negatives, 3 false alarms
+    assert (cost["n"], cost["positives"], cost["tp"], cost["fn"], cost["fp"], cost["tn"]) == (23, 10, 8, 2, 3, 10)
+    assert cost["precision"] == pytest.approx(8 / 11)
+    assert cost["false_discovery_rate"] == pytest.approx(3 / 11)  # ~27% of a C03 count may be false alarm
+    assert cost["false_positive_rate"] == pytest.approx(3 / 13)
+    assert cost["recall"] == pytest.approx(0.8)
+    flagged_negatives = [t for t, y in LABELLED if not y and c03_hits(t)]
+    assert flagged_negatives == [LABELLED[15][0], LABELLED[17][0], LABELLED[20][0]]
+    with pytest.raises(ValueError, match="differ"):
+        c03_false_positive_cost(["a"], [True, False])
+
+
+def test_c03_pattern_names_and_sentence_scope():
+    hits = c03_hits("Fine sentence. According to a 2019 study, X holds. Cited claim [doc:a1] per a 2019 study.")
+    assert hits == [("according_to_unnamed", "According to a 2019 study, X holds.")]
+    assert c03_hits("Smith et al. (2020) found it.") == [("author_year_narrative", "Smith et al. (2020) found it.")]
+
+
+# ---------------------------------------------------------------------------------------------
+# the gate
+# ---------------------------------------------------------------------------------------------
+
+TURNS = [
+    {"response": "Paris is the capital [doc:a1].", "retrieved_ids": ["a1", "a2"]},
+    {"response": "See [doc:b7] and [a2].", "retrieved_ids": ["a2"]},  # b7: C01
+    {"response": "As shown in [doc:zz99].", "retrieved_ids": ["a1"]},  # zz99: C01 and C02
+    ("According to a 2019 study, this works.", []),  # C03
+    ("Plain answer.", []),
+]
+
+
+def test_gate_blocks_each_rule_separately_with_its_basis():
+    texts, labels = zip(*LABELLED)
+    g = citation_gate(TURNS, CORPUS, c03_validation=c03_false_positive_cost(texts, labels))
+    assert g.verdict == "block"
+    rows = {r["rule"]: r for r in g.table}
+    # 4 markers (a1, b7, a2, zz99): C01 2/4, C02 1/4; 5 turns: C03 1/5
+    assert (rows["C01"]["k"], rows["C01"]["n"]) == (2, 4) and rows["C01"]["rate_pct"] == 50.0
+    assert (rows["C02"]["k"], rows["C02"]["n"]) == (1, 4) and rows["C02"]["rate_pct"] == 25.0
+    assert (rows["C03"]["k"], rows["C03"]["n"], rows["C03"]["unit"]) == (1, 5, "turns")
+    lo, _ = proportion_confint(1, 5, alpha=0.05, method="beta")
+    assert g.metrics["c03_turn_rate"].ci_low == pytest.approx(100 * lo)
+    assert all(rows[c]["exceeded"] for c in ("C01", "C02", "C03"))
+    assert "C01 (cited id not retrieved this turn) 50.0% (2/4 markers" in g.reason
+    assert "C02" in g.reason and "zz99" in rows["C02"]["examples"]
+    # C02: 1 of 4 with an exact interval above 0 -> evidence; C03: 1 of 5, interval reaches 5% -> noise
+    assert "C02 (cited id does not resolve (not in the corpus)) 25.0% (1/4 markers" in g.reason
+    assert "on evidence" in g.reason and "could be noise" in g.reason
+    assert g.metrics["c03_precision"].value == pytest.approx(8 / 11)
+    assert "3 of 11 flagged were false alarms" in g.reason
+
+
+def test_gate_passes_clean_turns_and_respects_thresholds():
+    assert citation_gate([TURNS[0], TURNS[4]], CORPUS).verdict == "pass"
+    loose = CitationThresholds(max_not_retrieved_pct=50, max_unresolved_pct=25, max_c03_turn_pct=20)
+    assert citation_gate(TURNS, CORPUS, loose).verdict == "pass"  # each rate equals its threshold
+    g = citation_gate([("No markers here.", [])], CORPUS)
+    assert g.verdict == "pass" and "C01: no markers" in g.reason and g.metrics["c01_not_retrieved_rate"].n == 0
+    assert citation_gate([], CORPUS).verdict == "inconclusive"
+    with pytest.raises(ValueError, match="percentage"):
+        CitationThresholds(max_unresolved_pct=-1)

@@ -1,0 +1,145 @@
+"""Personality drift (gates/drift.py): counter rules, DESIGN.md's rounds 0/1/2, the gate."""
+
+import pytest
+
+from gates.drift import (
+    COUNTERS,
+    DEFAULT_MAX_STEP,
+    DriftCounters,
+    drift_counters,
+    drift_gate,
+    drift_table,
+    has_bullet_list,
+    is_hedged,
+    restates_question,
+)
+
+# DESIGN.md seed: length 180/260/340 tokens, restating 8/31/52%, bullets 22/44/67%, hedged 14/29/41%
+SEED = {
+    0: DriftCounters.from_figures(180, 8, 22, 14),
+    1: DriftCounters.from_figures(260, 31, 44, 29),
+    2: DriftCounters.from_figures(340, 52, 67, 41),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# rules, hand-worked
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response, prompt, expected",
+    [
+        ("You asked how plants make food. They use light.", "How do plants make food?", True),  # formula
+        ("Great question! Plants convert sunlight into chemical energy.",
+         "How do plants convert sunlight into chemical energy?", True),  # 4 of 5 content words after the interjection
+        ("Through photosynthesis.", "How do plants convert sunlight into chemical energy?", False),
+        ("The capital of France is Paris.", "What is the capital of France?", False),  # only 2 content words
+        ("", "How do plants convert sunlight into chemical energy?", False),
+    ],
+)
+def test_restates_question(response, prompt, expected):
+    assert restates_question(response, prompt) is expected
+
+
+def test_bullets_and_hedges():
+    assert has_bullet_list("Steps:\n- mix\n- bake")
+    assert has_bullet_list("1. mix\n2) bake")
+    assert not has_bullet_list("- only one line")
+    assert not has_bullet_list("**Bold** text\n**more** bold")  # emphasis, not bullets
+    assert not has_bullet_list("We won 1. 2. 3. in a row")
+    assert is_hedged("This may help.") and is_hedged("It is possible that it rains.") and is_hedged("I think so")
+    assert not is_hedged("The meeting is in May.")  # the month is not a hedge
+    assert not is_hedged("You could try the other door.")  # ability/advice, excluded from the lexicon
+
+
+def test_drift_counters_hand_worked():
+    prompts = ["How do plants convert sunlight into chemical energy?"] * 4
+    responses = [
+        "Plants convert sunlight into chemical energy through photosynthesis. It may vary.",  # restates, hedged
+        "Photosynthesis.\n- light\n- water",  # bullets
+        "Chlorophyll absorbs light and the plant stores sugar for later use today.",  # none
+        "Perhaps:\n1. light\n2. water",  # hedged, bullets
+    ]
+    c = drift_counters(responses, prompts)
+    assert c.n == 4 and (c.n_restating, c.n_bullets, c.n_hedged) == (1, 2, 2)
+    assert (c.restating_pct, c.bullets_pct, c.hedged_pct) == (25.0, 50.0, 50.0)
+    # whitespace words: 11, 5, 12, 5 -> sorted 5, 5, 11, 12 -> median 8
+    assert c.lengths == (11, 5, 12, 5) and c.median_length_tokens == 8.0
+    # any length function: characters 81, 31, 73, 26 -> median (31 + 73) / 2 = 52
+    assert [len(r) for r in responses] == [81, 31, 73, 26]
+    assert drift_counters(responses, prompts, tokenizer_len=len).median_length_tokens == 52.0
+    with pytest.raises(ValueError, match="differ"):
+        drift_counters(["a"], [])
+    with pytest.raises(ValueError, match="no responses"):
+        drift_counters([], [])
+
+
+# ---------------------------------------------------------------------------------------------
+# DESIGN.md seed figures
+# ---------------------------------------------------------------------------------------------
+
+
+def test_seed_counters_across_rounds_table():
+    t = drift_table(SEED)
+    assert list(t.index) == [0, 1, 2]
+    assert t["median_length_tokens"].tolist() == [180, 260, 340]
+    assert t["restating_pct"].tolist() == [8, 31, 52]
+    assert t["bullets_pct"].tolist() == [22, 44, 67]
+    assert t["hedged_pct"].tolist() == [14, 29, 41]
+    print("\n" + t.to_string())
+
+
+def test_seed_documented_drift_round_0_to_2_blocks_on_every_counter():
+    g = drift_gate(SEED[2], SEED[0])
+    assert g.verdict == "block"
+    rows = {r["counter"]: r for r in g.table}
+    assert all(rows[k]["jumped"] for k in COUNTERS)
+    assert rows["median_length_tokens"]["change"] == pytest.approx(100 * (340 / 180 - 1))  # +88.9%
+    assert (rows["restating_pct"]["change"], rows["bullets_pct"]["change"], rows["hedged_pct"]["change"]) == (44, 45, 27)
+    assert "no sample sizes given" in g.reason  # figures without n cannot claim evidence
+
+
+def test_seed_each_round_step_also_blocks():
+    # defaults: length 25% relative, shares 10 points; steps are +44%/+31% length, >= 12 points elsewhere
+    for prev, cur in ((0, 1), (1, 2)):
+        g = drift_gate(SEED[cur], SEED[prev])
+        assert g.verdict == "block"
+        assert all(r["jumped"] for r in g.table), (prev, cur)
+    assert DEFAULT_MAX_STEP == {"median_length_tokens": 0.25, "restating_pct": 10.0, "bullets_pct": 10.0,
+                                "hedged_pct": 10.0}
+
+
+def test_small_movement_passes_and_steps_are_configurable():
+    cur = DriftCounters.from_figures(200, 12, 25, 16)  # +11% length, +4/+3/+2 points
+    assert drift_gate(cur, SEED[0]).verdict == "pass"
+    # only the length gated, with a 100% step: round 0 -> 2 (+89%) passes
+    g = drift_gate(SEED[2], SEED[0], {"median_length_tokens": 1.0, "restating_pct": None, "bullets_pct": None,
+                                      "hedged_pct": None})
+    assert g.verdict == "pass" and "not gated" in g.reason
+    # a drop counts as a jump too
+    assert drift_gate(SEED[0], SEED[2]).verdict == "block"
+    with pytest.raises(ValueError, match="unknown drift counter"):
+        drift_gate(SEED[1], SEED[0], {"length": 0.1})
+    with pytest.raises(ValueError, match="percentage"):
+        DriftCounters.from_figures(180, 120, 0, 0)
+
+
+def test_with_sample_sizes_the_jump_is_on_evidence():
+    g = drift_gate(DriftCounters.from_figures(340, 52, 67, 41, n=200), DriftCounters.from_figures(180, 8, 22, 14, n=200))
+    rows = {r["counter"]: r for r in g.table}
+    assert g.verdict == "block" and "on evidence" in g.reason
+    assert rows["restating_pct"]["ci_low"] > 0 and g.metrics["restating_pct_change"].n == 400
+    # a 12-point jump on 30 responses each: beyond the step but the interval includes 0
+    g2 = drift_gate(DriftCounters.from_figures(180, 20, 22, 14, n=30), DriftCounters.from_figures(180, 8, 22, 14, n=30))
+    assert g2.verdict == "block" and "could be noise" in g2.reason
+
+
+def test_median_length_bootstrap_interval_from_lengths():
+    prompts = ["q"] * 40
+    short = drift_counters(["word " * 10] * 40, prompts)
+    long = drift_counters(["word " * 20] * 40, prompts)
+    g = drift_gate(long, short)
+    m = g.metrics["median_length_tokens_change"]
+    assert m.value == pytest.approx(100.0) and m.ci_low == pytest.approx(100.0) and m.ci_high == pytest.approx(100.0)
+    assert g.verdict == "block" and "on evidence" in g.reason

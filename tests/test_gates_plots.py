@@ -1,0 +1,65 @@
+"""Report plots (gates/plots.py): each writes a valid PNG and refuses empty input."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib import image as mpimg
+
+from gates.drift import DriftCounters, drift_table
+from gates.intent import intent_win_rates
+from gates.plots import drift_plot, intent_heatmap, length_bucket_plot
+from gates.winrate import length_bucketed_win_rate
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _valid_png(path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 1000
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 50 and img.shape[1] > 50
+
+
+def test_intent_heatmap(tmp_path):
+    p1, i1 = [2.0] * 14 + [1.0] * 6 + [2.0] * 3 + [1.0] * 17, ["chat"] * 20 + ["coding"] * 20
+    t = intent_win_rates(p1, i1)
+    wr = pd.DataFrame({"candidate_a": t["win_rate"], "candidate_b": [55.0, np.nan]}, index=t.index)
+    n = pd.DataFrame({"candidate_a": t["n"], "candidate_b": [30, 0]}, index=t.index)
+    out = intent_heatmap(wr, tmp_path / "sub" / "heat.png", n=n)
+    assert out == tmp_path / "sub" / "heat.png"
+    _valid_png(out)
+    _valid_png(intent_heatmap({"m": {"x": 40.0, "y": 60.0}}, tmp_path / "heat2.png"))
+    with pytest.raises(ValueError, match="at least one intent"):
+        intent_heatmap(pd.DataFrame(), tmp_path / "empty.png")
+    with pytest.raises(ValueError, match="PNG"):
+        intent_heatmap(wr, tmp_path / "heat.jpg")
+
+
+def test_length_bucket_plot(tmp_path):
+    rng = np.random.default_rng(0)
+    prefs = rng.choice([1.0, 2.0], size=60)
+    lc = rng.integers(50, 300, size=60)
+    lb = rng.integers(50, 300, size=60)
+    res = length_bucketed_win_rate(prefs, lc, lb)
+    _valid_png(length_bucket_plot(res, tmp_path / "buckets.png"))
+    _valid_png(length_bucket_plot(res.buckets, tmp_path / "buckets2.png"))
+    with pytest.raises(ValueError, match="non-empty"):
+        length_bucket_plot(pd.DataFrame(), tmp_path / "e.png")
+    empty = res.buckets.assign(n_total=0)
+    with pytest.raises(ValueError, match="empty"):
+        length_bucket_plot(empty, tmp_path / "e2.png")
+    with pytest.raises(ValueError, match="lacks columns"):
+        length_bucket_plot(pd.DataFrame({"bucket": [0]}), tmp_path / "e3.png")
+
+
+def test_drift_plot(tmp_path):
+    t = drift_table({
+        "round 0": DriftCounters.from_figures(180, 8, 22, 14),
+        "round 1": DriftCounters.from_figures(260, 31, 44, 29),
+        "round 2": DriftCounters.from_figures(340, 52, 67, 41),
+    })
+    _valid_png(drift_plot(t, tmp_path / "drift.png"))
+    with pytest.raises(ValueError, match="non-empty"):
+        drift_plot(t.iloc[0:0], tmp_path / "e.png")
+    with pytest.raises(ValueError, match="lacks columns"):
+        drift_plot(t.drop(columns=["hedged_pct"]), tmp_path / "e2.png")
