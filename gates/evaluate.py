@@ -79,10 +79,15 @@ def _checkpoint(path: str) -> tuple[str, dict]:
     raise FileNotFoundError(f"{path}: neither a stage directory with manifest.json nor a checkpoint with config.json")
 
 
+def chat_of(p) -> list[dict] | str:
+    """What to send for an eval prompt: the full conversation of a multi-turn held-out pair, else the prompt."""
+    return p.meta.get("messages") or p.prompt
+
+
 def _generate_all(path: str, sets: dict[str, list], args: GateStageConfig, who: str) -> dict[str, tuple[list[str], list[int]]]:
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    out = {name: generate(model, tok, [p.prompt for p in prompts], max_new_tokens=args.max_new_tokens,
+    out = {name: generate(model, tok, [chat_of(p) for p in prompts], max_new_tokens=args.max_new_tokens,
                           batch_size=args.batch_size, desc=f"{who} {name}") for name, prompts in sets.items()}
     del model
     return out
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from reward_model.train import load_reward_model
 
     rm, rm_tok = load_reward_model(judge)
-    prompts = [p.prompt for p in sets["winrate"]]
+    prompts = [chat_of(p) for p in sets["winrate"]]
     s_base = score(rm, rm_tok, prompts, gens["baseline"]["winrate"][0], desc="judging baseline")
     s_cand = score(rm, rm_tok, prompts, gens["candidate"]["winrate"][0], desc="judging candidate")
     preferences = np.where(s_cand > s_base, 2.0, np.where(s_cand < s_base, 1.0, 1.5))
