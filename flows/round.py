@@ -113,6 +113,10 @@ def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict,
                              description=f"Release verdict of round {round_id}: {verdict}")
     create_table_artifact(key=f"gates-{key}", table=gates.manifest["outputs"]["gate_table"],
                           description=f"Gates of round {round_id}")
+    for gate, rows in (gates.manifest["outputs"].get("gate_tables") or {}).items():
+        if rows:
+            create_table_artifact(key=f"gate-{gate.replace('_', '-')}-{key}", table=rows,
+                                  description=f"{gate} table, round {round_id}")
     create_table_artifact(key=f"stages-{key}", table=summarize(runs) + [{
         "stage": "ppo_unlock", "cached": "", "seconds": "", "output_dir": f"unlocked={unlock['unlocked']}",
         "cache_key": f"rm={unlock['rm_agreement']:.4f}", "checkpoint_hash": f"iaa={unlock['inter_annotator_agreement']:.4f}"}],

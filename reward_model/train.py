@@ -12,6 +12,7 @@ reloaded and must reproduce the held-out scores (the "random head after reload" 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -94,6 +95,11 @@ def main(argv: list[str] | None = None) -> dict:
     labels = np.array([[lab.preference for lab in p.labels] for p in held_out])
     iaa = inter_annotator_agreement(labels)
     rm = rm_agreement(first, second, expert_labels(labels[: len(scored)]))
+    # Per-pair judgments, so the gate stage can measure this judge's agreement with the humans item by item.
+    with open(out / "agreement_scores.jsonl", "w") as f:
+        for p, s1, s2 in zip(scored, first, second):
+            f.write(json.dumps({"id": p.id, "score_first": float(s1), "score_second": float(s2),
+                                "labels": [lab.preference for lab in p.labels]}) + "\n")
     decision = ppo_unlock_decision(rm, iaa, override=args.ppo_override, override_reason=args.ppo_override_reason)
     logger.info("PPO unlock: %s", decision.summary())
 
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "train_data_hash": data_fingerprint(args.train_data), "agreement_data": args.agreement_data,
                 "agreement_data_hash": data_fingerprint(args.agreement_data)},
         outputs={"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint),
-                 "ppo_unlock": decision.to_dict()},
+                 "ppo_unlock": decision.to_dict(), "agreement_scores": str((out / "agreement_scores.jsonl").resolve())},
         metrics=metrics,
     )
     return metrics

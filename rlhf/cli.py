@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -69,7 +70,7 @@ def gates_cmd(
     candidate: Annotated[str, typer.Option(help="Candidate stage dir (with manifest) or checkpoint dir.")],
     baseline: Annotated[str, typer.Option(help="Baseline stage dir (with manifest) or checkpoint dir.")],
     reward_model: Annotated[str, typer.Option(help="Reward-model stage dir or checkpoint (the judge).")],
-    config: Annotated[str, typer.Option(help="Gate recipe.")] = "recipes/demo/gates.yaml",
+    config: Annotated[str, typer.Option(help="Gate recipe.")] = str(Path(__file__).resolve().parent.parent / "recipes" / "demo" / "gates.yaml"),
     output_dir: Annotated[str, typer.Option(help="Where the report goes.")] = "runs/gates",
 ) -> None:
     """Run the release gates; exit code 3 when the release is blocked (CI fails), 0 when it passes."""

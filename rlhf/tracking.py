@@ -51,8 +51,9 @@ def setup_wandb(*, run_name: str, group: str | None, output_dir: str | os.PathLi
     return mode
 
 
-def log_summary(metrics: dict, *, table: dict[str, list[dict]] | None = None) -> None:
-    """Log final metrics (and optional tables: name -> rows) to the active W&B run, if any, then finish it."""
+def log_summary(metrics: dict, *, table: dict[str, list[dict]] | None = None,
+                images: dict[str, str] | None = None) -> None:
+    """Log final metrics, optional tables (name -> rows) and images (name -> PNG path) to W&B, then finish."""
     try:
         import wandb
     except ImportError:  # pragma: no cover - wandb is a dependency
@@ -71,5 +72,14 @@ def log_summary(metrics: dict, *, table: dict[str, list[dict]] | None = None) ->
     for name, rows in (table or {}).items():
         if rows:
             cols = list(rows[0].keys())
-            run.log({name: wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in rows])})
+            run.log({name: wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in rows])})
+    for name, path in (images or {}).items():
+        run.log({name: wandb.Image(path)})
     run.finish()
+
+
+def _cell(value):
+    """W&B tables take scalars; nested values (lists, dicts) are shown as JSON text."""
+    import json
+
+    return value if value is None or isinstance(value, (str, int, float, bool)) else json.dumps(value, default=str)
