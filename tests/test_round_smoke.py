@@ -54,7 +54,8 @@ def test_ppo_unlock_decision_is_recorded_with_both_numbers(smoke_round):
     _, _, manifest = smoke_round
     unlock = manifest["ppo_unlock"]
     assert 0 <= unlock["rm_agreement"] <= 1
-    assert unlock["inter_annotator_agreement"] == pytest.approx(0.947328, abs=1e-4)  # PandaLM, both picked a side
+    # PandaLM, both annotators picked a side, on the 939 usable pairs (60 rows with an empty response are rejects)
+    assert unlock["inter_annotator_agreement"] == pytest.approx(0.9446254, abs=1e-6)
     assert unlock["unlocked"] == (unlock["rm_agreement"] > unlock["inter_annotator_agreement"])
     assert manifest["candidate"] == ("ppo" if unlock["unlocked"] else "dpo")
 
@@ -63,14 +64,38 @@ def test_gate_report_has_real_numbers_and_offline_wandb_runs(smoke_round):
     _, round_dir, manifest = smoke_round
     report = json.loads((round_dir / "gates" / "report.json").read_text())
     text = json.dumps(report)
+    gates = {g["name"]: g for g in report["gates"]}
+    assert set(gates) == {"judge_agreement", "length_controlled_win_rate", "intent_matrix", "refusal_two_sided",
+                          "capability", "sycophancy", "personality_drift", "citation_honesty"}
     for metric in ("raw_win_rate", "length_controlled_win_rate", "violation_rate", "false_refusal_rate"):
         assert metric in text
+    # The judge is the round's reward model; its agreement with PandaLM's humans is measured, not assumed.
+    assert gates["judge_agreement"]["metrics"]["agreement"]["n"] == 16
+    if gates["judge_agreement"]["verdict"] == "block":
+        assert gates["length_controlled_win_rate"]["verdict"] == "inconclusive"
+    assert report["verdict"] == ("pass" if all(g["verdict"] == "pass" for g in gates.values()) else "block")
+    for png in ("intent_heatmap.png", "winrate_by_length.png", "drift.png"):
+        assert (round_dir / "gates" / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = Path(manifest["gate_report"]).read_text()
     assert "win_rate" in md and "n_total" in md
     assert (round_dir / "gates" / "report.junit.xml").is_file()
     for stage in ("sft", "dpo", "reward_model", "gates"):
         runs = list((round_dir / stage / "wandb").glob("offline-run-*"))
         assert runs, f"no offline W&B run for {stage}"
+
+
+def test_rlhf_gates_exits_non_zero_when_the_release_is_blocked(smoke_round, tmp_path):
+    import subprocess
+    import sys
+
+    _, round_dir, manifest = smoke_round
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "smoke" / "gates.yaml"
+    proc = subprocess.run([sys.executable, "-m", "rlhf.cli", "gates", "--candidate", str(round_dir / "dpo"),
+                           "--baseline", str(round_dir / "sft"), "--reward-model", str(round_dir / "reward_model"),
+                           "--config", str(recipe), "--output-dir", str(tmp_path / "g"), "--report_to", "none"],
+                          capture_output=True, text=True)
+    verdict = json.loads((tmp_path / "g" / "report.json").read_text())["verdict"]
+    assert proc.returncode == (0 if verdict == "pass" else 3), proc.stderr[-2000:]
 
 
 def test_rerun_reuses_every_stage_and_a_changed_input_recomputes(smoke_round):
