@@ -110,3 +110,18 @@ def test_rerun_reuses_every_stage_and_a_changed_input_recomputes(smoke_round):
     assert not cached["dpo"] and not cached["gates"]
     dpo = json.loads((round_dir / "dpo" / "manifest.json").read_text())
     assert math.isclose(dpo["metrics"]["beta"], 0.2)
+
+
+def test_ppo_runs_only_with_a_recorded_override_and_becomes_the_candidate(smoke_round):
+    from flows.round import rlhf_round
+
+    params, round_dir, _ = smoke_round
+    manifest = rlhf_round(params.model_copy(update={"ppo_override": True, "ppo_override_reason": "e2e test of PPO"}))
+    unlock = manifest["ppo_unlock"]
+    assert unlock["unlocked"] and unlock["overridden"] and unlock["override_reason"] == "e2e test of PPO"
+    assert manifest["candidate"] == "ppo" and manifest["stages"]["sft"]["cached"]
+    ppo = json.loads((round_dir / "ppo" / "manifest.json").read_text())
+    sft = json.loads((round_dir / "sft" / "manifest.json").read_text())
+    assert ppo["inputs"]["pi_ref_hash"] == sft["outputs"]["pi_ref_hash"]
+    gates = json.loads((round_dir / "gates" / "manifest.json").read_text())
+    assert gates["inputs"]["candidate"] == ppo["outputs"]["checkpoint"]
