@@ -117,7 +117,7 @@ def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict,
         if rows:
             create_table_artifact(key=f"gate-{gate.replace('_', '-')}-{key}", table=rows,
                                   description=f"{gate} table, round {round_id}")
-    create_table_artifact(key=f"stages-{key}", table=summarize(runs) + [{
-        "stage": "ppo_unlock", "cached": "", "seconds": "", "output_dir": f"unlocked={unlock['unlocked']}",
-        "cache_key": f"rm={unlock['rm_agreement']:.4f}", "checkpoint_hash": f"iaa={unlock['inter_annotator_agreement']:.4f}"}],
-        description=f"Stages of round {round_id}")
+    create_table_artifact(key=f"stages-{key}", table=summarize(runs), description=f"Stages of round {round_id}")
+    create_table_artifact(key=f"ppo-unlock-{key}", table=[{k: unlock.get(k) for k in (
+        "unlocked", "rule_verdict", "rm_agreement", "rm_n", "inter_annotator_agreement", "iaa_n", "margin",
+        "comparison", "overridden", "override_reason")}], description=f"PPO unlock decision, round {round_id}")

@@ -2,8 +2,8 @@
 
 This is orchestration only: which command, which directory, whether a cached result still holds. The cache key
 is a content hash of everything a stage's result depends on (DESIGN.md principle 8): the stage name, the recipe
-file's bytes, the extra arguments, the hashes of the data files the recipe names, the parent stages' manifests,
-and the pipeline's code version. A matching key next to a finished manifest means the stage is skipped.
+file's bytes, the extra arguments, the hashes of the data files the recipe names, the parent stages' keys, and
+the version of the code the stage runs (rlhf.hashing.STAGE_PACKAGES). A matching key next to a finished manifest means the stage is skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from rlhf.hashing import code_version, content_hash, json_hash
+from rlhf.hashing import STAGE_PACKAGES, PACKAGES, code_version, content_hash, json_hash
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 from rlhf.stage import data_fingerprint, make_writable
 
@@ -54,7 +54,7 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
         "args": extra_args,
         "data": data,
         "parents": {p.stage: p.cache_key for p in parents},
-        "code": code_version(),
+        "code": code_version(STAGE_PACKAGES.get(stage, PACKAGES)),
     })
 
 

@@ -54,14 +54,27 @@ def json_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def code_version() -> str:
-    """Hash of the pipeline's own source (all .py files of its packages).
+PACKAGES = ("rlhf", "data", "sft", "dpo", "reward_model", "ppo", "gates")
 
-    A change to any stage's code changes this value, so a cached result computed by older code is not reused.
+# The packages whose code a stage runs (its own, the shared plumbing, and what it imports from other stages).
+# A change in any of them recomputes the stage; a change elsewhere does not.
+STAGE_PACKAGES = {
+    "sft": ("rlhf", "data", "sft"),
+    "dpo": ("rlhf", "data", "dpo"),
+    "reward_model": ("rlhf", "data", "dpo", "reward_model"),  # dpo.prepare checks the pairs
+    "ppo": ("rlhf", "data", "reward_model", "ppo"),  # reward_model.scoring scores rollouts
+    "gates": ("rlhf", "data", "reward_model", "gates"),  # the reward model is the judge
+}
+
+
+def code_version(packages: tuple[str, ...] = PACKAGES) -> str:
+    """Hash of the pipeline's own source: the .py files of ``packages`` (default: all of them).
+
+    A change to the code a stage runs changes its value, so a cached result computed by older code is not reused.
     """
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for pkg in ("rlhf", "data", "sft", "dpo", "reward_model", "ppo", "gates"):
+    for pkg in packages:
         d = root / pkg
         for f in sorted(d.rglob("*.py")):
             h.update(f.relative_to(root).as_posix().encode())

@@ -113,3 +113,11 @@ def test_stage_cache_key_changes_with_any_input(tmp_path):
     assert key != stage_cache_key("dpo", recipe, [], [StageRun("sft", "x", {}, "k2", False, 0)])  # parent changed
     data.write_text('{"a": 2}\n')  # same path, new content
     assert key != stage_cache_key("dpo", recipe, [], [parent])
+
+
+def test_a_code_change_recomputes_only_the_stages_that_run_that_code():
+    from rlhf.hashing import STAGE_PACKAGES
+
+    assert "gates" not in STAGE_PACKAGES["sft"] and "gates" not in STAGE_PACKAGES["dpo"]
+    assert all({"rlhf", "data"} <= set(v) for v in STAGE_PACKAGES.values())
+    assert "dpo" in STAGE_PACKAGES["reward_model"]  # it imports dpo.prepare
