@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from statsmodels.stats.proportion import proportion_confint
 
 from gates.result import GateResult, Metric
+from reward_model import agreement as _agreement
 
 TIE, FIRST, SECOND, UNPARSED = 0, 1, 2, -1
 GATE_NAME = "judge_agreement"
@@ -88,9 +88,7 @@ def majority_label(labels: Any) -> np.ndarray:
         raise ValueError(f"labels must be 2-D (n_items, n_annotators), got shape {m.shape}")
     if not np.isin(m, (TIE, FIRST, SECOND)).all():
         raise ValueError("annotator labels must be 0 (tie), 1 or 2")
-    counts = np.stack([(m == v).sum(axis=1) for v in (TIE, FIRST, SECOND)], axis=1)
-    best = counts.argmax(axis=1)
-    return np.where(counts.max(axis=1) * 2 > m.shape[1], best, UNPARSED).astype(np.int64)
+    return _agreement._strict_majority(m)
 
 
 @dataclass(frozen=True)
@@ -159,34 +157,22 @@ def judge_human_agreement(
     judge = _labels_1d("judge_labels", judge_labels)
     h = np.asarray(human_labels)
     human = majority_label(h) if h.ndim == 2 else _labels_1d("human_labels", h)
-    if judge.shape != human.shape:
-        raise ValueError(f"judge_labels {judge.shape} and human_labels {human.shape} differ in length")
-    dec = (human == FIRST) | (human == SECOND)
-    n_dec = int(dec.sum())
-    n_agree = int((dec & (judge == human)).sum())
-    if n_dec:
-        a = n_agree / n_dec
-        lo, hi = proportion_confint(n_agree, n_dec, alpha=1 - confidence, method="wilson")
-    else:
-        a, lo, hi = math.nan, math.nan, math.nan
-    both = dec & ((judge == FIRST) | (judge == SECOND))
-    ties = human == TIE
-    labelled = human != UNPARSED
+    ja = _agreement.judge_agreement(judge, human, confidence=confidence)
     return JudgeHumanAgreement(
-        n_items=int(human.size),
-        n_decisive=n_dec,
-        n_agree=n_agree,
-        agreement=a,
-        ci_low=float(lo),
-        ci_high=float(hi),
-        attenuation=2 * a - 1,
-        n_human_ties=int(ties.sum()),
-        n_human_no_majority=int((human == UNPARSED).sum()),
-        n_judge_ties_on_decisive=int((dec & (judge == TIE)).sum()),
-        n_judge_unparsed=int((judge == UNPARSED).sum()),
-        agreement_both_decisive=(int((both & (judge == human)).sum()) / int(both.sum())) if both.any() else math.nan,
-        tie_agreement=(int((ties & (judge == TIE)).sum()) / int(ties.sum())) if ties.any() else math.nan,
-        three_class_agreement=(int((labelled & (judge == human)).sum()) / int(labelled.sum())) if labelled.any() else math.nan,
+        n_items=ja.n_items,
+        n_decisive=ja.n,
+        n_agree=ja.n_agree,
+        agreement=ja.agreement,
+        ci_low=ja.ci.low,
+        ci_high=ja.ci.high,
+        attenuation=2 * ja.agreement - 1,
+        n_human_ties=ja.n_expert_tie,
+        n_human_no_majority=ja.n_expert_no_majority,
+        n_judge_ties_on_decisive=ja.n_judge_tie,
+        n_judge_unparsed=ja.n_judge_unparsed_total,
+        agreement_both_decisive=ja.agreement_excluding_judge_abstentions,
+        tie_agreement=_agreement.tie_agreement(judge, human),
+        three_class_agreement=ja.three_class_accuracy,
     )
 
 

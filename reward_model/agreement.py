@@ -144,11 +144,14 @@ def expert_labels(labels: Any) -> np.ndarray:
     Raises:
         ValueError: wrong shape, fewer than 2 annotators, or a value outside {0, 1, 2}.
     """
-    arr = _check_labels(labels)
-    n_annotators = arr.shape[1]
+    return _strict_majority(_check_labels(labels))
+
+
+def _strict_majority(arr: np.ndarray) -> np.ndarray:
+    """``expert_labels`` without the input checks (2-D array of values in {0, 1, 2} assumed)."""
     counts = np.stack([(arr == k).sum(axis=1) for k in LABELS], axis=1)  # (n_items, 3)
     best = counts.argmax(axis=1)
-    has_majority = counts.max(axis=1) * 2 > n_annotators
+    has_majority = counts.max(axis=1) * 2 > arr.shape[1]
     return np.where(has_majority, np.asarray(LABELS)[best], NO_MAJORITY).astype(np.int64)
 
 
@@ -575,6 +578,15 @@ def judge_agreement(
         three_class_accuracy=_ratio((has_majority & (judge == ex)).sum(), n3),
         n_three_class=n3,
     )
+
+
+def tie_agreement(judge_labels: np.ndarray, expert: np.ndarray) -> float:
+    """Share of expert-tie pairs (label 0) the judge also called a tie; NaN if there are none.
+
+    Both arguments are validated 1-D label arrays of the same shape (as ``judge_agreement`` takes).
+    """
+    ties = np.asarray(expert) == TIE
+    return _ratio((ties & (np.asarray(judge_labels) == TIE)).sum(), ties.sum())
 
 
 # --------------------------------------------------------------------------------------------
