@@ -27,7 +27,7 @@ def run_round(preset: str, runs_dir: Path, round_id: str) -> float:
     proc = subprocess.run([sys.executable, "-m", "rlhf.cli", "round", "--preset", preset, "--runs-dir", str(runs_dir),
                            "--round-id", round_id], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - t0
-    if proc.returncode not in (0, 1):  # 1 = release blocked, a valid outcome
+    if proc.returncode not in (0, 3):  # 3 = release blocked, a valid outcome
         sys.exit(f"round failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return seconds
 

@@ -24,11 +24,14 @@ class DPOStageConfig(PipelineArguments, DPOConfig):
         metadata={"help": "Preference pairs (prompt/chosen/rejected): demo:<file>, a local path or a hub id."},
     )
     step0_pairs: int = field(
-        default=4, metadata={"help": "Pairs checked before training: loss must be ln 2 and margins 0 (policy = pi_ref)."}
+        default=4,
+        metadata={"help": "Pairs checked before training: loss must be ln 2 and margins 0 (policy = pi_ref)."},
     )
     step0_tolerance: float = field(default=1e-3, metadata={"help": "Tolerance of the step-0 check (nats)."})
     # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
-    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
+    )
     max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + completion."})
     save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

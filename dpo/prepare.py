@@ -30,8 +30,15 @@ def _n_tokens(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def prepare_pairs(pairs: list[PreferencePair], tokenizer, max_length: int | None, *, file: str,
-                  min_completion_tokens: int = 1, require_fit: bool = False) -> PreparedPairs:
+def prepare_pairs(
+    pairs: list[PreferencePair],
+    tokenizer,
+    max_length: int | None,
+    *,
+    file: str,
+    min_completion_tokens: int = 1,
+    require_fit: bool = False,
+) -> PreparedPairs:
     """Check and fit each pair to ``max_length`` (tokens, prompt + one completion).
 
     ``require_fit``: a pair whose prompt + longer completion still exceeds ``max_length`` (after dropping old
@@ -46,12 +53,13 @@ def prepare_pairs(pairs: list[PreferencePair], tokenizer, max_length: int | None
     for i, pair in enumerate(pairs):
         prompt = list(pair.prompt)
         system = [m for m in prompt[:1] if m.role == "system"]
-        turns = prompt[len(system):]
+        turns = prompt[len(system) :]
         dropped = False
 
         def render(ms: list[Message]) -> list[int]:
-            text = tokenizer.apply_chat_template([m.model_dump(include={"role", "content"}) for m in ms],
-                                                 tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                [m.model_dump(include={"role", "content"}) for m in ms], tokenize=False, add_generation_prompt=True
+            )
             return _n_tokens(tokenizer, text)
 
         p_ids = render(system + turns)
@@ -62,18 +70,28 @@ def prepare_pairs(pairs: list[PreferencePair], tokenizer, max_length: int | None
         budget = None if max_length is None else max_length - len(p_ids)
         try:
             if budget is not None and budget < min_completion_tokens:
-                raise DataValidationError(f"prompt alone is {len(p_ids)} tokens >= max_length {max_length}",
-                                          file=file, row=i, field="prompt")
+                raise DataValidationError(
+                    f"prompt alone is {len(p_ids)} tokens >= max_length {max_length}", file=file, row=i, field="prompt"
+                )
             c_ids, r_ids = _n_tokens(tokenizer, pair.chosen), _n_tokens(tokenizer, pair.rejected)
             for name, ids in (("chosen", c_ids), ("rejected", r_ids)):
                 if len(ids[:budget]) < min_completion_tokens:
                     raise DataValidationError("zero completion tokens after truncation", file=file, row=i, field=name)
             if require_fit and budget is not None and max(len(c_ids), len(r_ids)) + 2 > budget:
-                raise DataValidationError(f"{len(p_ids)} prompt + {max(len(c_ids), len(r_ids))} completion tokens "
-                                          f"exceed max_length {max_length}", file=file, row=i, field="chosen")
+                raise DataValidationError(
+                    f"{len(p_ids)} prompt + {max(len(c_ids), len(r_ids))} completion tokens "
+                    f"exceed max_length {max_length}",
+                    file=file,
+                    row=i,
+                    field="chosen",
+                )
             if budget is not None and c_ids[:budget] == r_ids[:budget]:
-                raise DataValidationError(f"chosen and rejected identical after truncation to {budget} tokens",
-                                          file=file, row=i, field="rejected")
+                raise DataValidationError(
+                    f"chosen and rejected identical after truncation to {budget} tokens",
+                    file=file,
+                    row=i,
+                    field="rejected",
+                )
         except DataValidationError as err:
             err.reason = f"{err.reason} (id {pair.id})"
             out.rejects.append(err)

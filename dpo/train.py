@@ -24,7 +24,15 @@ from data.loaders import load_pairs
 from data.schemas import pair_to_trl
 from rlhf.hashing import content_hash
 from rlhf.manifest import read_manifest
-from rlhf.stage import data_fingerprint, handle_rejects, peft_config, save_checkpoint, setup_stage, stage_manifest, verify_hash
+from rlhf.stage import (
+    data_fingerprint,
+    handle_rejects,
+    peft_config,
+    save_checkpoint,
+    setup_stage,
+    stage_manifest,
+    verify_hash,
+)
 from rlhf.tracking import log_summary
 
 from .config import DPOStageConfig
@@ -50,8 +58,10 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
         loss, margin = m["step0_loss"], m.get("step0_rewards/margins", m.get("eval_rewards/margins"))
         worst_loss, worst_margin = max(worst_loss, abs(loss - math.log(2))), max(worst_margin, abs(margin))
         if abs(loss - math.log(2)) > tolerance or abs(margin) > tolerance:
-            raise RuntimeError(f"DPO step-0 invariant broken on pair {i}: loss {loss:.6f} (ln 2 = 0.693147), "
-                               f"margin {margin:.6f}; the policy does not start at pi_ref or dropout is on")
+            raise RuntimeError(
+                f"DPO step-0 invariant broken on pair {i}: loss {loss:.6f} (ln 2 = 0.693147), "
+                f"margin {margin:.6f}; the policy does not start at pi_ref or dropout is on"
+            )
     return {"step0_loss_max_dev": worst_loss, "step0_margin_max_abs": worst_margin, "step0_n": len(dataset)}
 
 
@@ -65,8 +75,13 @@ def main(argv: list[str] | None = None) -> dict:
     pi_ref_path, pi_ref_hash = sft["outputs"]["pi_ref"], sft["outputs"]["pi_ref_hash"]
     verify_hash(pi_ref_path, pi_ref_hash, when="before training")
 
-    pairs = load_pairs(args.train_data, mode=args.data_mode, max_reject_rate=args.max_reject_rate,
-                       rejects_path=out / "rejects-data.jsonl", limit=args.max_train_samples)
+    pairs = load_pairs(
+        args.train_data,
+        mode=args.data_mode,
+        max_reject_rate=args.max_reject_rate,
+        rejects_path=out / "rejects-data.jsonl",
+        limit=args.max_train_samples,
+    )
     tokenizer = AutoTokenizer.from_pretrained(pi_ref_path)
     prepared = prepare_pairs(pairs, tokenizer, args.max_length, file=args.train_data)
     handle_rejects(prepared.rejects, len(pairs), args, "truncation")
@@ -75,28 +90,55 @@ def main(argv: list[str] | None = None) -> dict:
     policy = AutoModelForCausalLM.from_pretrained(pi_ref_path)
     ref_model = AutoModelForCausalLM.from_pretrained(pi_ref_path)
     trainer = DPOTrainer(
-        model=policy, ref_model=ref_model, args=args, train_dataset=dataset, processing_class=tokenizer,
+        model=policy,
+        ref_model=ref_model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
         peft_config=peft_config(args),
     )
-    step0 = step0_check(trainer, trainer.train_dataset.select(range(min(args.step0_pairs, len(dataset)))),
-                        args.step0_tolerance) if args.step0_pairs else {}
+    step0 = (
+        step0_check(
+            trainer, trainer.train_dataset.select(range(min(args.step0_pairs, len(dataset)))), args.step0_tolerance
+        )
+        if args.step0_pairs
+        else {}
+    )
     result = trainer.train()
     verify_hash(pi_ref_path, pi_ref_hash, when="after training")
 
     model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
     checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
-    last = {k: v for k, v in (trainer.state.log_history[-2] if len(trainer.state.log_history) > 1 else {}).items()
-            if k.startswith(("rewards/", "logps/", "loss"))}
-    metrics = {"train_loss": result.training_loss, "train_steps": result.global_step, "n_pairs": len(prepared.pairs), "n_rejected": len(prepared.rejects),
-               "n_prompt_turns_dropped": prepared.n_prompt_turns_dropped,
-               "beta": args.beta, "loss_type": args.loss_type, **step0, **{f"last_{k}": v for k, v in last.items()}}
+    last = {
+        k: v
+        for k, v in (trainer.state.log_history[-2] if len(trainer.state.log_history) > 1 else {}).items()
+        if k.startswith(("rewards/", "logps/", "loss"))
+    }
+    metrics = {
+        "train_loss": result.training_loss,
+        "train_steps": result.global_step,
+        "n_pairs": len(prepared.pairs),
+        "n_data_rejected": len(pairs.rejects),
+        "n_rejected": len(prepared.rejects),
+        "n_prompt_turns_dropped": prepared.n_prompt_turns_dropped,
+        "beta": args.beta,
+        "loss_type": args.loss_type,
+        **step0,
+        **{f"last_{k}": v for k, v in last.items()},
+    }
     log_summary(metrics)
     stage_manifest(
-        "dpo", args,
-        inputs={"pi_ref": pi_ref_path, "pi_ref_hash": pi_ref_hash, "sft_manifest": str(Path(args.sft_dir).resolve()),
-                "train_data": args.train_data, "train_data_hash": data_fingerprint(args.train_data)},
+        "dpo",
+        args,
+        inputs={
+            "pi_ref": pi_ref_path,
+            "pi_ref_hash": pi_ref_hash,
+            "sft_manifest": str(Path(args.sft_dir).resolve()),
+            "train_data": args.train_data,
+            "train_data_hash": data_fingerprint(args.train_data),
+        },
         outputs={"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint)},
-        metrics=metrics,
+        metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},
     )
     logger.info("DPO done: loss %.4f over %d steps", result.training_loss, result.global_step)
     return metrics

@@ -49,14 +49,23 @@ def _recipe(params: RoundParameters, name: str) -> Path:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{stage}")
-def stage_task(stage: str, module: str, params: RoundParameters, round_dir: Path, extra: list[str],
-               parents: list[StageRun]) -> StageRun:
+def stage_task(
+    stage: str, module: str, params: RoundParameters, round_dir: Path, extra: list[str], parents: list[StageRun]
+) -> StageRun:
     logger = get_run_logger()
     recipe_name = {"reward_model": "reward"}.get(stage, stage)
     args = [*extra, "--round_id", round_dir.name, *params.overrides.get(stage, [])]
-    return run_stage(stage, module, _recipe(params, recipe_name), round_dir / stage, extra_args=args,
-                     parents=parents, accelerate_config=params.accelerate_config, force=stage in params.force,
-                     log=logger.info)
+    return run_stage(
+        stage,
+        module,
+        _recipe(params, recipe_name),
+        round_dir / stage,
+        extra_args=args,
+        parents=parents,
+        accelerate_config=params.accelerate_config,
+        force=stage in params.force,
+        log=logger.info,
+    )
 
 
 @flow(name="rlhf-round", log_prints=True)
@@ -66,6 +75,8 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
     round_id = params.round_id or f"{params.preset}-{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}"
     round_dir = Path(params.runs_dir) / round_id
     round_dir.mkdir(parents=True, exist_ok=True)
+    # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
+    (round_dir / "round.json").unlink(missing_ok=True)
     base = ["--model_name_or_path", params.base_model] if params.base_model else []
 
     sft = stage_task("sft", "sft.train", params, round_dir, base, [])
@@ -75,28 +86,62 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
         rm_args += ["--ppo_override", "true", "--ppo_override_reason", params.ppo_override_reason or ""]
     rm = stage_task("reward_model", "reward_model.train", params, round_dir, rm_args, [sft])
     unlock = rm.manifest["outputs"]["ppo_unlock"]
-    logger.info("PPO unlock: %s (RM agreement %.4f vs inter-annotator %.4f)", unlock["unlocked"],
-                unlock["rm_agreement"], unlock["inter_annotator_agreement"])
+    logger.info(
+        "PPO unlock: %s (RM agreement %.4f vs inter-annotator %.4f)",
+        unlock["unlocked"],
+        unlock["rm_agreement"],
+        unlock["inter_annotator_agreement"],
+    )
 
     runs = [sft, dpo, rm]
     candidate = dpo
     if unlock["unlocked"]:
-        ppo = stage_task("ppo", "ppo.train", params, round_dir,
-                         ["--sft_dir", sft.output_dir, "--policy_dir", dpo.output_dir, "--reward_model_dir", rm.output_dir],
-                         [sft, dpo, rm])
+        ppo = stage_task(
+            "ppo",
+            "ppo.train",
+            params,
+            round_dir,
+            ["--sft_dir", sft.output_dir, "--policy_dir", dpo.output_dir, "--reward_model_dir", rm.output_dir],
+            [sft, dpo, rm],
+        )
         runs.append(ppo)
         candidate = ppo
-    gates = stage_task("gates", "gates.evaluate", params, round_dir,
-                       ["--baseline_dir", sft.output_dir, "--candidate_dir", candidate.output_dir,
-                        "--reward_model_dir", rm.output_dir, "--fail_on_block", "false"], [sft, candidate, rm])
+    gates = stage_task(
+        "gates",
+        "gates.evaluate",
+        params,
+        round_dir,
+        [
+            "--baseline_dir",
+            sft.output_dir,
+            "--candidate_dir",
+            candidate.output_dir,
+            "--reward_model_dir",
+            rm.output_dir,
+            "--fail_on_block",
+            "false",
+        ],
+        [sft, candidate, rm],
+    )
     runs.append(gates)
 
     verdict = gates.manifest["outputs"]["verdict"]
     manifest = {
-        "round_id": round_id, "preset": params.preset, "candidate": candidate.stage, "verdict": verdict,
-        "ppo_unlock": unlock, "stages": {r.stage: {"output_dir": r.output_dir, "cache_key": r.cache_key,
-                                                    "cached": r.cached, "seconds": r.seconds,
-                                                    "outputs": r.manifest.get("outputs", {})} for r in runs},
+        "round_id": round_id,
+        "preset": params.preset,
+        "candidate": candidate.stage,
+        "verdict": verdict,
+        "ppo_unlock": unlock,
+        "stages": {
+            r.stage: {
+                "output_dir": r.output_dir,
+                "cache_key": r.cache_key,
+                "cached": r.cached,
+                "seconds": r.seconds,
+                "outputs": r.manifest.get("outputs", {}),
+            }
+            for r in runs
+        },
         "gate_report": gates.manifest["outputs"].get("report_md"),
     }
     atomic_write_text(round_dir / "round.json", dump(manifest))
@@ -109,15 +154,38 @@ def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict,
     """Prefect artifacts: the verdict report, the gate table, the stage table."""
     key = "".join(c if c.isalnum() else "-" for c in round_id.lower())
     report = Path(gates.manifest["outputs"]["report_md"])
-    create_markdown_artifact(key=f"gate-report-{key}", markdown=report.read_text(),
-                             description=f"Release verdict of round {round_id}: {verdict}")
-    create_table_artifact(key=f"gates-{key}", table=gates.manifest["outputs"]["gate_table"],
-                          description=f"Gates of round {round_id}")
+    create_markdown_artifact(
+        key=f"gate-report-{key}",
+        markdown=report.read_text(),
+        description=f"Release verdict of round {round_id}: {verdict}",
+    )
+    create_table_artifact(
+        key=f"gates-{key}", table=gates.manifest["outputs"]["gate_table"], description=f"Gates of round {round_id}"
+    )
     for gate, rows in (gates.manifest["outputs"].get("gate_tables") or {}).items():
         if rows:
-            create_table_artifact(key=f"gate-{gate.replace('_', '-')}-{key}", table=rows,
-                                  description=f"{gate} table, round {round_id}")
+            create_table_artifact(
+                key=f"gate-{gate.replace('_', '-')}-{key}", table=rows, description=f"{gate} table, round {round_id}"
+            )
     create_table_artifact(key=f"stages-{key}", table=summarize(runs), description=f"Stages of round {round_id}")
-    create_table_artifact(key=f"ppo-unlock-{key}", table=[{k: unlock.get(k) for k in (
-        "unlocked", "rule_verdict", "rm_agreement", "rm_n", "inter_annotator_agreement", "iaa_n", "margin",
-        "comparison", "overridden", "override_reason")}], description=f"PPO unlock decision, round {round_id}")
+    create_table_artifact(
+        key=f"ppo-unlock-{key}",
+        table=[
+            {
+                k: unlock.get(k)
+                for k in (
+                    "unlocked",
+                    "rule_verdict",
+                    "rm_agreement",
+                    "rm_n",
+                    "inter_annotator_agreement",
+                    "iaa_n",
+                    "margin",
+                    "comparison",
+                    "overridden",
+                    "override_reason",
+                )
+            }
+        ],
+        description=f"PPO unlock decision, round {round_id}",
+    )

@@ -26,7 +26,6 @@ from rlhf.stage import data_fingerprint, make_writable
 CACHE_KEY_FILE = ".cache_key"
 
 
-
 @dataclass
 class StageRun:
     """What a flow task hands to the next one: paths and hashes, never weights."""
@@ -39,37 +38,82 @@ class StageRun:
     seconds: float
 
 
+def _model_key(value: str) -> str:
+    """A base model's identity for the cache: content hash of a local directory or .gguf file, else its name."""
+    p = Path(value).expanduser()
+    return content_hash(p) if p.exists() else value
+
+
+def _result_hash(run: StageRun) -> str:
+    """What a parent produced: its checkpoint's content hash (a forced rerun that changes it invalidates children)."""
+    return run.manifest.get("outputs", {}).get("checkpoint_hash") or run.cache_key
+
+
 def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: list[StageRun]) -> str:
     """Content hash of a stage's inputs (see module docstring)."""
     cfg = yaml.safe_load(recipe.read_text()) or {}
     overrides = dict(zip(extra_args[::2], extra_args[1::2]))
-    data = {}
-    for key, value in cfg.items():
-        value = overrides.get(f"--{key}", value)
+    data, model = {}, None
+    for key in {*cfg, *(k.removeprefix("--") for k in overrides)}:
+        value = overrides.get(f"--{key}", cfg.get(key))
         if key.endswith("_data") and isinstance(value, str):
             data[key] = data_fingerprint(value)
-    return json_hash({
-        "stage": stage,
-        "recipe": content_hash(recipe),
-        "args": extra_args,
-        "data": data,
-        "parents": {p.stage: p.cache_key for p in parents},
-        "code": code_version(STAGE_PACKAGES.get(stage, PACKAGES)),
-    })
+        elif key == "model_name_or_path" and isinstance(value, str):
+            model = _model_key(value)
+    return json_hash(
+        {
+            "stage": stage,
+            "recipe": content_hash(recipe),
+            "args": extra_args,
+            "data": data,
+            "model": model,
+            "parents": {p.stage: [p.cache_key, _result_hash(p)] for p in parents},
+            "code": code_version(STAGE_PACKAGES.get(stage, PACKAGES)),
+        }
+    )
 
 
-def launch_command(module: str, recipe: Path, output_dir: Path, extra_args: list[str],
-                   accelerate_config: str | None) -> list[str]:
+def outputs_intact(output_dir: Path, manifest: dict) -> str | None:
+    """None when every output the manifest names is still there with its recorded hash; else what changed."""
+    outputs = manifest.get("outputs", {})
+    for path_key, hash_key in (("checkpoint", "checkpoint_hash"), ("pi_ref", "pi_ref_hash")):
+        path, recorded = outputs.get(path_key), outputs.get(hash_key)
+        if path and recorded:
+            if not Path(path).exists():
+                return f"{path} is missing"
+            if content_hash(path) != recorded:
+                return f"{path} changed since it was written"
+    for key in ("report_json", "report_md", "junit"):
+        if outputs.get(key) and not Path(outputs[key]).is_file():
+            return f"{outputs[key]} is missing"
+    return None
+
+
+def launch_command(
+    module: str, recipe: Path, output_dir: Path, extra_args: list[str], accelerate_config: str | None
+) -> list[str]:
     """``accelerate launch [--config_file F] -m <module> --config <recipe> --output_dir <dir> ...``."""
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
-    launch += ["--config_file", accelerate_config] if accelerate_config else ["--num_processes", "1", "--num_machines", "1",
-                                                                               "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launch += (
+        ["--config_file", accelerate_config]
+        if accelerate_config
+        else ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    )
     return launch + ["-m", module, "--config", str(recipe), "--output_dir", str(output_dir), *extra_args]
 
 
-def run_stage(stage: str, module: str, recipe: str | Path, output_dir: str | Path, *, extra_args: list[str] = (),
-              parents: list[StageRun] = (), accelerate_config: str | None = None, force: bool = False,
-              log=print) -> StageRun:
+def run_stage(
+    stage: str,
+    module: str,
+    recipe: str | Path,
+    output_dir: str | Path,
+    *,
+    extra_args: list[str] = (),
+    parents: list[StageRun] = (),
+    accelerate_config: str | None = None,
+    force: bool = False,
+    log=print,
+) -> StageRun:
     """Run one stage unless a finished run with the same cache key is already in ``output_dir``.
 
     The stage's stdout/stderr stream to ``log`` and to ``<output_dir>/stage.log``.
@@ -83,9 +127,18 @@ def run_stage(stage: str, module: str, recipe: str | Path, output_dir: str | Pat
         raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage}")
     key = stage_cache_key(stage, recipe, list(extra_args), list(parents))
     key_file = output_dir / CACHE_KEY_FILE
-    if not force and key_file.is_file() and key_file.read_text().strip() == key and (output_dir / MANIFEST_NAME).is_file():
-        log(f"[{stage}] inputs unchanged (key {key[:12]}): reusing {output_dir}")
-        return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=True, seconds=0.0)
+    if (
+        not force
+        and key_file.is_file()
+        and key_file.read_text().strip() == key
+        and (output_dir / MANIFEST_NAME).is_file()
+    ):
+        manifest = read_manifest(output_dir)
+        damage = outputs_intact(output_dir, manifest)
+        if damage is None:
+            log(f"[{stage}] inputs unchanged (key {key[:12]}): reusing {output_dir}")
+            return StageRun(stage, str(output_dir), manifest, key, cached=True, seconds=0.0)
+        log(f"[{stage}] inputs unchanged but {damage}: recomputing")
     if output_dir.exists():  # stale or unfinished: start clean, so nothing old can pass for new
         make_writable(output_dir)
         shutil.rmtree(output_dir)
@@ -95,9 +148,10 @@ def run_stage(stage: str, module: str, recipe: str | Path, output_dir: str | Pat
     t0 = time.perf_counter()
     tail: list[str] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(output_dir / "stage.log", "w") as logf, subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
-    ) as proc:
+    with (
+        open(output_dir / "stage.log", "w") as logf,
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1) as proc,
+    ):
         for line in proc.stdout:
             logf.write(line)
             if line.strip() and "it/s]" not in line and "s/it]" not in line:  # keep progress bars out of the flow log
@@ -106,18 +160,46 @@ def run_stage(stage: str, module: str, recipe: str | Path, output_dir: str | Pat
         rc = proc.wait()
     seconds = time.perf_counter() - t0
     if rc != 0 or not (output_dir / MANIFEST_NAME).is_file():
-        raise RuntimeError(f"stage {stage} failed (exit {rc}) after {seconds:.0f}s: {' '.join(cmd)}\n"
-                           f"log: {output_dir / 'stage.log'}\n{''.join(tail)}")
+        raise StageFailed(stage, rc, root_cause(tail), output_dir / "stage.log")
     atomic_write_text(key_file, key)
     log(f"[{stage}] done in {seconds:.0f}s")
     return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=False, seconds=seconds)
 
 
+class StageFailed(RuntimeError):
+    """A stage process failed; the message leads with the stage's own error line, then where the log is."""
+
+    def __init__(self, stage: str, returncode: int, cause: str, log_path: Path):
+        self.stage, self.returncode, self.cause, self.log_path = stage, returncode, cause, log_path
+        super().__init__(f"stage {stage} failed (exit {returncode}): {cause}\nfull log: {log_path}")
+
+
+def root_cause(lines: list[str]) -> str:
+    """The stage's own exception line (``SomeError: ...``), not the launcher's wrapper around it."""
+    text = "".join(lines)
+    candidates = [
+        ln.strip()
+        for ln in text.splitlines()
+        if ln[:1].isalpha()
+        and ("Error" in ln.split(":", 1)[0] or "Exception" in ln.split(":", 1)[0])
+        and "CalledProcessError" not in ln
+    ]
+    return candidates[-1] if candidates else (text.strip().splitlines() or ["no output"])[-1]
+
+
 def summarize(runs: list[StageRun]) -> list[dict]:
     """One row per stage for the round manifest and the Prefect table artifact."""
-    return [{"stage": r.stage, "cached": r.cached, "seconds": round(r.seconds, 1), "output_dir": r.output_dir,
-             "cache_key": r.cache_key[:16], "checkpoint_hash": (r.manifest.get("outputs", {}).get("checkpoint_hash") or "")[:16]}
-            for r in runs]
+    return [
+        {
+            "stage": r.stage,
+            "cached": r.cached,
+            "seconds": round(r.seconds, 1),
+            "output_dir": r.output_dir,
+            "cache_key": r.cache_key[:16],
+            "checkpoint_hash": (r.manifest.get("outputs", {}).get("checkpoint_hash") or "")[:16],
+        }
+        for r in runs
+    ]
 
 
 def dump(obj) -> str:

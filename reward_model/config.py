@@ -15,26 +15,43 @@ from rlhf.stage import PipelineArguments
 
 @dataclass
 class RewardStageConfig(PipelineArguments, RewardConfig):
-    sft_dir: str = field(default="", metadata={"help": "SFT stage output dir; the reward model starts from its checkpoint."})
-    train_data: str = field(default="demo:hh_rlhf/pairs_train.jsonl", metadata={"help": "Preference pairs to train on."})
+    sft_dir: str = field(
+        default="", metadata={"help": "SFT stage output dir; the reward model starts from its checkpoint."}
+    )
+    train_data: str = field(
+        default="demo:hh_rlhf/pairs_train.jsonl", metadata={"help": "Preference pairs to train on."}
+    )
     agreement_data: str = field(
         default="demo:pandalm/testset-v1.jsonl.gz",
-        metadata={"help": "Held-out pairs with several annotators' labels (PandaLM format): the RM's agreement with "
-                          "the expert (majority) label and the inter-annotator agreement are measured on them."},
+        metadata={
+            "help": "Held-out pairs with several annotators' labels (PandaLM format): the RM's agreement with "
+            "the expert (majority) label and the inter-annotator agreement are measured on them."
+        },
     )
     agreement_data_mode: str = field(
         default="lenient",
-        metadata={"help": "Validation mode of the held-out pairs. PandaLM has 60 of 999 rows with an empty or "
-                          "non-string response; lenient mode lists them in rejects-agreement.jsonl and counts them.",
-                  "choices": ["strict", "lenient"]},
+        metadata={
+            "help": "Validation mode of the held-out pairs. PandaLM has 60 of 999 rows with an empty or "
+            "non-string response; lenient mode lists them in rejects-agreement.jsonl and counts them.",
+            "choices": ["strict", "lenient"],
+        },
     )
-    agreement_max_reject_rate: float = field(default=0.10, metadata={"help": "Largest tolerated share of bad held-out rows."})
-    max_agreement_pairs: int | None = field(default=None, metadata={"help": "RM agreement on the first N held-out pairs (inter-annotator agreement uses all)."})
+    agreement_max_reject_rate: float = field(
+        default=0.10, metadata={"help": "Largest tolerated share of bad held-out rows."}
+    )
+    max_agreement_pairs: int | None = field(
+        default=None,
+        metadata={"help": "RM agreement on the first N held-out pairs (inter-annotator agreement uses all)."},
+    )
     scoring_batch_size: int = field(default=8, metadata={"help": "Batch size when scoring held-out pairs."})
-    ppo_override: bool = field(default=False, metadata={"help": "Research override: unlock PPO whatever the rule says."})
+    ppo_override: bool = field(
+        default=False, metadata={"help": "Research override: unlock PPO whatever the rule says."}
+    )
     ppo_override_reason: str | None = field(default=None, metadata={"help": "Required with ppo_override; recorded."})
     # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
-    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
+    )
     max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + response."})
     save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

@@ -14,8 +14,16 @@ def render(tokenizer, prompt: list[dict] | str, response: str) -> str:
 
 
 @torch.no_grad()
-def score(model, tokenizer, prompts: list, responses: list[str], *, batch_size: int = 8, max_length: int = 512,
-          desc: str = "scoring") -> np.ndarray:
+def score(
+    model,
+    tokenizer,
+    prompts: list,
+    responses: list[str],
+    *,
+    batch_size: int = 8,
+    max_length: int = 512,
+    desc: str = "scoring",
+) -> np.ndarray:
     """Reward of each (prompt, response).
 
     Args:
@@ -41,7 +49,13 @@ def score(model, tokenizer, prompts: list, responses: list[str], *, batch_size: 
         idx = order[start : start + batch_size]
         # Truncate from the left so the response end (where the score is read) is always kept.
         tokenizer.truncation_side = "left"
-        enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True, truncation=True,
-                        max_length=max_length, add_special_tokens=False).to(model.device)
+        enc = tokenizer(
+            [texts[i] for i in idx],
+            return_tensors="pt",
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            add_special_tokens=False,
+        ).to(model.device)
         out[idx] = model(**enc).logits[:, 0].float().cpu().numpy()
     return out

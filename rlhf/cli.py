@@ -1,9 +1,9 @@
 """The ``rlhf`` command: a round, or one stage at a time.
 
-    rlhf round --preset demo                 # a full round (Prefect flow) on the embedded default
-    rlhf sft --config recipes/demo/sft.yaml  # one stage, in this process (same as accelerate launch -m sft.train)
-    rlhf gates --candidate runs/r/dpo --baseline runs/r/sft --reward-model runs/r/reward_model
-                                             # exits non-zero when the release is blocked
+rlhf round --preset demo                 # a full round (Prefect flow) on the embedded default
+rlhf sft --config recipes/demo/sft.yaml  # one stage, in this process (same as accelerate launch -m sft.train)
+rlhf gates --candidate runs/r/dpo --baseline runs/r/sft --reward-model runs/r/reward_model
+                                         # exits non-zero when the release is blocked
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ from typing import Annotated, Optional
 
 import typer
 
-app = typer.Typer(help="rlhf-flywheel: SFT -> pi_ref -> DPO -> reward model -> gated PPO -> release gates.",
-                  no_args_is_help=True, pretty_exceptions_show_locals=False)
+from rlhf.stage import BLOCKED_EXIT_CODE
+
+app = typer.Typer(
+    help="rlhf-flywheel: SFT -> pi_ref -> DPO -> reward model -> gated PPO -> release gates.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
@@ -25,13 +30,19 @@ def round_cmd(
     preset: Annotated[str, typer.Option(help="smoke | demo, or a folder of recipes.")] = "demo",
     round_id: Annotated[Optional[str], typer.Option(help="Round id (default <preset>-<date>).")] = None,
     runs_dir: Annotated[str, typer.Option(help="Where round directories go.")] = "runs",
-    base_model: Annotated[Optional[str], typer.Option(help="Base model: smollm2-135m, tiny, .gguf, dir or hub id.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Stage override: stage.key=value (repeatable).")] = None,
-    ppo_override: Annotated[Optional[str], typer.Option(help="Run PPO even if locked; the value is the recorded reason.")] = None,
+    base_model: Annotated[
+        Optional[str], typer.Option(help="Base model: smollm2-135m, tiny, .gguf, dir or hub id.")
+    ] = None,
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", help="Stage override: stage.key=value (repeatable).")
+    ] = None,
+    ppo_override: Annotated[
+        Optional[str], typer.Option(help="Run PPO even if locked; the value is the recorded reason.")
+    ] = None,
     accelerate_config: Annotated[Optional[str], typer.Option(help="accelerate config file.")] = None,
     force: Annotated[Optional[list[str]], typer.Option(help="Rerun this stage even if cached (repeatable).")] = None,
 ) -> None:
-    """Run one round as a Prefect flow. Exit code 1 when the release gates block the candidate."""
+    """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed."""
     from flows.round import RoundParameters, rlhf_round
 
     overrides: dict[str, list[str]] = {}
@@ -41,12 +52,28 @@ def round_cmd(
         if not sep or not dot:
             raise typer.BadParameter(f"--set {item!r}: expected stage.key=value, e.g. dpo.beta=0.2")
         overrides.setdefault(stage, []).extend([f"--{name}", value])
-    params = RoundParameters(preset=preset, round_id=round_id, runs_dir=runs_dir, base_model=base_model,
-                             overrides=overrides, ppo_override=ppo_override is not None,
-                             ppo_override_reason=ppo_override, accelerate_config=accelerate_config, force=force or [])
-    manifest = rlhf_round(params)
+    params = RoundParameters(
+        preset=preset,
+        round_id=round_id,
+        runs_dir=runs_dir,
+        base_model=base_model,
+        overrides=overrides,
+        ppo_override=ppo_override is not None,
+        ppo_override_reason=ppo_override,
+        accelerate_config=accelerate_config,
+        force=force or [],
+    )
+    from flows.stages import StageFailed
+
+    try:
+        manifest = rlhf_round(params)
+    except StageFailed as err:  # one line with the stage's own reason, not the launcher's traceback
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
     typer.echo(json.dumps({k: manifest[k] for k in ("round_id", "verdict", "candidate", "gate_report")}, indent=2))
-    raise typer.Exit(0 if manifest["verdict"] == "pass" else 1)
+    if manifest["verdict"] != "pass":
+        typer.echo(f"release BLOCKED (exit {BLOCKED_EXIT_CODE}); see {manifest['gate_report']}", err=True)
+    raise typer.Exit(0 if manifest["verdict"] == "pass" else BLOCKED_EXIT_CODE)
 
 
 def _stage(module: str):
@@ -59,8 +86,12 @@ def _stage(module: str):
     return run
 
 
-for _name, _module in [("sft", "sft.train"), ("dpo", "dpo.train"), ("reward-model", "reward_model.train"),
-                       ("ppo", "ppo.train")]:
+for _name, _module in [
+    ("sft", "sft.train"),
+    ("dpo", "dpo.train"),
+    ("reward-model", "reward_model.train"),
+    ("ppo", "ppo.train"),
+]:
     app.command(_name, context_settings=_PASSTHROUGH)(_stage(_module))
 
 
@@ -70,14 +101,29 @@ def gates_cmd(
     candidate: Annotated[str, typer.Option(help="Candidate stage dir (with manifest) or checkpoint dir.")],
     baseline: Annotated[str, typer.Option(help="Baseline stage dir (with manifest) or checkpoint dir.")],
     reward_model: Annotated[str, typer.Option(help="Reward-model stage dir or checkpoint (the judge).")],
-    config: Annotated[str, typer.Option(help="Gate recipe.")] = str(Path(__file__).resolve().parent.parent / "recipes" / "demo" / "gates.yaml"),
+    config: Annotated[str, typer.Option(help="Gate recipe.")] = str(
+        Path(__file__).resolve().parent.parent / "recipes" / "demo" / "gates.yaml"
+    ),
     output_dir: Annotated[str, typer.Option(help="Where the report goes.")] = "runs/gates",
 ) -> None:
     """Run the release gates; exit code 3 when the release is blocked (CI fails), 0 when it passes."""
     from gates.evaluate import main as gates_main
 
-    code = gates_main(["--config", config, "--candidate_dir", candidate, "--baseline_dir", baseline,
-                       "--reward_model_dir", reward_model, "--output_dir", output_dir, *ctx.args])
+    code = gates_main(
+        [
+            "--config",
+            config,
+            "--candidate_dir",
+            candidate,
+            "--baseline_dir",
+            baseline,
+            "--reward_model_dir",
+            reward_model,
+            "--output_dir",
+            output_dir,
+            *ctx.args,
+        ]
+    )
     raise typer.Exit(code)
 
 

@@ -13,8 +13,16 @@ def chat_prompt(tokenizer, prompt: list[dict] | str) -> str:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list, *, max_new_tokens: int = 128, batch_size: int = 16,
-             max_prompt_length: int = 512, desc: str = "generating") -> tuple[list[str], list[int]]:
+def generate(
+    model,
+    tokenizer,
+    prompts: list,
+    *,
+    max_new_tokens: int = 128,
+    batch_size: int = 16,
+    max_prompt_length: int = 512,
+    desc: str = "generating",
+) -> tuple[list[str], list[int]]:
     """Greedy completions for chat prompts.
 
     Prompts are sorted by length (less padding), left-padded (so every row's next token sits at the last position)
@@ -39,12 +47,26 @@ def generate(model, tokenizer, prompts: list, *, max_new_tokens: int = 128, batc
     eos = tokenizer.eos_token_id
     for start in tqdm(range(0, len(order), batch_size), desc=desc):
         idx = order[start : start + batch_size]
-        enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True, truncation=True,
-                        max_length=max_prompt_length, add_special_tokens=False).to(model.device)
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, temperature=None, top_p=None,
-                             top_k=None)
-        new = gen[:, enc["input_ids"].shape[1]:]
+        enc = tokenizer(
+            [texts[i] for i in idx],
+            return_tensors="pt",
+            padding=True,
+            truncation=True,
+            max_length=max_prompt_length,
+            add_special_tokens=False,
+        ).to(model.device)
+        gen = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
+        new = gen[:, enc["input_ids"].shape[1] :]
         for row, i in zip(new.tolist(), idx):
             n = row.index(eos) + 1 if eos in row else len(row)
             lengths[i] = n

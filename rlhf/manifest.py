@@ -30,6 +30,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports and manifests are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

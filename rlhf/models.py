@@ -122,10 +122,14 @@ def convert_gguf(gguf_file: str | os.PathLike, cache_dir: str | os.PathLike | No
             raise RuntimeError(f"GGUF conversion of {gguf_file}: missing {missing}, unexpected {unexpected}")
         model.tie_weights()
         if tok.model_max_length > 10**9:
-            tok.model_max_length = min(getattr(config, "max_position_embeddings", SMOLLM2_MAX_LENGTH), SMOLLM2_MAX_LENGTH)
+            tok.model_max_length = min(
+                getattr(config, "max_position_embeddings", SMOLLM2_MAX_LENGTH), SMOLLM2_MAX_LENGTH
+            )
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / "source.json").write_text(json.dumps({"kind": "gguf", "file": str(gguf_file), "sha256": digest}, indent=2))
+        (tmp / "source.json").write_text(
+            json.dumps({"kind": "gguf", "file": str(gguf_file), "sha256": digest}, indent=2)
+        )
     return final
 
 

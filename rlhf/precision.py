@@ -36,7 +36,9 @@ def resolve_precision(requested: str = "auto") -> Literal["fp32", "bf16", "fp16"
     cuda_bf16 = cuda and torch.cuda.is_bf16_supported()
     if requested == "auto":
         chosen = "bf16" if cuda_bf16 else "fp16" if cuda else "fp32"
-        reason = "CUDA with bf16" if cuda_bf16 else "CUDA without bf16" if cuda else "CPU: fp32 (bf16 is 8-10x slower here)"
+        reason = (
+            "CUDA with bf16" if cuda_bf16 else "CUDA without bf16" if cuda else "CPU: fp32 (bf16 is 8-10x slower here)"
+        )
     elif requested == "bf16" and not cuda_bf16:
         chosen, reason = "fp32", "bf16 requested but this device has no native bf16 training path"
     elif requested == "fp16" and not cuda:
@@ -44,5 +46,6 @@ def resolve_precision(requested: str = "auto") -> Literal["fp32", "bf16", "fp16"
     else:
         chosen, reason = requested, "requested"
     (logger.warning if chosen != requested and requested != "auto" else logger.info)(
-        "precision: %s (%s)", chosen, reason)
+        "precision: %s (%s)", chosen, reason
+    )
     return chosen

@@ -35,15 +35,21 @@ class PipelineArguments:
     round_id: str | None = field(default=None, metadata={"help": "Round id; groups W&B runs and names outputs."})
     precision: str = field(
         default="auto",
-        metadata={"help": "auto | fp32 | bf16 | fp16. auto: bf16 only where the device has it (logged).",
-                  "choices": ["auto", "fp32", "bf16", "fp16"]},
+        metadata={
+            "help": "auto | fp32 | bf16 | fp16. auto: bf16 only where the device has it (logged).",
+            "choices": ["auto", "fp32", "bf16", "fp16"],
+        },
     )
     data_mode: str = field(
         default="strict",
-        metadata={"help": "strict: stop at the first bad row. lenient: write rejects to a file, stop above "
-                          "max_reject_rate.", "choices": ["strict", "lenient"]},
+        metadata={
+            "help": "strict: stop at the first bad row. lenient: write rejects to a file, stop above max_reject_rate.",
+            "choices": ["strict", "lenient"],
+        },
     )
-    max_reject_rate: float = field(default=0.05, metadata={"help": "Lenient mode: largest tolerated share of bad rows."})
+    max_reject_rate: float = field(
+        default=0.05, metadata={"help": "Lenient mode: largest tolerated share of bad rows."}
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Use the first N training rows."})
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
@@ -156,7 +162,9 @@ def verify_hash(path: str | os.PathLike, expected: str, *, when: str) -> None:
     logger.info("pi_ref hash verified %s: %s", when, actual[:16])
 
 
-def stage_manifest(stage: str, args, *, inputs: dict[str, Any], outputs: dict[str, Any], metrics: dict[str, Any]) -> Path:
+def stage_manifest(
+    stage: str, args, *, inputs: dict[str, Any], outputs: dict[str, Any], metrics: dict[str, Any]
+) -> Path:
     """Write ``<output_dir>/manifest.json`` with lineage: input hashes, config hash, code version, outputs, metrics."""
     config = {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_")}
     return write_manifest(
@@ -206,5 +214,6 @@ def handle_rejects(rejects: list, n_total: int, args, what: str) -> None:
     rate = len(rejects) / max(n_total, 1)
     logger.warning("%s: %d of %d rows rejected (%.1f%%), listed in %s", what, len(rejects), n_total, 100 * rate, path)
     if rate > args.max_reject_rate:
-        raise DataValidationError(f"{len(rejects)}/{n_total} rows rejected > max_reject_rate {args.max_reject_rate}",
-                                  file=str(path))
+        raise DataValidationError(
+            f"{len(rejects)}/{n_total} rows rejected > max_reject_rate {args.max_reject_rate}", file=str(path)
+        )

@@ -47,12 +47,15 @@ def setup_wandb(*, run_name: str, group: str | None, output_dir: str | os.PathLi
     os.environ.setdefault("WANDB_SILENT", "true")
     # The Trainer's callback would otherwise upload checkpoints as artifacts; checkpoints stay on disk.
     os.environ["WANDB_LOG_MODEL"] = "false"
-    logger.info("W&B %s: project=%s group=%s run=%s dir=%s", mode, os.environ["WANDB_PROJECT"], group, run_name, wandb_dir)
+    logger.info(
+        "W&B %s: project=%s group=%s run=%s dir=%s", mode, os.environ["WANDB_PROJECT"], group, run_name, wandb_dir
+    )
     return mode
 
 
-def log_summary(metrics: dict, *, table: dict[str, list[dict]] | None = None,
-                images: dict[str, str] | None = None) -> None:
+def log_summary(
+    metrics: dict, *, table: dict[str, list[dict]] | None = None, images: dict[str, str] | None = None
+) -> None:
     """Log final metrics, optional tables (name -> rows) and images (name -> PNG path) to W&B, then finish."""
     try:
         import wandb

@@ -33,7 +33,9 @@ class SFTStageConfig(PipelineArguments, SFTConfig):
         metadata={"help": "Largest share of rows allowed to end with no trainable (labelled) token before SFT stops."},
     )
     # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
-    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Deprecated alias of activation_checkpointing."})
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
+    )
     max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
     save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

@@ -31,7 +31,9 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def check_row(tokenizer, prompt: list[dict], completion: list[dict], max_length: int | None, *, file: str, row: int) -> int:
+def check_row(
+    tokenizer, prompt: list[dict], completion: list[dict], max_length: int | None, *, file: str, row: int
+) -> int:
     """Validate one prompt/completion row; returns its number of completion (trainable) tokens.
 
     Raises:
@@ -41,11 +43,13 @@ def check_row(tokenizer, prompt: list[dict], completion: list[dict], max_length:
     full_text = tokenizer.apply_chat_template(prompt + completion, tokenize=False)
     p_ids, f_ids = _ids(tokenizer, prompt_text), _ids(tokenizer, full_text)
     if f_ids[: len(p_ids)] != p_ids:
-        raise DataValidationError("prompt render is not a token prefix of the full render", file=file, row=row, field="messages")
+        raise DataValidationError(
+            "prompt render is not a token prefix of the full render", file=file, row=row, field="messages"
+        )
     bos = tokenizer.bos_token_id
     if bos is not None and len(f_ids) > 1 and f_ids[0] == bos and f_ids[1] == bos:
         raise DataValidationError("double BOS after rendering the chat template", file=file, row=row, field="messages")
-    completion_ids = f_ids[len(p_ids):]
+    completion_ids = f_ids[len(p_ids) :]
     if not completion_ids:
         raise DataValidationError("no trainable (completion) tokens", file=file, row=row, field="messages")
     eos = tokenizer.eos_token_id
@@ -54,10 +58,16 @@ def check_row(tokenizer, prompt: list[dict], completion: list[dict], max_length:
     while tail and tail[-1] != eos and tokenizer.decode([tail[-1]]).strip() == "":
         tail.pop()
     if not tail or tail[-1] != eos:
-        raise DataValidationError(f"completion does not end in EOS {tokenizer.eos_token!r}", file=file, row=row, field="messages")
+        raise DataValidationError(
+            f"completion does not end in EOS {tokenizer.eos_token!r}", file=file, row=row, field="messages"
+        )
     if max_length is not None and len(f_ids) > max_length:
-        raise DataValidationError(f"{len(f_ids)} tokens > max_length {max_length}: truncation would cut the EOS",
-                                  file=file, row=row, field="messages")
+        raise DataValidationError(
+            f"{len(f_ids)} tokens > max_length {max_length}: truncation would cut the EOS",
+            file=file,
+            row=row,
+            field="messages",
+        )
     return len(completion_ids)
 
 
@@ -73,7 +83,7 @@ def prepare_sft_rows(conversations, tokenizer, max_length: int | None, *, file: 
         msgs = [{"role": m.role, "content": m.content} for m in conv.messages]
         prompt, completion = msgs[:-1], msgs[-1:]
         system = [m for m in prompt[:1] if m["role"] == "system"]
-        turns = prompt[len(system):]
+        turns = prompt[len(system) :]
         dropped = False
         while True:
             try:
@@ -82,7 +92,9 @@ def prepare_sft_rows(conversations, tokenizer, max_length: int | None, *, file: 
                 if "max_length" in err.reason and len(turns) > 1:
                     turns, dropped = turns[2:], True  # drop the oldest user+assistant pair; the last user turn stays
                     continue
-                out.rejects.append(DataValidationError(f"{err.reason} (id {conv.id})", file=file, row=i, field=err.field))
+                out.rejects.append(
+                    DataValidationError(f"{err.reason} (id {conv.id})", file=file, row=i, field=err.field)
+                )
             else:
                 out.n_prompt_turns_dropped += dropped
                 out.rows.append({"id": conv.id, "prompt": system + turns, "completion": completion})

@@ -22,8 +22,16 @@ from data.loaders import load_sft
 from data.validation import DataValidationError
 from rlhf.hashing import content_hash
 from rlhf.models import model_fingerprint, resolve_base_model
-from rlhf.stage import (data_fingerprint, freeze_dir, handle_rejects, make_writable, peft_config, save_checkpoint,
-                        setup_stage, stage_manifest)
+from rlhf.stage import (
+    data_fingerprint,
+    freeze_dir,
+    handle_rejects,
+    make_writable,
+    peft_config,
+    save_checkpoint,
+    setup_stage,
+    stage_manifest,
+)
 from rlhf.tracking import log_summary
 
 from .config import SFTStageConfig
@@ -41,13 +49,17 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(base)
 
     conversations = load_sft(
-        args.train_data, mode=args.data_mode, max_reject_rate=args.max_reject_rate,
-        rejects_path=out / "rejects-data.jsonl", limit=args.max_train_samples,
+        args.train_data,
+        mode=args.data_mode,
+        max_reject_rate=args.max_reject_rate,
+        rejects_path=out / "rejects-data.jsonl",
+        limit=args.max_train_samples,
     )
     prepared = prepare_sft_rows(conversations, tokenizer, args.max_length, file=args.train_data)
     handle_rejects(prepared.rejects, len(conversations), args, "tokenization")
-    audit = audit_style([r["completion"][0]["content"] for r in prepared.rows],
-                        max_opener_share=args.style_audit_max_opener_share)
+    audit = audit_style(
+        [r["completion"][0]["content"] for r in prepared.rows], max_opener_share=args.style_audit_max_opener_share
+    )
     (logger.warning if not audit.passed else logger.info)("style audit: %s", audit.message)
     if not audit.passed and args.style_audit_action == "fail":
         raise SystemExit(f"style audit failed: {audit.message}")
@@ -55,7 +67,10 @@ def main(argv: list[str] | None = None) -> dict:
     model = AutoModelForCausalLM.from_pretrained(base)
     train_dataset = Dataset.from_list(prepared.rows)
     trainer = SFTTrainer(
-        model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer,
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
         peft_config=peft_config(args),
     )
     # TRL drops rows whose labels are all masked ("Dropping fully masked examples"); we name and count them.
@@ -65,8 +80,11 @@ def main(argv: list[str] | None = None) -> dict:
         rate = len(lost) / len(prepared.rows)
         logger.warning("TRL dropped %d fully masked rows: %s", len(lost), lost[:20])
         if rate > args.max_fully_masked_rate:
-            raise DataValidationError(f"{len(lost)} rows fully masked after tokenization (ids {lost[:10]})",
-                                      file=args.train_data, field="messages")
+            raise DataValidationError(
+                f"{len(lost)} rows fully masked after tokenization (ids {lost[:10]})",
+                file=args.train_data,
+                field="messages",
+            )
     result = trainer.train()
 
     model = trainer.model
@@ -85,19 +103,31 @@ def main(argv: list[str] | None = None) -> dict:
         "train_loss": result.training_loss,
         "train_steps": result.global_step,
         "n_rows": len(prepared.rows),
-        "n_rejected": len(prepared.rejects),
+        "n_data_rejected": len(conversations.rejects),  # schema rejects (lenient mode), listed in rejects-data.jsonl
+        "n_rejected": len(prepared.rejects),  # tokenization rejects (rejects-tokenization.jsonl)
         "n_prompt_turns_dropped": prepared.n_prompt_turns_dropped,
         "style_audit": audit.to_dict(),
     }
-    log_summary({k: v for k, v in metrics.items() if not isinstance(v, dict)},
-                table={"style_audit_openers": [dict(opener=o, count=c, share=s) for o, c, s in audit.top_openers]})
+    log_summary(
+        {k: v for k, v in metrics.items() if not isinstance(v, dict)},
+        table={"style_audit_openers": [dict(opener=o, count=c, share=s) for o, c, s in audit.top_openers]},
+    )
     stage_manifest(
-        "sft", args,
-        inputs={"base_model": args.model_name_or_path, "base_model_hash": model_fingerprint(base),
-                "train_data": args.train_data, "train_data_hash": data_fingerprint(args.train_data)},
-        outputs={"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint),
-                 "pi_ref": str(pi_ref.resolve()), "pi_ref_hash": pi_ref_hash},
-        metrics=metrics,
+        "sft",
+        args,
+        inputs={
+            "base_model": args.model_name_or_path,
+            "base_model_hash": model_fingerprint(base),
+            "train_data": args.train_data,
+            "train_data_hash": data_fingerprint(args.train_data),
+        },
+        outputs={
+            "checkpoint": str(checkpoint.resolve()),
+            "checkpoint_hash": content_hash(checkpoint),
+            "pi_ref": str(pi_ref.resolve()),
+            "pi_ref_hash": pi_ref_hash,
+        },
+        metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},
     )
     logger.info("SFT done: loss %.4f, pi_ref %s (hash %s)", result.training_loss, pi_ref, pi_ref_hash[:16])
     return metrics

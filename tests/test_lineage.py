@@ -121,3 +121,43 @@ def test_a_code_change_recomputes_only_the_stages_that_run_that_code():
     assert "gates" not in STAGE_PACKAGES["sft"] and "gates" not in STAGE_PACKAGES["dpo"]
     assert all({"rlhf", "data"} <= set(v) for v in STAGE_PACKAGES.values())
     assert "dpo" in STAGE_PACKAGES["reward_model"]  # it imports dpo.prepare
+
+
+def test_cache_key_follows_base_model_content_and_parent_results(tmp_path):
+    from flows.stages import StageRun, stage_cache_key
+
+    model = tmp_path / "base"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"v1")
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(f"model_name_or_path: {model}\n")
+    key = stage_cache_key("sft", recipe, [], [])
+    (model / "model.safetensors").write_bytes(b"v2")  # retrained in place, same path
+    assert stage_cache_key("sft", recipe, [], []) != key
+    a = StageRun("dpo", "x", {"outputs": {"checkpoint_hash": "h1"}}, "k", False, 0)
+    b = StageRun("dpo", "x", {"outputs": {"checkpoint_hash": "h2"}}, "k", False, 0)  # forced rerun, new weights
+    assert stage_cache_key("gates", recipe, [], [a]) != stage_cache_key("gates", recipe, [], [b])
+
+
+def test_a_damaged_cached_output_is_not_reused(tmp_path):
+    from flows.stages import outputs_intact
+
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"w")
+    manifest = {"outputs": {"checkpoint": str(ckpt), "checkpoint_hash": content_hash(ckpt)}}
+    assert outputs_intact(tmp_path, manifest) is None
+    (ckpt / "model.safetensors").write_bytes(b"x")
+    assert "changed" in outputs_intact(tmp_path, manifest)
+    (ckpt / "model.safetensors").unlink()
+    ckpt.rmdir()
+    assert "missing" in outputs_intact(tmp_path, manifest)
+
+
+def test_a_failed_stage_reports_its_own_error_line():
+    from flows.stages import root_cause
+
+    log = ["Traceback (most recent call last):\n", "data.validation.DataValidationError: p.jsonl row 2 field "
+           "'chosen': missing (field required)\n", "Traceback (most recent call last):\n",
+           "subprocess.CalledProcessError: Command '[...]' returned non-zero exit status 1.\n"]
+    assert root_cause(log) == "data.validation.DataValidationError: p.jsonl row 2 field 'chosen': missing (field required)"

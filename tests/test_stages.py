@@ -55,7 +55,8 @@ def test_sft_lenient_mode_lists_rejects_then_trains_and_freezes_pi_ref(tmp_path,
     rejects = [json.loads(line) for line in open(out / "rejects-data.jsonl")]
     assert [r["row"] for r in rejects] == [2]
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["metrics"]["n_rows"] == 6
+    assert manifest["metrics"]["n_rows"] == 6 and manifest["metrics"]["n_data_rejected"] == 1
+    assert str(out / "rejects-data.jsonl") in [str(Path(p)) for p in manifest["metrics"]["rejects_files"]]
     pi_ref = Path(manifest["outputs"]["pi_ref"])
     assert manifest["outputs"]["pi_ref_hash"] == content_hash(pi_ref)
     assert not os.stat(pi_ref / "model.safetensors").st_mode & stat.S_IWUSR  # frozen: read-only
