@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from rlhf.manifest import atomic_write_text
 
-from .stages import StageRun, dump, run_stage, summarize
+from .stages import StageRun, check_stage_config, dump, run_stage, summarize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +68,16 @@ def stage_task(
     )
 
 
+@task(cache_policy=NO_CACHE, task_run_name="check-recipes")
+def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
+    """Every stage's recipe and overrides parse, and named data files exist, before anything trains."""
+    for stage in stages:
+        recipe = _recipe(params, {"reward_model": "reward"}.get(stage, stage))
+        if not recipe.is_file():
+            raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage} (preset {params.preset!r})")
+        check_stage_config(stage, recipe, params.overrides.get(stage, []))
+
+
 @flow(name="rlhf-round", log_prints=True)
 def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
     """One round; returns the round manifest (also written to ``<runs_dir>/<round_id>/round.json``)."""
@@ -78,6 +88,12 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
     # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
     (round_dir / "round.json").unlink(missing_ok=True)
     base = ["--model_name_or_path", params.base_model] if params.base_model else []
+    unknown = set(params.overrides) - {"sft", "dpo", "reward_model", "ppo", "gates"}
+    if unknown:
+        raise ValueError(
+            f"overrides for unknown stage(s) {sorted(unknown)}; stages: sft, dpo, reward_model, ppo, gates"
+        )
+    check_recipes_task(params, ["sft", "dpo", "reward_model", "gates"] + (["ppo"] if params.ppo_override else []))
 
     sft = stage_task("sft", "sft.train", params, round_dir, base, [])
     dpo = stage_task("dpo", "dpo.train", params, round_dir, ["--sft_dir", sft.output_dir], [sft])

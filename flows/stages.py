@@ -204,3 +204,63 @@ def summarize(runs: list[StageRun]) -> list[dict]:
 
 def dump(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+
+
+# Each stage's config parser, for checking recipes and overrides before anything trains.
+STAGE_CONFIGS = {
+    "sft": "sft.config:SFTStageConfig",
+    "dpo": "dpo.config:DPOStageConfig",
+    "reward_model": "reward_model.config:RewardStageConfig",
+    "gates": "gates.evaluate:GateStageConfig",
+}
+
+
+def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
+    """Parse a stage's recipe plus the user's overrides the way the stage will, before any stage runs.
+
+    Raises:
+        ValueError: an unknown key (with the closest known keys) or a value the config rejects, naming the
+            stage and the recipe; FileNotFoundError: a local data file the recipe or an override names is missing.
+    """
+    import contextlib
+    import dataclasses
+    import difflib
+    import importlib
+    import io
+
+    from trl import TrlParser
+
+    argv = ["--config", str(recipe), "--output_dir", "/tmp/rlhf-config-check", *overrides]
+    if stage == "ppo":
+        from ppo.train import parse_args
+
+        parse_args(argv)
+        return
+    module, cls = STAGE_CONFIGS[stage].split(":")
+    config_cls = getattr(importlib.import_module(module), cls)
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    cfg = yaml.safe_load(recipe.read_text()) or {}
+    given = [*cfg, *(a[2:] for a in overrides[::2] if a.startswith("--"))]
+    unknown = [k for k in given if k not in known]
+    if unknown:
+        hints = {k: difflib.get_close_matches(k, known, n=2) for k in unknown}
+        raise ValueError(
+            f"{stage} ({recipe}): unknown key(s) "
+            + ", ".join(
+                f"{k!r}" + (f" (did you mean {' or '.join(map(repr, h))}?)" if h else "") for k, h in hints.items()
+            )
+        )
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):  # argparse prints its whole usage before the one useful line
+            (args,) = TrlParser((config_cls,)).parse_args_and_config(argv)
+    except (ValueError, SystemExit) as err:
+        lines = [ln for ln in stderr.getvalue().splitlines() if "error:" in ln]
+        reason = lines[-1].split("error:", 1)[1].strip() if lines else str(err)
+        raise ValueError(f"{stage} ({recipe}): {reason}") from None
+    for key in known:
+        value = getattr(args, key, None)
+        if key.endswith("_data") and isinstance(value, str) and not value.startswith("demo:"):
+            p = Path(value).expanduser()
+            if (value.startswith(("/", ".", "~")) or p.suffix) and not p.exists():
+                raise FileNotFoundError(f"{stage}.{key} = {value}: no such file")

@@ -67,7 +67,7 @@ def round_cmd(
 
     try:
         manifest = rlhf_round(params)
-    except StageFailed as err:  # one line with the stage's own reason, not the launcher's traceback
+    except (StageFailed, ValueError, FileNotFoundError) as err:  # one line with the reason, not a traceback
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
     typer.echo(json.dumps({k: manifest[k] for k in ("round_id", "verdict", "candidate", "gate_report")}, indent=2))

@@ -161,3 +161,16 @@ def test_a_failed_stage_reports_its_own_error_line():
            "'chosen': missing (field required)\n", "Traceback (most recent call last):\n",
            "subprocess.CalledProcessError: Command '[...]' returned non-zero exit status 1.\n"]
     assert root_cause(log) == "data.validation.DataValidationError: p.jsonl row 2 field 'chosen': missing (field required)"
+
+
+def test_recipes_and_overrides_are_checked_before_anything_trains():
+    from flows.stages import check_stage_config
+
+    dpo = RECIPES / "demo" / "dpo.yaml"
+    check_stage_config("dpo", dpo, ["--beta", "0.2"])
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'betta' \(did you mean 'beta'"):
+        check_stage_config("dpo", dpo, ["--betta", "0.1"])
+    with pytest.raises(ValueError, match="invalid float value: 'abc'"):
+        check_stage_config("dpo", dpo, ["--beta", "abc"])
+    with pytest.raises(FileNotFoundError, match="dpo.train_data = /nope.jsonl: no such file"):
+        check_stage_config("dpo", dpo, ["--train_data", "/nope.jsonl"])
