@@ -76,10 +76,43 @@ def round_cmd(
     raise typer.Exit(0 if manifest["verdict"] == "pass" else BLOCKED_EXIT_CODE)
 
 
+_OWN_CONFIG = {
+    "sft.train": "sft.config:SFTStageConfig",
+    "dpo.train": "dpo.config:DPOStageConfig",
+    "reward_model.train": "reward_model.config:RewardStageConfig",
+}
+
+
+def _stage_help(module: str) -> str:
+    """Our own fields of a stage config (TRL's hundreds are accepted too; `python -m <module> --help` lists all)."""
+    import dataclasses
+    import importlib
+
+    lines = [
+        f"Usage: rlhf {module.split('.')[0].replace('_', '-')} --config recipes/<preset>/<stage>.yaml "
+        "--output_dir DIR [--key value ...]",
+        "",
+        "Pipeline fields (plus every field of TRL's config):",
+    ]
+    if module in _OWN_CONFIG:
+        mod, cls = _OWN_CONFIG[module].split(":")
+        config = getattr(importlib.import_module(mod), cls)
+        trl_base = config.__mro__[2]  # (ours, PipelineArguments, TRL's config, ...)
+        trl_fields = {f.name: f.default for f in dataclasses.fields(trl_base)}
+        for f in dataclasses.fields(config):
+            if f.name not in trl_fields or f.default != trl_fields[f.name]:
+                lines.append(f"  --{f.name:<28} {f.metadata.get('help', '')}")
+    lines.append(f"\nAll arguments: python -m {module} --help")
+    return "\n".join(lines)
+
+
 def _stage(module: str):
     def run(ctx: typer.Context) -> None:
         import importlib
 
+        if {"-h", "--help"} & set(ctx.args):
+            typer.echo(_stage_help(module))
+            return
         importlib.import_module(module).main(ctx.args)
 
     run.__doc__ = f"Run the stage {module} in this process; arguments go to its parser (--config FILE, --key value)."
