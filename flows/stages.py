@@ -149,7 +149,7 @@ def run_stage(
     tail: list[str] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     with (
-        open(output_dir / "stage.log", "w") as logf,
+        open(output_dir / "stage.log", "w", buffering=1) as logf,
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1) as proc,
     ):
         for line in proc.stdout:
