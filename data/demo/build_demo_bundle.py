@@ -84,6 +84,7 @@ PURPOSES = (
     ("xstest/xstest_prompts", "false-refusal (250 safe) and contrast (200 unsafe) sets"),
     ("xstest/model_completions", "completions with 2 human labels: refusal-classifier ground truth"),
     ("xstest/automated", "GPT-4 / string-match refusal labels: classifier baselines"),
+    ("traffic/", "traffic-share table of the demo round (illustrative assumption, not measured): per-intent gate"),
 )
 
 
@@ -271,9 +272,10 @@ def write_docs(b: Bundle, shared: Path) -> None:
         if path.name in ("LICENSE.txt", "SOURCE.txt"):
             continue
         folder = rel.split("/")[0]
-        licence, purpose = FOLDERS[folder]
+        licence, purpose = FOLDERS.get(folder, ("written for this project", ""))
         purpose = next((text for prefix, text in PURPOSES if rel.startswith(prefix)), purpose)
-        table.append(f"| `{rel}` | {rows if rows is not None else '-'} | {len(data):,} | {folder} (see `{folder}/SOURCE.txt`) | {licence} | {purpose} |")
+        source = f"{folder} (see `{folder}/SOURCE.txt`)" if folder in FOLDERS else "`build_demo_bundle.py`"
+        table.append(f"| `{rel}` | {rows if rows is not None else '-'} | {len(data):,} | {source} | {licence} | {purpose} |")
     b.write("MANIFEST.json", (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     readme = README_TEMPLATE.format(table="\n".join(table), total=total, n_files=len(manifest))
     b.write("README.md", readme.encode("utf-8"))
@@ -332,6 +334,21 @@ fields, the other sycophancy rows, Vicuna-bench, Arena-Hard.
 # ---------------------------------------------------------------------------------------- main
 
 
+TRAFFIC_CSV = """intent,share
+helpful_base,0.30
+oasst,0.25
+koala,0.20
+vicuna,0.15
+selfinstruct,0.10
+"""
+
+
+def build_traffic(b: Bundle) -> None:
+    """The demo round's traffic-share table (an input of the round, DESIGN.md principle 7). Not a dataset: an
+    illustrative assumption over AlpacaEval's five clusters, written here so the bundle stays reproducible."""
+    b.write("traffic/alpaca_eval_clusters.csv", TRAFFIC_CSV.encode("utf-8"))
+
+
 def build(shared: Path, out: Path) -> None:
     b = Bundle(out)
     build_hh(b, shared)
@@ -341,6 +358,7 @@ def build(shared: Path, out: Path) -> None:
     build_verbatim(b, shared, "harmbench", ["harmbench_behaviors_text_val.csv", "advbench_behaviors.csv"])
     build_verbatim(b, shared, "mt_bench", ["mt_bench_question.jsonl", "mt_bench_reference_answer_gpt-4.jsonl", "judge_prompts.jsonl"])
     build_sycophancy(b, shared)
+    build_traffic(b)
     write_docs(b, shared)
 
 
