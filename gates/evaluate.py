@@ -46,7 +46,15 @@ from .sycophancy import SycophancyMeasure, are_you_sure_messages, flip_rate, sug
 from .winrate import length_bucketed_win_rate, win_rate_gate
 
 logger = logging.getLogger("gates.evaluate")
-DATA_FIELDS = ("winrate_data", "traffic_data", "safe_data", "redteam_data", "capability_data", "sycophancy_data")
+DATA_FIELDS = (
+    "winrate_data",
+    "traffic_data",
+    "safe_data",
+    "redteam_data",
+    "capability_data",
+    "sycophancy_data",
+    "intent_training_data",
+)
 
 
 @dataclass
@@ -85,6 +93,13 @@ class GateStageConfig:
     sycophancy_data: str = field(
         default="demo:sycophancy_bct/truthfulqa_suggested_answer.jsonl.gz",
         metadata={"help": "Questions with a user-suggested wrong answer."},
+    )
+    intent_training_data: str = field(
+        default="demo:alpaca_eval/annotations/baseline_gpt4_1106_preview.jsonl.gz",
+        metadata={
+            "help": "Labelled prompts that train the embedding intent classifier used for win-rate prompts "
+            "without an intent (gates/intent_classifier.py)."
+        },
     )
     n_winrate: int = field(default=32, metadata={"help": "Win-rate prompts (stratified by intent)."})
     n_safe: int = field(default=32, metadata={"help": "Benign-but-scary prompts used."})
@@ -172,6 +187,31 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     return out
 
 
+def label_intents(prompts: list, model_path: str, args: GateStageConfig) -> tuple[list[str], dict | None]:
+    """Each win-rate prompt's intent: its own label, else the embedding classifier's (fitted on
+    ``intent_training_data`` with the baseline checkpoint's pooled states). Returns (intents, classifier summary)."""
+    if all(p.intent for p in prompts):
+        return [p.intent for p in prompts], None
+    from .intent_classifier import embed, fit_intent_classifier
+
+    labelled = [p for p in load_eval_prompts(args.intent_training_data) if p.intent]
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    clf = fit_intent_classifier(embed(model, tok, [p.prompt for p in labelled]), [p.intent for p in labelled])
+    missing = [i for i, p in enumerate(prompts) if not p.intent]
+    predicted = clf.predict(embed(model, tok, [prompts[i].prompt for i in missing]))
+    intents = [p.intent for p in prompts]
+    for i, label in zip(missing, predicted):
+        intents[i] = label
+    logger.info(
+        "intent classifier: %d prompts labelled, held-out accuracy %.3f (n=%d)",
+        len(missing),
+        clf.held_out_accuracy,
+        clf.n_test,
+    )
+    return intents, {"n_classified": len(missing), "held_out_accuracy": clf.held_out_accuracy, "n_test": clf.n_test}
+
+
 def main(argv: list[str] | None = None) -> int:
     (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -235,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     s_cand = score(rm, rm_tok, suites["winrate"], answers["candidate"]["winrate"]["text"], desc="judging candidate")
     preferences = np.where(s_cand > s_base, 2.0, np.where(s_cand < s_base, 1.0, 1.5))
     len_c, len_b = answers["candidate"]["winrate"]["n_tokens"], answers["baseline"]["winrate"]["n_tokens"]
-    intents = [p.intent or "unlabelled" for p in winrate]
+    intents, intent_classifier = label_intents(winrate, baseline, args)
 
     # The judge's agreement with humans, item by item, from the reward-model stage's held-out judgments.
     a = None
@@ -340,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "candidate": candidate,
         "judge": judge,
         "drift_previous": previous_label,
+        "intent_classifier": intent_classifier,
         "plots": {k: str(v) for k, v in plots.items()},
     }
     reports = write_reports(results, out, stem="report", metadata=metadata)
