@@ -42,10 +42,11 @@ class RoundParameters(BaseModel):
     force: list[str] = Field(default_factory=list, description="Stages to rerun even if their inputs are unchanged.")
 
 
-def _recipe(params: RoundParameters, name: str) -> Path:
+def _recipe(params: RoundParameters, stage: str) -> Path:
+    """``recipes/<preset>/<stage>.yaml`` (the reward-model stage's recipe is ``reward.yaml``), or a folder of yours."""
     p = Path(params.preset)
     folder = p if p.is_dir() else REPO_ROOT / "recipes" / params.preset
-    return folder / f"{name}.yaml"
+    return folder / f"{'reward' if stage == 'reward_model' else stage}.yaml"
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{stage}")
@@ -53,12 +54,11 @@ def stage_task(
     stage: str, module: str, params: RoundParameters, round_dir: Path, extra: list[str], parents: list[StageRun]
 ) -> StageRun:
     logger = get_run_logger()
-    recipe_name = {"reward_model": "reward"}.get(stage, stage)
     args = [*extra, "--round_id", round_dir.name, *params.overrides.get(stage, [])]
     return run_stage(
         stage,
         module,
-        _recipe(params, recipe_name),
+        _recipe(params, stage),
         round_dir / stage,
         extra_args=args,
         parents=parents,
@@ -72,7 +72,7 @@ def stage_task(
 def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
     """Every stage's recipe and overrides parse, and named data files exist, before anything trains."""
     for stage in stages:
-        recipe = _recipe(params, {"reward_model": "reward"}.get(stage, stage))
+        recipe = _recipe(params, stage)
         if not recipe.is_file():
             raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage} (preset {params.preset!r})")
         check_stage_config(stage, recipe, params.overrides.get(stage, []))
