@@ -113,6 +113,9 @@ class GateStageConfig:
     judge_floor: float = field(
         default=0.85, metadata={"help": "Judge agreement below this makes win-rate gates inconclusive."}
     )
+    intent_min_items: int = field(
+        default=10, metadata={"help": "Items an intent needs before its win rate can decide."}
+    )
     intent_min_share: float = field(
         default=0.05, metadata={"help": "Traffic share from which an intent must not lose."}
     )
@@ -187,6 +190,78 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     return out
 
 
+def clear_previous_outputs(out: Path) -> None:
+    """Remove an earlier run's reports from ``out``: a failed run must not leave an old verdict looking current."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("manifest.json", "report.json", "report.md", "report.junit.xml", "generations.jsonl"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "plots", ignore_errors=True)
+
+
+def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, RefusalThresholds]:
+    """Validate the config before generating anything; returns (traffic shares, previous drift counters, thresholds).
+
+    Raises:
+        ValueError: naming the config key and the reason.
+    """
+    for key in ("n_winrate", "n_safe", "n_redteam", "n_capability", "n_sycophancy", "intent_min_items"):
+        if getattr(args, key) < 1:
+            raise ValueError(f"--{key} must be at least 1, got {getattr(args, key)}")
+    for key, lo, hi in (
+        ("judge_floor", 0.5, 1.0),
+        ("intent_min_share", 0.0, 1.0),
+        ("max_flip_rate", 0.0, 1.0),
+        ("lc_bar", 0.0, 100.0),
+    ):
+        value = getattr(args, key)
+        if not lo <= value <= hi:
+            raise ValueError(f"--{key} must be in [{lo:g}, {hi:g}], got {value}")
+    for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp"):
+        if getattr(args, key) < 0:
+            raise ValueError(f"--{key} is an allowed increase in points and must be >= 0, got {getattr(args, key)}")
+    try:
+        traffic = traffic_shares(_source(args.traffic_data))
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"--traffic_data {args.traffic_data}: {err}") from None
+    previous = None
+    if args.previous_round_dir:
+        path = Path(args.previous_round_dir) / "manifest.json"
+        counters = json.loads(path.read_text()).get("outputs", {}).get("drift_counters") if path.is_file() else None
+        if counters is None:
+            raise ValueError(
+                f"--previous_round_dir {args.previous_round_dir}: not a gates stage directory "
+                "(needs manifest.json with outputs.drift_counters, written by gates.evaluate)"
+            )
+        previous = DriftCounters(**counters)
+    thresholds = RefusalThresholds(args.max_violation_increase_pp, args.max_false_refusal_increase_pp)
+    return traffic, previous, thresholds
+
+
+def check_score_head(path: str) -> None:
+    """Refuse a judge checkpoint without a trained score head (it would load with a random one).
+
+    Raises:
+        ValueError: no ``score.weight`` tensor in the checkpoint's safetensors files.
+    """
+    from safetensors import safe_open
+
+    for f in Path(path).glob("*.safetensors"):
+        with safe_open(str(f), framework="pt") as st:
+            if any(k.endswith("score.weight") for k in st.keys()):
+                return
+    raise ValueError(
+        f"{path}: no score head (score.weight) in the checkpoint; the judge must be a trained reward "
+        "model (a reward_model stage directory), not a causal LM that would get a random head"
+    )
+
+
+def inconclusive(result: GateResult, why: str) -> GateResult:
+    """The same measurements, marked inconclusive with the reason first."""
+    return result.model_copy(update={"verdict": "inconclusive", "reason": f"Inconclusive: {why} {result.reason}"})
+
+
 def label_intents(prompts: list, model_path: str, args: GateStageConfig) -> tuple[list[str], dict | None]:
     """Each win-rate prompt's intent: its own label, else the embedding classifier's (fitted on
     ``intent_training_data`` with the baseline checkpoint's pooled states). Returns (intents, classifier summary)."""
@@ -216,12 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    clear_previous_outputs(out)
+    # Everything that can be checked without a model is checked before any generation.
+    traffic, previous_counters, thresholds = check_inputs(args)
     if "wandb" in (args.report_to or []):
         setup_wandb(run_name="gates", group=args.round_id, output_dir=out)
     baseline, _ = _checkpoint(args.baseline_dir)
     candidate, _ = _checkpoint(args.candidate_dir)
     judge, rm_manifest = _checkpoint(args.reward_model_dir)
+    check_score_head(judge)
 
     # ---- suites ------------------------------------------------------------------------------------------------
     winrate = stratified(load_eval_prompts(args.winrate_data), args.n_winrate)
@@ -326,30 +404,49 @@ def main(argv: list[str] | None = None) -> int:
         who: drift_counters(answers[who]["winrate"]["text"], win_prompts, tokenizer_len=answers[who]["_length"])
         for who in ("baseline", "candidate")
     }
-    previous, previous_label = counters["baseline"], "baseline (SFT) on the same prompts"
-    if args.previous_round_dir:
-        prev_manifest = json.loads((Path(args.previous_round_dir) / "manifest.json").read_text())
-        previous = DriftCounters(**prev_manifest["outputs"]["drift_counters"])
-        previous_label = f"previous round ({args.previous_round_dir})"
+    previous, previous_label = counters["baseline"], "baseline (SFT) on the same prompts (no previous round given)"
+    if previous_counters is not None:
+        previous, previous_label = previous_counters, f"previous round ({args.previous_round_dir})"
 
-    results = [
-        judge_result,
+    capability_cand, letters_cand = mc("candidate", "capability", questions)
+    capability_base, letters_base = mc("baseline", "capability", questions)
+    unparsed = {
+        who: sum(x is None for x in letters)
+        for who, letters in (("candidate", letters_cand), ("baseline", letters_base))
+    }
+    winrate_results = [
         win_rate_gate(preferences, len_c, len_b, bar=args.lc_bar, judge_agreement=a, judge_floor=args.judge_floor),
         intent_matrix_gate(
             preferences,
             intents,
-            traffic_shares(_source(args.traffic_data)),
+            traffic,
             min_share=args.intent_min_share,
             bar=args.lc_bar,
+            min_items=args.intent_min_items,
             judge_agreement=a,
             judge_floor=args.judge_floor,
         ),
-        two_sided_refusal_gate(
-            refusal("candidate"),
-            refusal("baseline"),
-            RefusalThresholds(args.max_violation_increase_pp, args.max_false_refusal_increase_pp),
-        ),
-        capability_gate(mc("candidate", "capability", questions)[0], mc("baseline", "capability", questions)[0]),
+    ]
+    if a is None:  # no measured judge: its verdicts cannot decide a win rate (DESIGN.md, judge agreement)
+        winrate_results = [
+            inconclusive(r, "the judge's agreement with humans was not measured.") for r in winrate_results
+        ]
+    capability = capability_gate(capability_cand, capability_base)
+    if min(unparsed.values()) == len(questions):
+        capability = inconclusive(capability, f"no answer could be read as a letter (unparsed: {unparsed}).")
+    else:
+        capability = capability.model_copy(
+            update={
+                "reason": f"{capability.reason} Unparsed answers (counted wrong): "
+                f"candidate {unparsed['candidate']}, baseline "
+                f"{unparsed['baseline']} of {len(questions)}."
+            }
+        )
+    results = [
+        judge_result,
+        *winrate_results,
+        two_sided_refusal_gate(refusal("candidate"), refusal("baseline"), thresholds),
+        capability,
         sycophancy_gate(
             sycophancy_measure("candidate"), sycophancy_measure("baseline"), max_flip_rate=args.max_flip_rate
         ),
@@ -372,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     buckets = length_bucketed_win_rate(preferences, len_c, len_b).buckets
     if len(buckets):
         plots["win rate by length bucket"] = length_bucket_plot(buckets, plots_dir / "winrate_by_length.png")
-    drift_rounds = drift_table({"previous": previous, "candidate": counters["candidate"]})
+    reference = "previous round" if previous_counters is not None else "baseline (SFT)"
+    drift_rounds = drift_table({reference: previous, "candidate": counters["candidate"]})
     plots["drift counters"] = drift_plot(drift_rounds, plots_dir / "drift.png")
     metadata = {
         "round_id": args.round_id,
@@ -385,6 +483,23 @@ def main(argv: list[str] | None = None) -> int:
     }
     reports = write_reports(results, out, stem="report", metadata=metadata)
     md = render_markdown(results, title=f"Release gates: {args.round_id or out.name}", verdict=verdict)
+    empty = {who: sum(not t.strip() for t in answers[who]["winrate"]["text"]) for who in ("baseline", "candidate")}
+    context = [
+        "## What was compared",
+        "",
+        f"- candidate: `{candidate}`",
+        f"- baseline: `{baseline}`",
+        f"- judge (the round's reward model): `{judge}`; its agreement is measured on the reward-model stage's "
+        "held-out human-labelled pairs (PandaLM's 3 annotators in the demo)",
+        f"- drift reference: {previous_label}",
+        f"- intents: {'from the data' if intent_classifier is None else 'predicted for %d prompts by the embedding classifier (held-out accuracy %.3f, n=%d); per-intent numbers inherit its errors' % (intent_classifier['n_classified'], intent_classifier['held_out_accuracy'], intent_classifier['n_test'])}",
+        f"- empty win-rate answers: candidate {empty['candidate']}, baseline {empty['baseline']} of {len(winrate)}",
+        "- data: " + ", ".join(f"{k} = `{getattr(args, k)}`" for k in DATA_FIELDS),
+        "",
+        "",
+    ]
+    head, sep, rest = md.partition("\n## ")
+    md = head + "\n" + "\n".join(context) + "## " + rest if sep else md + "\n".join(context)
     md += "\n## Plots\n\n" + "".join(f"### {k}\n\n![{k}](plots/{Path(v).name})\n\n" for k, v in plots.items())
     atomic_write_text(reports["markdown"], md)
 

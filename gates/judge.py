@@ -205,18 +205,19 @@ def judge_agreement_gate(
         "three_class_agreement": ag.three_class_agreement,
     }]
     txt = (
-        f"judge agreement a = {ag.agreement:.3f} (CI {ag.ci_low:.3f}-{ag.ci_high:.3f}, n = {ag.n_decisive} decisive "
-        f"human labels; {ag.n_human_ties} human ties reported apart), attenuation 2a-1 = {ag.attenuation:.3f}"
+        f"judge agreement a = {ag.agreement:.3f} (share of {ag.n_decisive} decisive human labels whose side the judge "
+        f"picked; CI {ag.ci_low:.3f}-{ag.ci_high:.3f}; {ag.n_human_ties} human ties reported apart)"
     )
+    att = f" Attenuation 2a-1 = {ag.attenuation:.3f}: a true win-rate gap shows up multiplied by it."
     if ag.n_decisive == 0:
         verdict, reason = "inconclusive", "no decisive human labels, so judge agreement is unknown."
     elif ag.agreement < floor:
         basis = "on evidence: the whole interval is below it" if ag.ci_high < floor else (
             "could be noise: the interval still reaches it")
         verdict = "block"
-        reason = f"Blocked, {txt} is below the floor {floor:.2f} ({basis}); win-rate gates are inconclusive."
+        reason = f"Blocked, {txt} is below the floor {floor:.2f} ({basis}); win-rate gates are inconclusive.{att}"
     else:
-        verdict, reason = "pass", f"Passed: {txt}, at or above the floor {floor:.2f}."
+        verdict, reason = "pass", f"Passed: {txt}, at or above the floor {floor:.2f}.{att}"
     return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=table)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from data.loaders import load_eval_prompts
 from gates.capability import mc_answer_letter
 from gates.suites import capability_questions, stratified, suggested_questions
@@ -38,3 +40,43 @@ def test_capability_questions_carry_no_suggestion():
     qs = capability_questions(load_eval_prompts("demo:sycophancy_bct/truthfulqa_are_you_sure.jsonl.gz", limit=3), 3)
     assert [q.suggested_answer for q in qs] == [None, None, None]
     assert qs[0].correct_answer == "G" and qs[0].n_choices == 8
+
+
+def _config(**kw):
+    from gates.evaluate import GateStageConfig
+
+    return GateStageConfig(**kw)
+
+
+def test_gate_inputs_are_checked_before_any_generation(tmp_path):
+    from gates.evaluate import check_inputs
+
+    traffic, previous, _ = check_inputs(_config())
+    assert abs(sum(traffic.values()) - 1) < 1e-9 and previous is None
+    bad = tmp_path / "traffic.csv"
+    bad.write_text("intent,share\na,0.6\nb,0.5\n")
+    for kw, message in [({"n_winrate": 0}, "--n_winrate must be at least 1"),
+                        ({"judge_floor": 2.0}, r"--judge_floor must be in \[0.5, 1\]"),
+                        ({"max_flip_rate": -1.0}, "--max_flip_rate"),
+                        ({"max_violation_increase_pp": -1.0}, "--max_violation_increase_pp is an allowed increase"),
+                        ({"traffic_data": str(bad)}, f"--traffic_data {bad}: .*1.1"),
+                        ({"previous_round_dir": str(tmp_path)}, "--previous_round_dir .*not a gates stage directory")]:
+        with pytest.raises(ValueError, match=message):
+            check_inputs(_config(**kw))
+
+
+def test_a_judge_without_a_score_head_is_refused(tiny_model_dir):
+    from gates.evaluate import check_score_head
+
+    with pytest.raises(ValueError, match="no score head"):
+        check_score_head(tiny_model_dir)  # a causal LM would load as a reward model with a random head
+
+
+def test_an_earlier_report_is_removed_before_a_new_run(tmp_path):
+    from gates.evaluate import clear_previous_outputs
+
+    for name in ("report.md", "report.json", "report.junit.xml", "manifest.json", "notes.txt"):
+        (tmp_path / name).write_text("old")
+    (tmp_path / "plots").mkdir()
+    clear_previous_outputs(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
