@@ -28,7 +28,7 @@ from data.bundle import demo_path
 from data.loaders import load_eval_prompts
 from rlhf.generation import generate
 from rlhf.hashing import code_version, content_hash, json_hash
-from rlhf.manifest import atomic_write_text, write_manifest
+from rlhf.manifest import atomic_write_text, read_manifest, write_manifest
 from rlhf.stage import BLOCKED_EXIT_CODE, data_fingerprint
 from rlhf.tracking import log_summary, setup_wandb
 
@@ -145,7 +145,7 @@ def _checkpoint(path: str) -> tuple[str, dict]:
     """
     p = Path(path)
     if (p / "manifest.json").is_file():
-        m = json.loads((p / "manifest.json").read_text())
+        m = read_manifest(p)
         return m["outputs"]["checkpoint"], m
     if (p / "config.json").is_file():
         return str(p), {}
