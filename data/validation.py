@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
+
+from rlhf.serialization import to_jsonable
 
 __all__ = [
     "Mode",
@@ -232,23 +233,6 @@ class InvalidRecord:
     reason: str
 
 
-def _jsonable(value: Any) -> Any:
-    """A JSON-safe copy of ``value``: NaN/inf -> None, unknown objects -> their repr."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "model_dump"):
-        return _jsonable(value.model_dump())
-    if hasattr(value, "tolist"):  # numpy scalars / arrays
-        return _jsonable(value.tolist())
-    return repr(value)
-
-
 def write_rejects(rejects: Iterable[RowReject], path: str | Path) -> Path:
     """Write rejects as JSONL (``file, row, field, reason, raw`` per line); returns the path.
 
@@ -258,7 +242,7 @@ def write_rejects(rejects: Iterable[RowReject], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
         for reject in rejects:
-            fh.write(json.dumps(_jsonable(reject.to_dict()), ensure_ascii=False) + "\n")
+            fh.write(json.dumps(to_jsonable(reject.to_dict()), ensure_ascii=False) + "\n")
     return path
 
 

@@ -6,7 +6,7 @@ probability is ``p_m = a p + (1 - a)(1 - p)``, so ``p_m - 1/2 = (2a - 1)(p - 1/2
 50 % (and every difference of win rates) is multiplied by the attenuation factor ``2a - 1``.
 Seed figure: a = 0.85 shrinks a true 4-point gap to 4 * 0.7 = 2.8 measured points.
 
-Label convention (PandaLM's, as in ``reward_model.agreement``): 0 = tie, 1 = first response
+Label convention (``judging.labels``): 0 = tie, 1 = first response
 better, 2 = second response better, -1 = unparsed judge output / no human majority.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from gates.result import GateResult, Metric
-from reward_model import agreement as _agreement
+from judging import agreement as _agreement
+from judging.labels import FIRST, SECOND, TIE, UNPARSED
 
-TIE, FIRST, SECOND, UNPARSED = 0, 1, 2, -1
 GATE_NAME = "judge_agreement"
 GATE_VERSION = "1"
 DEFAULT_FLOOR = 0.85
@@ -101,7 +101,7 @@ class JudgeHumanAgreement:
         n_agree: of those, items where the judge picked the human's side.
         agreement: a = n_agree / n_decisive (judge ties and unparsed outputs on these items count
             as disagreement: the judge did not recover the human's side). NaN if n_decisive == 0.
-        ci_low, ci_high: Wilson score interval of ``agreement`` (as ``reward_model.agreement``).
+        ci_low, ci_high: Wilson score interval of ``agreement`` (as ``judging.agreement``).
         attenuation: 2a - 1.
         n_human_ties: items the human called a tie (excluded from ``agreement``).
         n_human_no_majority: items without a human majority (-1), excluded.

@@ -12,44 +12,18 @@ noise (only the point estimate crosses it).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from numbers import Integral, Real
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from rlhf.serialization import to_jsonable  # noqa: F401  (re-exported: gates.report uses it)
 
 Verdict = Literal["pass", "block", "inconclusive"]
 ReleaseVerdict = Literal["pass", "block"]
 Direction = Literal["higher_is_better", "lower_is_better"]
 
 VERDICTS: tuple[str, ...] = ("pass", "block", "inconclusive")
-
-
-def to_jsonable(value: Any) -> Any:
-    """Convert ``value`` into plain JSON types.
-
-    numpy scalars become Python numbers, NaN/inf become ``None`` (JSON has no NaN), tuples and
-    sets become lists, mapping keys become strings. Anything else unknown becomes ``str(value)``.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, Integral):
-        return int(value)
-    if isinstance(value, Real):
-        f = float(value)
-        return f if math.isfinite(f) else None
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [to_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy 0-d arrays / pandas scalars
-        try:
-            return to_jsonable(value.item())
-        except (TypeError, ValueError):
-            pass
-    if isinstance(value, BaseModel):
-        return to_jsonable(value.model_dump())
-    return str(value)
 
 
 class Metric(BaseModel):

@@ -31,10 +31,10 @@ from rlhf.tracking import log_summary
 
 from dpo.prepare import prepare_pairs
 
-from .agreement import expert_labels, inter_annotator_agreement, rm_agreement
+from judging.agreement import expert_labels, inter_annotator_agreement, rm_agreement
 from .config import RewardStageConfig
 from .scoring import score
-from .unlock import ppo_unlock_decision
+from judging.unlock import ppo_unlock_decision
 
 logger = logging.getLogger("reward_model.train")
 

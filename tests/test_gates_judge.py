@@ -100,7 +100,7 @@ def test_pandalm_gpt35_judge_below_floor_on_evidence():
 
 @needs_pandalm
 def test_same_number_as_reward_model_agreement():
-    agreement = pytest.importorskip("reward_model.agreement")
+    agreement = pytest.importorskip("judging.agreement")
     humans = json.loads((PANDALM / "testset-v1.json").read_text())
     judge = {int(r["idx"]): _parse(r["gpt_result"]) for r in json.loads((PANDALM / "gpt-3.5-turbo-testset-v1.json").read_text())}
     H = np.array([[r["annotator1"], r["annotator2"], r["annotator3"]] for r in humans])

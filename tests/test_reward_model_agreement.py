@@ -1,4 +1,4 @@
-"""Agreement statistics and the PPO unlock rule (reward_model/agreement.py, reward_model/unlock.py).
+"""Agreement statistics and the PPO unlock rule (judging/agreement.py, judging/unlock.py).
 
 Small cases are worked by hand in the comments; the PandaLM block checks the real test set.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reward_model.agreement import (
+from judging.agreement import (
     NO_MAJORITY,
     UNPARSED,
     ConfidenceInterval,
@@ -27,11 +27,13 @@ from reward_model.agreement import (
     parse_judge_verdict,
     rm_agreement,
 )
-from reward_model.unlock import (
+from judging.unlock import (
     CLEARLY_ABOVE,
     CLEARLY_BELOW,
     NOT_MEASURED,
     WITHIN_NOISE,
+    UnlockDecision,
+    decide_from_metrics,
     ppo_unlock_decision,
 )
 
@@ -327,6 +329,39 @@ def test_unmeasured_rm_is_locked():
     d = ppo_unlock_decision(r, IAA_HAND)
     assert not d.unlocked and d.comparison == NOT_MEASURED and d.margin is None
     assert json.loads(d.to_json())["rm_agreement"] is None
+
+
+def _manifest_metrics(rm: RewardModelAgreement, iaa) -> dict:
+    """The reward-model manifest's metrics as read back from JSON (NaN recorded as null)."""
+    return json.loads(json.dumps({"rm_agreement": rm.to_dict(), "inter_annotator_agreement": iaa.to_dict(),
+                                  "train_loss": 0.5}))
+
+
+def test_decide_from_metrics_equals_the_rule_on_the_dataclasses():
+    # the flow decides from the manifest: the same decision as on the live dataclasses, override included
+    rm, iaa = _rm(0.80, 0.76, 0.84), _iaa(0.90, 0.88, 0.92)
+    metrics = _manifest_metrics(rm, iaa)
+    assert decide_from_metrics(metrics) == ppo_unlock_decision(rm, iaa)
+    forced = decide_from_metrics(metrics, override=True, override_reason="ablation")
+    assert forced.unlocked and forced.rule_verdict is False and forced.override_reason == "ablation"
+    assert RewardModelAgreement.from_dict(metrics["rm_agreement"]) == rm
+    # 0.625 decisive IAA on the hand matrix survives the JSON round trip; an RM at 0.7 beats it
+    d = decide_from_metrics(_manifest_metrics(_rm(0.7, 0.6, 0.8), IAA_HAND))
+    assert d.inter_annotator_agreement == pytest.approx(0.625) and d.iaa_n == 8 and d.unlocked
+    back = UnlockDecision.from_dict(json.loads(d.to_json()))
+    assert back == d
+
+
+def test_decide_from_metrics_restores_nan_and_names_missing_keys():
+    unmeasured = rm_agreement([1.0], [0.0], [0])  # agreement NaN, recorded as null
+    d = decide_from_metrics(_manifest_metrics(unmeasured, IAA_HAND))
+    assert math.isnan(d.rm_agreement) and not d.unlocked and d.comparison == NOT_MEASURED
+    with pytest.raises(ValueError, match="inter_annotator_agreement"):
+        decide_from_metrics({"rm_agreement": unmeasured.to_dict()})
+    with pytest.raises(ValueError, match="missing fields \\['n_agree'\\]"):
+        bad = unmeasured.to_dict()
+        del bad["n_agree"]
+        RewardModelAgreement.from_dict(bad)
 
 
 # ------------------------------------------------------------------------------------------

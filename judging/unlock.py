@@ -1,11 +1,15 @@
 """The PPO unlock rule (DESIGN.md principle 2, "DPO first").
 
+Pure functions: the flow calls ``decide_from_metrics`` on the reward-model stage's recorded measurements
+(manifest ``metrics["rm_agreement"]`` and ``metrics["inter_annotator_agreement"]``), so the override is a flow
+parameter and never part of the reward-model stage's inputs.
+
 PPO stays locked until the reward model agrees with expert labels on held-out pairs more often
 than annotators agree with each other on the same kind of pairs. The flow records both numbers
 and the decision every round. A research override exists; it is explicit, needs a reason, and is
 recorded next to (never instead of) the rule's own verdict.
 
-The two numbers compared (see ``reward_model.agreement``):
+The two numbers compared (see ``judging.agreement``):
 
 * RM side: ``RewardModelAgreement.agreement`` -- share of held-out pairs with a decisive expert
   label (majority of the annotators picked a side) on which the RM scores the expert's side higher.
@@ -21,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from reward_model.agreement import (
+from judging.agreement import (
     ConfidenceInterval,
     InterAnnotatorAgreement,
     RewardModelAgreement,
@@ -155,3 +159,33 @@ def ppo_unlock_decision(
         overridden=bool(override),
         override_reason=reason if override else None,
     )
+
+
+def decide_from_metrics(
+    rm_metrics: dict[str, Any],
+    override: bool = False,
+    override_reason: str | None = None,
+) -> UnlockDecision:
+    """``ppo_unlock_decision`` on the measurements a reward-model stage recorded.
+
+    Args:
+        rm_metrics: the reward-model manifest's ``metrics``; its ``"rm_agreement"`` and
+            ``"inter_annotator_agreement"`` entries are ``RewardModelAgreement.to_dict()`` and
+            ``InterAnnotatorAgreement.to_dict()`` (NaN recorded as None).
+        override, override_reason: as ``ppo_unlock_decision``.
+
+    Returns:
+        ``UnlockDecision``, equal to ``ppo_unlock_decision`` on the original dataclasses.
+
+    Raises:
+        ValueError: a measurement is missing or malformed (names the key), or the override rules of
+            ``ppo_unlock_decision``.
+    """
+    missing = [k for k in ("rm_agreement", "inter_annotator_agreement") if not isinstance(rm_metrics.get(k), dict)]
+    if missing:
+        raise ValueError(
+            f"reward-model metrics lack {missing} (have {sorted(rm_metrics)}); the PPO unlock needs both measurements"
+        )
+    rm = RewardModelAgreement.from_dict(rm_metrics["rm_agreement"])
+    iaa = InterAnnotatorAgreement.from_dict(rm_metrics["inter_annotator_agreement"])
+    return ppo_unlock_decision(rm, iaa, override=override, override_reason=override_reason)

@@ -1,16 +1,12 @@
 """Agreement statistics for pairwise preference labels.
 
 Everything here is a pure function of label / score arrays, so the PPO unlock rule
-(``reward_model.unlock``) and the judge-agreement gate can be tested against hand-worked
+(``judging.unlock``) and the judge-agreement gate can be tested against hand-worked
 numbers and against the real PandaLM test set (``../shared/datasets/pandalm``).
 
-Label convention (PandaLM's, used throughout)
----------------------------------------------
-``0`` tie ("similar in quality"), ``1`` first response better, ``2`` second response better.
-``expert_labels`` adds ``NO_MAJORITY = -1`` for items where the annotators have no strict majority,
-and the judge parser adds ``UNPARSED = -1`` for judge outputs that are not a verdict.
-
-A label is *decisive* when it is 1 or 2 (it picks a side).
+Label convention: ``judging.labels`` (expert labels: ``0`` tie, ``1`` first response better, ``2`` second
+response better; ``NO_MAJORITY = -1`` for items where the annotators have no strict majority, ``UNPARSED = -1``
+for judge outputs that are not a verdict). A label is *decisive* when it is 1 or 2 (it picks a side).
 
 Which number the PPO unlock rule uses (DESIGN.md principle 2)
 --------------------------------------------------------------
@@ -30,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
+import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,40 +38,50 @@ from sklearn.metrics import cohen_kappa_score
 from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
 from statsmodels.stats.proportion import proportion_confint
 
-TIE = 0
-FIRST = 1
-SECOND = 2
-NO_MAJORITY = -1
-UNPARSED = -1
-LABELS = (TIE, FIRST, SECOND)
+from judging.labels import FIRST, LABELS, NO_MAJORITY, SECOND, TIE, UNPARSED
+from rlhf.serialization import to_jsonable
+
 
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_N_RESAMPLES = 2000
 DEFAULT_SEED = 0
 
 
-def _to_jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_jsonable(v) for v in value]
-    if isinstance(value, (np.bool_, bool)):
-        return bool(value)
-    if isinstance(value, (np.integer, int)):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        f = float(value)
-        return None if math.isnan(f) else f  # NaN is not valid JSON
-    return value
-
-
 class _JsonMixin:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable dict (numpy scalars -> Python, NaN -> None)."""
-        return _to_jsonable(dataclasses.asdict(self))  # type: ignore[arg-type]
+        return to_jsonable(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        """Inverse of ``to_dict``: None in a ``float`` field (NaN recorded as JSON null) becomes NaN again,
+        nested dataclasses (``ConfidenceInterval``) are rebuilt.
+
+        Raises:
+            ValueError: ``data`` is not a dict, or lacks a field or has one the class does not know (names them).
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__name__}.from_dict needs a dict, got {type(data).__name__}")
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        missing, unknown = sorted(set(names) - set(data)), sorted(set(data) - set(names))
+        if missing or unknown:
+            raise ValueError(f"{cls.__name__}.from_dict: missing fields {missing}, unknown fields {unknown}")
+        return cls(**{name: _from_json(hints[name], data[name]) for name in names})
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+
+
+def _from_json(hint: Any, value: Any) -> Any:
+    nan = float("nan")
+    if isinstance(hint, type) and issubclass(hint, _JsonMixin):
+        return hint.from_dict(value)
+    if hint is float:
+        return nan if value is None else float(value)
+    if typing.get_origin(hint) is dict and typing.get_args(hint)[1] is float:
+        return {k: nan if v is None else float(v) for k, v in value.items()}
+    return value
 
 
 # --------------------------------------------------------------------------------------------
