@@ -39,6 +39,7 @@ from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
 from statsmodels.stats.proportion import proportion_confint
 
 from judging.labels import FIRST, LABELS, NO_MAJORITY, SECOND, TIE, UNPARSED
+from judging.scoring import parse_judge_verdict, verdicts_from_scores
 from rlhf.serialization import to_jsonable
 
 
@@ -477,7 +478,7 @@ def rm_agreement(
         )
     if not (np.all(np.isfinite(sf)) and np.all(np.isfinite(ss))):
         raise ValueError("reward-model scores must be finite (found NaN or inf)")
-    pred = np.where(sf > ss, FIRST, np.where(ss > sf, SECOND, TIE))
+    pred = verdicts_from_scores(sf, ss)
     c = _count(pred, ex)
     return RewardModelAgreement(
         n_items=int(ex.size),
@@ -598,15 +599,6 @@ def tie_agreement(judge_labels: np.ndarray, expert: np.ndarray) -> float:
 # --------------------------------------------------------------------------------------------
 # PandaLM files (../shared/datasets/pandalm, see its SOURCE.txt)
 # --------------------------------------------------------------------------------------------
-
-
-def parse_judge_verdict(raw: Any) -> int:
-    """Map a judge output to a label: '1' -> 1, '2' -> 2, '0' / 'Tie' -> 0, anything else -> -1.
-
-    PandaLM's gpt-3.5-turbo file holds '1', '2', 'Tie' and unparsed strings such as 'garbage'.
-    """
-    s = str(raw).strip().lower()
-    return {"1": FIRST, "2": SECOND, "0": TIE, "tie": TIE}.get(s, UNPARSED)
 
 
 def load_pandalm_annotations(path: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,7 @@
-"""Reward-model stage config: TRL's ``RewardConfig`` plus the pipeline's arguments and the PPO unlock inputs.
+"""Reward-model stage config: TRL's ``RewardConfig`` plus the pipeline's arguments and the held-out agreement data.
+
+The PPO unlock override is a flow parameter (``judging.unlock``), not a field here, so it never changes this
+stage's cache key.
 
 Changed defaults (vs TRL 1.16): activation (gradient) checkpointing off, bf16 resolved per device, max_length 512,
 save_strategy "no", report_to ["wandb"] (see sft/config.py for why).
@@ -10,7 +13,7 @@ from dataclasses import dataclass, field
 
 from trl import RewardConfig
 
-from rlhf.stage import PipelineArguments
+from rlhf.config import PipelineArguments
 
 
 @dataclass
@@ -44,10 +47,6 @@ class RewardStageConfig(PipelineArguments, RewardConfig):
         metadata={"help": "RM agreement on the first N held-out pairs (inter-annotator agreement uses all)."},
     )
     scoring_batch_size: int = field(default=8, metadata={"help": "Batch size when scoring held-out pairs."})
-    ppo_override: bool = field(
-        default=False, metadata={"help": "Research override: unlock PPO whatever the rule says."}
-    )
-    ppo_override_reason: str | None = field(default=None, metadata={"help": "Required with ppo_override; recorded."})
     # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}

@@ -1,11 +1,12 @@
-"""Reward-model stage: a Bradley-Terry reward model (TRL RewardTrainer), its agreement with expert labels, and
-the PPO unlock decision (DESIGN.md principle 2: DPO first).
+"""Reward-model stage: a Bradley-Terry reward model (TRL RewardTrainer) and its agreement with expert labels.
 
 Launch alone:
     accelerate launch -m reward_model.train --config recipes/demo/reward.yaml --sft_dir runs/<round>/sft
 
-PPO is unlocked only if the RM's agreement with the expert (majority) label on held-out pairs is higher than
-the inter-annotator agreement on the same pairs. Both numbers and the decision go into the manifest.
+The stage records its measurements only: the RM's agreement with the expert (majority) label on held-out pairs
+(``metrics.rm_agreement``) and the inter-annotator agreement on the same pairs
+(``metrics.inter_annotator_agreement``). The flow decides the PPO unlock from them (``judging.unlock``,
+DESIGN.md principle 2: DPO first), so the research override never reaches this stage or its cache key.
 With LoRA the score head is trained and saved (``modules_to_save=["score"]``); after saving, the checkpoint is
 reloaded and must reproduce the held-out scores (the "random head after reload" pitfall).
 """
@@ -19,56 +20,23 @@ from pathlib import Path
 
 import numpy as np
 from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from trl import RewardTrainer, TrlParser
 
 from data.loaders import load_pairs
+from data.pairs import prepare_pairs
 from data.schemas import pair_to_trl
-from rlhf.hashing import content_hash
-from rlhf.manifest import read_manifest
-from rlhf.stage import data_fingerprint, handle_rejects, peft_config, save_checkpoint, setup_stage, stage_manifest
+from judging.agreement import expert_labels, inter_annotator_agreement, rm_agreement
+from judging.scoring import check_score_head, load_reward_model, score_pairs
+from rlhf.checkpoint import save_checkpoint
+from rlhf.config import peft_config
+from rlhf.entrypoint import handle_rejects, setup_stage
+from rlhf.lineage import content_hash, data_fingerprint
+from rlhf.manifest import read_manifest, stage_manifest
 from rlhf.tracking import log_summary
 
-from dpo.prepare import prepare_pairs
-
-from judging.agreement import expert_labels, inter_annotator_agreement, rm_agreement
 from .config import RewardStageConfig
-from .scoring import score
-from judging.unlock import ppo_unlock_decision
 
 logger = logging.getLogger("reward_model.train")
-
-
-def load_reward_model(path: str):
-    """Load a reward model (sequence classifier, 1 label) with its pad token set (pad == eos on SmolLM2)."""
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
-
-
-def score_pairs(model, tokenizer, pairs, batch_size: int, max_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Scores of (first, second) responses of each pair: two float arrays of shape ``(len(pairs),)``."""
-    prompts = [[m.model_dump() for m in p.prompt] for p in pairs]
-    first = score(
-        model,
-        tokenizer,
-        prompts,
-        [p.chosen for p in pairs],
-        batch_size=batch_size,
-        max_length=max_length,
-        desc="scoring first responses",
-    )
-    second = score(
-        model,
-        tokenizer,
-        prompts,
-        [p.rejected for p in pairs],
-        batch_size=batch_size,
-        max_length=max_length,
-        desc="scoring second responses",
-    )
-    return first, second
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -110,16 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Agreement on held-out multi-annotator pairs; the reloaded checkpoint must reproduce the live model's scores.
     max_len = args.max_length or 512
     first, second = score_pairs(model, tokenizer, scored, args.scoring_batch_size, max_len)
-    reloaded, _ = load_reward_model(str(checkpoint))
-    r_first, r_second = score_pairs(reloaded, tokenizer, scored[:8], args.scoring_batch_size, max_len)
-    reload_dev = float(
-        np.max(np.abs(np.concatenate([r_first - first[: len(r_first)], r_second - second[: len(r_second)]])))
-    )
-    if reload_dev > 1e-3:
-        raise RuntimeError(
-            f"{checkpoint}: reloaded reward model gives different scores (max |diff| {reload_dev:.4g}); "
-            "was the score head saved?"
-        )
+    reload_dev = check_score_head(str(checkpoint), tokenizer, first, second, scored, args.scoring_batch_size, max_len)
 
     # Inter-annotator agreement on every held-out pair; the RM on the (possibly smaller) scored subset.
     labels = np.array([[lab.preference for lab in p.labels] for p in held_out])
@@ -139,8 +98,10 @@ def main(argv: list[str] | None = None) -> dict:
                 )
                 + "\n"
             )
-    decision = ppo_unlock_decision(rm, iaa, override=args.ppo_override, override_reason=args.ppo_override_reason)
-    logger.info("PPO unlock: %s", decision.summary())
+    logger.info(
+        "RM agreement with expert labels %.4f (n %d) vs inter-annotator agreement %.4f (n %d); the flow decides PPO",
+        rm.agreement, rm.n, iaa.pairwise_agreement_decisive, iaa.n_decisive_comparisons,
+    )
 
     metrics = {
         "train_loss": result.training_loss,
@@ -158,9 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
     log_summary(
         {
             "train_loss": result.training_loss,
-            "rm_agreement": decision.rm_agreement,
-            "inter_annotator_agreement": decision.inter_annotator_agreement,
-            "ppo_unlocked": decision.unlocked,
+            "rm_agreement": rm.agreement,
+            "inter_annotator_agreement": iaa.pairwise_agreement_decisive,
         }
     )
     stage_manifest(
@@ -176,7 +136,6 @@ def main(argv: list[str] | None = None) -> dict:
         outputs={
             "checkpoint": str(checkpoint.resolve()),
             "checkpoint_hash": content_hash(checkpoint),
-            "ppo_unlock": decision.to_dict(),
             "agreement_scores": str((out / "agreement_scores.jsonl").resolve()),
         },
         metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},

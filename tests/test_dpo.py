@@ -12,7 +12,7 @@ from trl import DPOConfig, DPOTrainer
 
 from data.loaders import load_pairs
 from data.schemas import Message, PreferencePair, pair_to_trl
-from dpo.prepare import prepare_pairs
+from data.pairs import prepare_pairs
 from dpo.train import step0_check
 
 

@@ -203,7 +203,7 @@ def test_one_step_with_gradient_checkpointing(models, tokenizer):
 def test_ppo_score_equals_reward_model_scoring_on_the_same_pair(models, tokenizer):
     # The RM was trained (TRL RewardTrainer) on chat-template renders and is read by transformers' pooling at the
     # last non-pad token of "...<|im_end|>\n". PPO must optimise that same number, not the head at another token.
-    from reward_model.scoring import render, score
+    from judging.scoring import render, score
 
     trainer = make_trainer(models, tokenizer)
     eos = tokenizer.eos_token_id

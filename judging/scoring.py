@@ -1,0 +1,162 @@
+"""Judging below the stages: score (prompt, response) pairs with a Bradley-Terry reward model, in batches, and
+the one parser that turns a judge's verdict or two scores into an expert-convention label (``judging.labels``).
+
+Used by the reward-model stage (held-out agreement), the gate stage (the judge) and PPO (the reward), so the
+three score exactly alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from judging.labels import FIRST, SECOND, TIE, UNPARSED, scores_to_label
+
+_VERDICTS = {"1": FIRST, "2": SECOND, "0": TIE, "tie": TIE}
+
+
+def parse_judge_verdict(raw: Any) -> int:
+    """Map one judge output to a label: '1' -> 1, '2' -> 2, '0' / 'Tie' -> 0, anything else -> -1 (``UNPARSED``).
+
+    PandaLM's gpt-3.5-turbo file holds '1', '2', 'Tie' and unparsed strings such as 'garbage'.
+    """
+    return _VERDICTS.get(str(raw).strip().lower(), UNPARSED)
+
+
+def verdicts_from_scores(score_first: Any, score_second: Any) -> np.ndarray:
+    """A scoring judge's verdicts: the side with the higher score wins, equal scores are a tie.
+
+    Args:
+        score_first, score_second: float arrays, shape (n,), e.g. reward-model scores of each pair's two responses.
+
+    Returns:
+        int64 array, shape (n,), values in {0 tie, 1 first better, 2 second better}.
+
+    Raises:
+        ValueError: the shapes differ.
+    """
+    return scores_to_label(score_first, score_second)
+
+
+def render(tokenizer, prompt: list[dict] | str, response: str) -> str:
+    """Chat-template render of a prompt (messages or a user string) followed by one assistant response."""
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    return tokenizer.apply_chat_template(msgs + [{"role": "assistant", "content": response}], tokenize=False)
+
+
+def score(
+    model,
+    tokenizer,
+    prompts: list,
+    responses: list[str],
+    *,
+    batch_size: int = 8,
+    max_length: int = 512,
+    desc: str = "scoring",
+) -> np.ndarray:
+    """Reward of each (prompt, response).
+
+    Args:
+        model: an ``AutoModelForSequenceClassification`` with ``num_labels=1`` (put in eval mode here).
+        prompts: chat messages or user strings, one per response.
+        responses: assistant responses, same length as ``prompts``.
+
+    Returns:
+        float64 array of shape ``(len(responses),)``: the score head's output at the last non-pad token.
+
+    Raises:
+        ValueError: the two lists differ in length.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    model.eval()
+    texts = [render(tokenizer, p, r) for p, r in zip(prompts, responses)]
+    # Longest first keeps padding small; the original order is restored below.
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.empty(len(texts), dtype=np.float64)
+    tokenizer.padding_side = "right"
+    for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=len(texts) <= batch_size):
+        idx = order[start : start + batch_size]
+        # Truncate from the left so the response end (where the score is read) is always kept.
+        tokenizer.truncation_side = "left"
+        enc = tokenizer(
+            [texts[i] for i in idx],
+            return_tensors="pt",
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            add_special_tokens=False,
+        ).to(model.device)
+        with torch.no_grad():
+            out[idx] = model(**enc).logits[:, 0].float().cpu().numpy()
+    return out
+
+
+def load_reward_model(path: str):
+    """Load a reward model (sequence classifier, 1 label) with its pad token set (pad == eos on SmolLM2).
+
+    Returns:
+        (model, tokenizer).
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def score_pairs(model, tokenizer, pairs, batch_size: int, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of (first, second) responses of each pair: two float arrays of shape ``(len(pairs),)``.
+
+    ``pairs``: ``data.schemas.PreferencePair``-like objects (``prompt`` messages, ``chosen`` first, ``rejected``
+    second).
+    """
+    prompts = [[m.model_dump() for m in p.prompt] for p in pairs]
+    first = score(model, tokenizer, prompts, [p.chosen for p in pairs], batch_size=batch_size,
+                  max_length=max_length, desc="scoring first responses")
+    second = score(model, tokenizer, prompts, [p.rejected for p in pairs], batch_size=batch_size,
+                   max_length=max_length, desc="scoring second responses")
+    return first, second
+
+
+def check_score_head(
+    checkpoint: str,
+    tokenizer,
+    first: np.ndarray,
+    second: np.ndarray,
+    pairs,
+    batch_size: int,
+    max_length: int,
+    *,
+    n: int = 8,
+    tolerance: float = 1e-3,
+) -> float:
+    """Reload ``checkpoint`` and check that it reproduces the live model's scores on the first ``n`` pairs (the
+    "random score head after a LoRA reload" pitfall).
+
+    Args:
+        checkpoint: saved reward-model directory.
+        tokenizer: the live model's tokenizer (the reload is scored with it).
+        first, second: the live model's scores of ``pairs`` (``score_pairs``), shape (len(pairs),).
+        tolerance: largest allowed absolute score difference.
+
+    Returns:
+        the largest absolute difference (score units).
+
+    Raises:
+        RuntimeError: the difference exceeds ``tolerance`` (names the checkpoint).
+    """
+    reloaded, _ = load_reward_model(str(checkpoint))
+    r_first, r_second = score_pairs(reloaded, tokenizer, pairs[:n], batch_size, max_length)
+    dev = float(np.max(np.abs(np.concatenate([r_first - first[: len(r_first)], r_second - second[: len(r_second)]]))))
+    if dev > tolerance:
+        raise RuntimeError(
+            f"{checkpoint}: reloaded reward model gives different scores (max |diff| {dev:.4g}); "
+            "was the score head saved?"
+        )
+    return dev
