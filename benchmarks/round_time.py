@@ -24,7 +24,7 @@ TARGETS = {"demo": 25 * 60, "smoke": 3 * 60}
 
 def run_round(preset: str, runs_dir: Path, round_id: str) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rlhf.cli", "round", "--preset", preset, "--runs-dir", str(runs_dir),
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "round", "--preset", preset, "--runs-dir", str(runs_dir),
                            "--round-id", round_id], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode not in (0, 3):  # 3 = release blocked, a valid outcome

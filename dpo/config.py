@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from trl import DPOConfig
 
-from rlhf.stage import PipelineArguments
+from rlhf.config import PipelineArguments
 
 
 @dataclass

@@ -22,21 +22,17 @@ from trl import DPOTrainer, TrlParser
 
 from data.loaders import load_pairs
 from data.schemas import pair_to_trl
-from rlhf.hashing import content_hash
+from rlhf.lineage import content_hash
 from rlhf.manifest import read_manifest
-from rlhf.stage import (
-    data_fingerprint,
-    handle_rejects,
-    peft_config,
-    save_checkpoint,
-    setup_stage,
-    stage_manifest,
-    verify_hash,
-)
+from rlhf.checkpoint import save_checkpoint, verify_hash
+from rlhf.config import peft_config
+from rlhf.entrypoint import handle_rejects, setup_stage
+from rlhf.lineage import data_fingerprint
+from rlhf.manifest import stage_manifest
 from rlhf.tracking import log_summary
 
 from .config import DPOStageConfig
-from .prepare import prepare_pairs
+from data.pairs import prepare_pairs
 
 logger = logging.getLogger("dpo.train")
 

@@ -5,6 +5,12 @@ training math lives here. Stages whose inputs are unchanged are reused (flows/st
 published as Prefect artifacts, and the round manifest ``runs/<round_id>/round.json`` records every stage's
 hashes, the PPO unlock numbers and decision, and the verdict.
 
+The PPO unlock is decided here, not in a stage: the reward-model stage only records its measurements (RM and
+inter-annotator agreement), :func:`judging.unlock.decide_from_metrics` applies the rule (a pure function), and the
+research override is a flow parameter. The decision goes to ``<round_dir>/ppo_unlock.json``, which PPO reads
+(``--ppo_unlock_json``) and the gate report records; the override never reaches the reward-model stage, so
+switching it on never retrains the reward model.
+
 Run from Python or the CLI (``rlhf round --preset demo``); by default on Prefect's ephemeral local API.
 """
 
@@ -19,9 +25,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
+from judging.unlock import decide_from_metrics
 from rlhf.manifest import atomic_write_text
+from rlhf.registry import STAGES
 
 from .stages import StageRun, check_stage_config, dump, run_stage, summarize
+
+UNLOCK_FILE = "ppo_unlock.json"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,27 +47,66 @@ class RoundParameters(BaseModel):
         default_factory=dict, description='Extra CLI args per stage, e.g. {"dpo": ["--beta", "0.2"]}.'
     )
     ppo_override: bool = Field(False, description="Research only: run PPO even when the unlock rule says no.")
-    ppo_override_reason: str | None = Field(None, description="Required with ppo_override; recorded in the manifest.")
+    ppo_override_reason: str | None = Field(
+        None, description="Required with ppo_override; recorded in round.json, ppo_unlock.json and the gate report."
+    )
     accelerate_config: str | None = Field(None, description="accelerate config file (default: one local process).")
     force: list[str] = Field(default_factory=list, description="Stages to rerun even if their inputs are unchanged.")
 
 
 def _recipe(params: RoundParameters, stage: str) -> Path:
-    """``recipes/<preset>/<stage>.yaml`` (the reward-model stage's recipe is ``reward.yaml``), or a folder of yours."""
+    """``recipes/<preset>/<recipe>.yaml`` (the file stem is the registry's, e.g. ``reward`` for reward_model), or
+    the same file in a folder of yours."""
     p = Path(params.preset)
     folder = p if p.is_dir() else REPO_ROOT / "recipes" / params.preset
-    return folder / f"{'reward' if stage == 'reward_model' else stage}.yaml"
+    return folder / f"{STAGES[stage].recipe}.yaml"
+
+
+def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[str, str]) -> list[str]:
+    """The command-line arguments the flow gives ``stage`` (before the user's overrides), from the output folders
+    of the stages before it (``dirs``: stage name -> folder; ``candidate`` -> the candidate's folder).
+
+    The reward-model stage gets no override: the unlock decision is the flow's (see the module docstring).
+    """
+    base = ["--model_name_or_path", params.base_model] if params.base_model else []
+    unlock = ["--ppo_unlock_json", str(round_dir / UNLOCK_FILE)]
+    return {
+        "sft": lambda: base,
+        "dpo": lambda: ["--sft_dir", dirs["sft"]],
+        "reward_model": lambda: ["--sft_dir", dirs["sft"]],
+        "ppo": lambda: ["--sft_dir", dirs["sft"], "--policy_dir", dirs["dpo"], "--reward_model_dir",
+                        dirs["reward_model"], *unlock],  # fmt: skip
+        "gates": lambda: ["--baseline_dir", dirs["sft"], "--candidate_dir", dirs["candidate"], "--reward_model_dir",
+                          dirs["reward_model"], "--fail_on_block", "false", *unlock],  # fmt: skip
+    }[stage]()
+
+
+def decide_unlock(params: RoundParameters, rm: StageRun, round_dir: Path) -> dict:
+    """The PPO unlock decision from the reward-model stage's recorded measurements (``judging.unlock``), with the
+    flow's override; written to ``<round_dir>/ppo_unlock.json`` (atomically) and returned as a dict.
+
+    Raises:
+        ValueError: the reward-model manifest lacks the measurements, or an override without a reason.
+    """
+    decision = decide_from_metrics(
+        rm.manifest.get("metrics", {}),
+        override=params.ppo_override,
+        override_reason=params.ppo_override_reason if params.ppo_override else None,
+    )
+    unlock = decision.to_dict()
+    atomic_write_text(round_dir / UNLOCK_FILE, dump(unlock))
+    return unlock
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{stage}")
 def stage_task(
-    stage: str, module: str, params: RoundParameters, round_dir: Path, extra: list[str], parents: list[StageRun]
+    stage: str, params: RoundParameters, round_dir: Path, dirs: dict[str, str], parents: list[StageRun]
 ) -> StageRun:
     logger = get_run_logger()
-    args = [*extra, "--round_id", round_dir.name, *params.overrides.get(stage, [])]
+    args = [*stage_args(stage, params, round_dir, dirs), "--round_id", round_dir.name, *params.overrides.get(stage, [])]
     return run_stage(
         stage,
-        module,
+        STAGES[stage].module,
         _recipe(params, stage),
         round_dir / stage,
         extra_args=args,
@@ -87,58 +136,39 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
     round_dir.mkdir(parents=True, exist_ok=True)
     # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
     (round_dir / "round.json").unlink(missing_ok=True)
-    base = ["--model_name_or_path", params.base_model] if params.base_model else []
-    unknown = set(params.overrides) - {"sft", "dpo", "reward_model", "ppo", "gates"}
+    unknown = set(params.overrides) - set(STAGES)
     if unknown:
-        raise ValueError(
-            f"overrides for unknown stage(s) {sorted(unknown)}; stages: sft, dpo, reward_model, ppo, gates"
-        )
-    check_recipes_task(params, ["sft", "dpo", "reward_model", "gates"] + (["ppo"] if params.ppo_override else []))
+        raise ValueError(f"overrides for unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}")
+    if params.ppo_override and not (params.ppo_override_reason or "").strip():
+        raise ValueError("ppo_override needs a ppo_override_reason (who/why); it is recorded with the decision")
+    # PPO's recipe is checked up front only when the override makes it run for sure
+    check_recipes_task(params, [name for name in STAGES if name != "ppo" or params.ppo_override])
+    (round_dir / UNLOCK_FILE).unlink(missing_ok=True)  # this round's decision, never a stale one
 
-    sft = stage_task("sft", "sft.train", params, round_dir, base, [])
-    dpo = stage_task("dpo", "dpo.train", params, round_dir, ["--sft_dir", sft.output_dir], [sft])
-    rm_args = ["--sft_dir", sft.output_dir]
-    if params.ppo_override:
-        rm_args += ["--ppo_override", "true", "--ppo_override_reason", params.ppo_override_reason or ""]
-    rm = stage_task("reward_model", "reward_model.train", params, round_dir, rm_args, [sft])
-    unlock = rm.manifest["outputs"]["ppo_unlock"]
+    dirs: dict[str, str] = {}
+    sft = stage_task("sft", params, round_dir, dirs, [])
+    dirs["sft"] = sft.output_dir
+    dpo = stage_task("dpo", params, round_dir, dirs, [sft])
+    dirs["dpo"] = dpo.output_dir
+    rm = stage_task("reward_model", params, round_dir, dirs, [sft])
+    dirs["reward_model"] = rm.output_dir
+    unlock = decide_unlock(params, rm, round_dir)
     logger.info(
-        "PPO unlock: %s (RM agreement %.4f vs inter-annotator %.4f)",
+        "PPO unlock: %s (RM agreement %s vs inter-annotator %s%s)",
         unlock["unlocked"],
         unlock["rm_agreement"],
         unlock["inter_annotator_agreement"],
+        f"; OVERRIDE: {unlock['override_reason']}" if unlock["overridden"] else "",
     )
 
     runs = [sft, dpo, rm]
     candidate = dpo
     if unlock["unlocked"]:
-        ppo = stage_task(
-            "ppo",
-            "ppo.train",
-            params,
-            round_dir,
-            ["--sft_dir", sft.output_dir, "--policy_dir", dpo.output_dir, "--reward_model_dir", rm.output_dir],
-            [sft, dpo, rm],
-        )
+        ppo = stage_task("ppo", params, round_dir, dirs, [sft, dpo, rm])
         runs.append(ppo)
         candidate = ppo
-    gates = stage_task(
-        "gates",
-        "gates.evaluate",
-        params,
-        round_dir,
-        [
-            "--baseline_dir",
-            sft.output_dir,
-            "--candidate_dir",
-            candidate.output_dir,
-            "--reward_model_dir",
-            rm.output_dir,
-            "--fail_on_block",
-            "false",
-        ],
-        [sft, candidate, rm],
-    )
+    dirs["candidate"] = candidate.output_dir
+    gates = stage_task("gates", params, round_dir, dirs, [sft, candidate, rm])
     runs.append(gates)
 
     verdict = gates.manifest["outputs"]["verdict"]
@@ -148,6 +178,8 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
         "candidate": candidate.stage,
         "verdict": verdict,
         "ppo_unlock": unlock,
+        "ppo_unlock_json": str(round_dir / UNLOCK_FILE),
+        "ppo_override_reason": unlock["override_reason"],
         "stages": {
             r.stage: {
                 "output_dir": r.output_dir,

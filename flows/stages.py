@@ -2,8 +2,10 @@
 
 This is orchestration only: which command, which directory, whether a cached result still holds. The cache key
 is a content hash of everything a stage's result depends on (DESIGN.md principle 8): the stage name, the recipe
-file's bytes, the extra arguments, the hashes of the data files the recipe names, the parent stages' keys, and
-the version of the code the stage runs (rlhf.hashing.STAGE_PACKAGES). A matching key next to a finished manifest means the stage is skipped.
+file's bytes, the extra arguments, the hashes of the data files the recipe names (``*_data``) and of the JSON
+inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, and
+the version of the code the stage runs (the packages it imports, from rlhf.registry). A matching key next to a
+finished manifest means the stage is skipped.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from pathlib import Path
 
 import yaml
 
-from rlhf.hashing import STAGE_PACKAGES, PACKAGES, code_version, content_hash, json_hash
+from rlhf.checkpoint import make_writable
+from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
-from rlhf.stage import data_fingerprint, make_writable
+from rlhf.registry import STAGES, stage as registry_stage
 
 CACHE_KEY_FILE = ".cache_key"
 
@@ -58,6 +61,8 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
         value = overrides.get(f"--{key}", cfg.get(key))
         if key.endswith("_data") and isinstance(value, str):
             data[key] = data_fingerprint(value)
+        elif key.endswith("_json") and isinstance(value, str) and value and Path(value).is_file():
+            data[key] = content_hash(value)  # e.g. the flow's PPO unlock decision: its content, not its path
         elif key == "model_name_or_path" and isinstance(value, str):
             model = _model_key(value)
     return json_hash(
@@ -68,7 +73,7 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
             "data": data,
             "model": model,
             "parents": {p.stage: [p.cache_key, _result_hash(p)] for p in parents},
-            "code": code_version(STAGE_PACKAGES.get(stage, PACKAGES)),
+            "code": code_version(registry_stage(stage).code_packages),
         }
     )
 
@@ -206,13 +211,8 @@ def dump(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
 
 
-# Each stage's config parser, for checking recipes and overrides before anything trains.
-STAGE_CONFIGS = {
-    "sft": "sft.config:SFTStageConfig",
-    "dpo": "dpo.config:DPOStageConfig",
-    "reward_model": "reward_model.config:RewardStageConfig",
-    "gates": "gates.evaluate:GateStageConfig",
-}
+# Each stage's config parser(s), for checking recipes and overrides before anything trains (from the registry).
+STAGE_CONFIGS = {name: s.configs for name, s in STAGES.items()}
 
 
 def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
@@ -225,20 +225,13 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
     import contextlib
     import dataclasses
     import difflib
-    import importlib
     import io
 
     from trl import TrlParser
 
     argv = ["--config", str(recipe), "--output_dir", "/tmp/rlhf-config-check", *overrides]
-    if stage == "ppo":
-        from ppo.train import parse_args
-
-        parse_args(argv)
-        return
-    module, cls = STAGE_CONFIGS[stage].split(":")
-    config_cls = getattr(importlib.import_module(module), cls)
-    known = {f.name for f in dataclasses.fields(config_cls)}
+    config_classes = registry_stage(stage).config_classes()
+    known = {f.name for c in config_classes for f in dataclasses.fields(c)}
     cfg = yaml.safe_load(recipe.read_text()) or {}
     given = [*cfg, *(a[2:] for a in overrides[::2] if a.startswith("--"))]
     unknown = [k for k in given if k not in known]
@@ -253,13 +246,13 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):  # argparse prints its whole usage before the one useful line
-            (args,) = TrlParser((config_cls,)).parse_args_and_config(argv)
+            parsed = TrlParser(config_classes).parse_args_and_config(argv)
     except (ValueError, SystemExit) as err:
         lines = [ln for ln in stderr.getvalue().splitlines() if "error:" in ln]
         reason = lines[-1].split("error:", 1)[1].strip() if lines else str(err)
         raise ValueError(f"{stage} ({recipe}): {reason}") from None
     for key in known:
-        value = getattr(args, key, None)
+        value = next((getattr(a, key) for a in parsed if hasattr(a, key)), None)
         if key.endswith("_data") and isinstance(value, str) and not value.startswith("demo:"):
             p = Path(value).expanduser()
             if (value.startswith(("/", ".", "~")) or p.suffix) and not p.exists():

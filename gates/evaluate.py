@@ -27,9 +27,10 @@ from trl import TrlParser
 from data.bundle import demo_path
 from data.loaders import load_eval_prompts
 from rlhf.generation import generate
-from rlhf.hashing import code_version, content_hash, json_hash
+from rlhf.lineage import code_version, content_hash, json_hash
 from rlhf.manifest import atomic_write_text, read_manifest, write_manifest
-from rlhf.stage import BLOCKED_EXIT_CODE, data_fingerprint
+from rlhf.entrypoint import BLOCKED_EXIT_CODE
+from rlhf.lineage import data_fingerprint
 from rlhf.tracking import log_summary, setup_wandb
 
 from .capability import capability_gate, grade_mc

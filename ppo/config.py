@@ -70,7 +70,7 @@ class PPOScriptArguments:
         },
     )
     ref_hash: str | None = field(
-        default=None, metadata={"help": "Expected content hash of --ref_path (rlhf.hashing.content_hash)."}
+        default=None, metadata={"help": "Expected content hash of --ref_path (rlhf.lineage.content_hash)."}
     )
     reward_model_path: str | None = field(
         default=None,
@@ -214,7 +214,7 @@ class PPOConfig:
     max_new_tokens: int = field(default=53, metadata={"help": "Most tokens generated per completion."})
     reward_max_length: int = field(
         default=1024,
-        metadata={"help": "Longest render of (prompt, completion) the reward model scores (reward_model.scoring.score "
+        metadata={"help": "Longest render of (prompt, completion) the reward model scores (judging.scoring.score "
                           "truncates from the left, so the end where the score is read is always kept)."},
     )
     temperature: float = field(

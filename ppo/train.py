@@ -11,10 +11,10 @@ Inputs come from the stage directories' manifests (``rlhf.manifest.read_manifest
 from SFT's ``outputs.pi_ref`` / ``outputs.pi_ref_hash``, the initial policy from DPO's ``outputs.checkpoint``,
 the reward model from the RM stage's ``outputs.checkpoint`` (whose ``outputs.ppo_unlock`` must say unlocked).
 Explicit paths (``--ref_path``, ``--policy_path``, ``--reward_model_path``) serve standalone runs.
-pi_ref's content hash is verified (``rlhf.stage.verify_hash``) before anything is loaded and after training.
+pi_ref's content hash is verified (``rlhf.checkpoint.verify_hash``) before anything is loaded and after training.
 
 Outputs (main process):
-    ``output_dir/checkpoint/``   the trained policy and tokenizer (``rlhf.stage.save_checkpoint``: temp dir,
+    ``output_dir/checkpoint/``   the trained policy and tokenizer (``rlhf.checkpoint.save_checkpoint``: temp dir,
                                  empty-tensor check, rename)
     ``output_dir/manifest.json`` lineage as every stage writes it (stage, round_id, inputs with their hashes,
                                  config_hash, code_version, precision, outputs.checkpoint + checkpoint_hash,
@@ -48,9 +48,10 @@ from trl import TrlParser
 
 from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer, resolve_mixed_precision
-from rlhf.hashing import code_version, content_hash, json_hash
+from rlhf.lineage import code_version, content_hash, json_hash
 from rlhf.manifest import MANIFEST_NAME, read_manifest, write_manifest
-from rlhf.stage import data_fingerprint, verify_hash
+from rlhf.checkpoint import verify_hash
+from rlhf.lineage import data_fingerprint
 from rlhf.tracking import log_summary, setup_wandb, wandb_mode
 
 logger = logging.getLogger("ppo.train")

@@ -13,7 +13,7 @@ Models:
     - ref_model (pi_ref): a separate ``AutoModelForCausalLM``, frozen, always in eval mode; its parameters are
       fingerprinted (sha256 of its tensors) at construction and checked after training
       (:meth:`PPOTrainer.verify_frozen`); ``ppo.train`` also verifies pi_ref's content hash on disk before and
-      after training (``rlhf.stage.verify_hash``).
+      after training (``rlhf.checkpoint.verify_hash``).
     - reward_model: ``AutoModelForSequenceClassification`` with one label, frozen and fingerprinted too.
     - value_model: a *separate* ``AutoModelForSequenceClassification`` with one label (by default initialised
       from the reward model, as Ouyang et al. 2022 initialise the value function from the RM), trained.
@@ -21,9 +21,9 @@ Models:
       representation, (b) an RM-initialised critic starts with a sensible value scale, (c) it is the layout of
       TRL's former PPO trainer. Cost: one more model in memory (for SmolLM2-135M, +0.5 GB fp32 + Adam state).
 
-Reward: scored exactly as the reward-model stage scores (``reward_model.scoring.score``): the completion is
+Reward: scored exactly as the reward-model stage scores (``judging.scoring.score``): the completion is
 decoded (special tokens skipped, stripped, as ``rlhf.generation`` decodes responses), rendered with the prompt
-through the chat template (``reward_model.scoring.render``: "...<|im_start|>assistant\n{completion}<|im_end|>\n")
+through the chat template (``judging.scoring.render``: "...<|im_start|>assistant\n{completion}<|im_end|>\n")
 and read by transformers' default sequence-classification pooling, at the last non-pad token of that render.
 That is the position TRL's RewardTrainer trained the score at, so PPO optimises the number the RM was trained
 to give (and the number the release gates read). The scalar is then placed at the last real completion token.
@@ -61,10 +61,10 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase, get_schedule
 from ppo import core
 from ppo.config import PPOConfig
 from ppo.types import Rollout
-from reward_model.scoring import score as rm_score
+from judging.scoring import score as rm_score
 from rlhf.generation import chat_prompt
 from rlhf.precision import resolve_precision
-from rlhf.stage import save_checkpoint
+from rlhf.checkpoint import save_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def disable_dropout(model: nn.Module) -> None:
 def parameter_fingerprint(model: nn.Module) -> str:
     """sha256 over the names, dtypes, shapes and bytes of all parameters and buffers of an in-memory ``model``.
 
-    Complements ``rlhf.stage.verify_hash`` (pi_ref's files on disk): this one catches a frozen model that moved
+    Complements ``rlhf.checkpoint.verify_hash`` (pi_ref's files on disk): this one catches a frozen model that moved
     in memory during training, which the files would not show.
     """
     h = hashlib.sha256()
@@ -153,7 +153,7 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[tor
 
 
 def prompt_messages(prompt: Prompt, row: int) -> list[dict[str, Any]]:
-    """A prompt as chat messages. A string is one user message, as ``reward_model.scoring.render`` and
+    """A prompt as chat messages. A string is one user message, as ``judging.scoring.render`` and
     ``rlhf.generation.chat_prompt`` read it (``data.loaders.load_eval_prompts`` gives user strings); a mapping
     contributes its ``prompt`` field. Errors name the row.
     """
@@ -487,7 +487,7 @@ class PPOTrainer:
         """Reward-model score of each (prompt, completion), exactly as the reward-model stage scores a pair.
 
         The real completion tokens are decoded (:func:`decode_completions`) and scored with
-        ``reward_model.scoring.score``: chat-template render of the prompt + the completion as the assistant
+        ``judging.scoring.score``: chat-template render of the prompt + the completion as the assistant
         turn, read at the last non-pad token by transformers' pooling. Shapes: completion_ids/mask (B, T) -> (B,).
         """
         messages = [prompt_messages(p, i) for i, p in enumerate(prompts)]
@@ -718,7 +718,7 @@ class PPOTrainer:
     # ---- save -------------------------------------------------------------------------------------
 
     def save_policy(self, directory: str | os.PathLike[str]) -> Path:
-        """Save the policy (safetensors) and tokenizer with ``rlhf.stage.save_checkpoint`` (temp dir, empty-tensor
+        """Save the policy (safetensors) and tokenizer with ``rlhf.checkpoint.save_checkpoint`` (temp dir, empty-tensor
         check, rename; an existing checkpoint is replaced as a whole).
 
         The state dict is gathered by accelerate (ZeRO-3 safe) and the saved tensors are read back and compared

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .lineage import code_version, json_hash
+
 MANIFEST_NAME = "manifest.json"
 
 
@@ -57,3 +59,28 @@ def read_manifest(output_dir: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no manifest; the stage in {output_dir} did not finish")
     return json.loads(path.read_text())
+
+
+def stage_manifest(
+    stage: str, args, *, inputs: dict[str, Any], outputs: dict[str, Any], metrics: dict[str, Any]
+) -> Path:
+    """Write ``<output_dir>/manifest.json`` with lineage: input hashes, config hash, code version, outputs, metrics.
+
+    ``args`` is the stage's parsed config (a dataclass or any object with ``output_dir``, ``round_id`` and, for
+    the precision record, ``bf16``/``fp16`` or ``precision``); ``extra`` adds top-level entries (e.g. versions).
+    """
+    config = {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_")}
+    return write_manifest(
+        args.output_dir,
+        {
+            "stage": stage,
+            "round_id": args.round_id,
+            "inputs": inputs,
+            "config_hash": json_hash(config),
+            "config": config,
+            "code_version": code_version(),
+            "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            "outputs": outputs,
+            "metrics": metrics,
+        },
+    )

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .hashing import content_hash, file_hash, json_hash
+from .lineage import content_hash, file_hash, json_hash
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
-from rlhf.stage import PipelineArguments
+from rlhf.config import PipelineArguments
 
 
 @dataclass

@@ -20,18 +20,13 @@ from trl import SFTTrainer, TrlParser
 
 from data.loaders import load_sft
 from data.validation import DataValidationError
-from rlhf.hashing import content_hash
+from rlhf.lineage import content_hash
 from rlhf.models import model_fingerprint, resolve_base_model
-from rlhf.stage import (
-    data_fingerprint,
-    freeze_dir,
-    handle_rejects,
-    make_writable,
-    peft_config,
-    save_checkpoint,
-    setup_stage,
-    stage_manifest,
-)
+from rlhf.checkpoint import freeze_dir, make_writable, save_checkpoint
+from rlhf.config import peft_config
+from rlhf.entrypoint import handle_rejects, setup_stage
+from rlhf.lineage import data_fingerprint
+from rlhf.manifest import stage_manifest
 from rlhf.tracking import log_summary
 
 from .config import SFTStageConfig

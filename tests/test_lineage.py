@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf.hashing import content_hash, json_hash
+from rlhf.checkpoint import check_checkpoint, freeze_dir, verify_hash
+from rlhf.lineage import content_hash, json_hash
 from rlhf.manifest import read_manifest, write_manifest
 from rlhf.precision import resolve_precision
-from rlhf.stage import check_checkpoint, freeze_dir, verify_hash
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -74,17 +74,13 @@ def test_precision_on_cpu_is_fp32_and_bad_values_are_refused():
 def test_every_recipe_parses_strictly(recipe):
     from trl import TrlParser
 
-    stage = Path(recipe).stem
-    if stage == "ppo":
-        from ppo.train import parse_args
+    from rlhf.registry import by_recipe
 
-        parse_args(["--config", str(RECIPES / recipe), "--output_dir", "/tmp/x"])
-        return
-    config = {"sft": "sft.config:SFTStageConfig", "dpo": "dpo.config:DPOStageConfig",
-              "reward": "reward_model.config:RewardStageConfig", "gates": "gates.evaluate:GateStageConfig"}[stage]
-    module, cls = config.split(":")
-    C = getattr(__import__(module, fromlist=[cls]), cls)
-    (args,) = TrlParser((C,)).parse_args_and_config(["--config", str(RECIPES / recipe), "--output_dir", "/tmp/x"])
+    entry = by_recipe(Path(recipe).stem)  # the registry says which config(s) parse this file
+    parsed = TrlParser(entry.config_classes()).parse_args_and_config(
+        ["--config", str(RECIPES / recipe), "--output_dir", "/tmp/x"]
+    )
+    (args,) = [a for a in parsed if hasattr(a, "output_dir")]
     assert args.output_dir == "/tmp/x"
 
 
@@ -116,11 +112,64 @@ def test_stage_cache_key_changes_with_any_input(tmp_path):
 
 
 def test_a_code_change_recomputes_only_the_stages_that_run_that_code():
-    from rlhf.hashing import STAGE_PACKAGES
+    from rlhf.registry import STAGES
 
-    assert "gates" not in STAGE_PACKAGES["sft"] and "gates" not in STAGE_PACKAGES["dpo"]
-    assert all({"rlhf", "data"} <= set(v) for v in STAGE_PACKAGES.values())
-    assert "dpo" in STAGE_PACKAGES["reward_model"]  # it imports dpo.prepare
+    packages = {name: s.code_packages for name, s in STAGES.items()}
+    assert "gates" not in packages["sft"] and "gates" not in packages["dpo"]
+    assert all({"rlhf", "data"} <= set(v) for v in packages.values())
+    assert "judging" in packages["gates"] and "judging" in packages["reward_model"]  # both import judging
+    assert all(name in pkgs for name, pkgs in packages.items())
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+
+
+def test_code_dependencies_follow_real_imports_transitively(tmp_path):
+    """stage_a -> shared_b (a lazy import inside a function) -> shared_c; unrelated_d is imported by nobody."""
+    from rlhf.lineage import code_packages, code_version, imported_packages
+
+    _write_tree(tmp_path, {
+        "stage_a/__init__.py": "",
+        "stage_a/train.py": "import os\nfrom . import helpers\n\ndef main():\n    from shared_b.util import f\n",
+        "stage_a/helpers.py": "import numpy\n",
+        "shared_b/__init__.py": "",
+        "shared_b/util.py": "import shared_c.core as core\n\ndef f():\n    return core.X\n",
+        "shared_c/core.py": "X = 1\n",  # a namespace package (no __init__.py) still counts
+        "unrelated_d/__init__.py": "Y = 2\n",
+        "tests/test_x.py": "import stage_a\n",  # tests are not a package of the product
+    })  # fmt: skip
+    assert imported_packages("stage_a", tmp_path) == {"shared_b"}  # os, numpy and relative imports are not deps
+    deps = code_packages("stage_a", tmp_path)
+    assert deps == ("shared_b", "shared_c", "stage_a")
+    before = code_version(deps, tmp_path)
+    (tmp_path / "unrelated_d" / "__init__.py").write_text("Y = 3\n")
+    assert code_version(code_packages("stage_a", tmp_path), tmp_path) == before  # an unrelated change: reused
+    (tmp_path / "shared_c" / "core.py").write_text("X = 2\n")  # two imports away
+    assert code_version(code_packages("stage_a", tmp_path), tmp_path) != before  # recomputed
+
+
+@pytest.mark.parametrize("name", ["reward_model", "gates"])  # the stages that reach shared code indirectly
+def test_each_stage_code_set_covers_what_importing_it_loads(name):
+    """The lineage bug of issue 6: gates ran dpo's code (via reward_model) but their key did not follow it. Now the
+    set is read from the source; this checks it against Python itself: every project package that importing the
+    stage's module loads is in the stage's code set (lazy imports inside functions come on top of these)."""
+    import json
+    import subprocess
+    import sys
+
+    from rlhf.lineage import ROOT, project_packages
+    from rlhf.registry import STAGES
+
+    entry = STAGES[name]
+    code = (f"import json, sys; import {entry.module}; "
+            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    loaded = set(json.loads(out.splitlines()[-1])) & set(project_packages())
+    assert entry.package in loaded and loaded <= set(entry.code_packages), sorted(loaded - set(entry.code_packages))
 
 
 def test_cache_key_follows_base_model_content_and_parent_results(tmp_path):

@@ -13,9 +13,10 @@ from safetensors.torch import load_file
 from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.tiny import save_tiny_models
 from ppo.train import load_prompts, main, parse_args
-from rlhf.hashing import code_version, content_hash, json_hash
+from rlhf.lineage import code_version, content_hash, json_hash
 from rlhf.manifest import read_manifest, write_manifest
-from rlhf.stage import check_checkpoint, data_fingerprint, freeze_dir
+from rlhf.checkpoint import check_checkpoint, freeze_dir
+from rlhf.lineage import data_fingerprint
 
 PROMPTS = "demo:hh_rlhf/pairs_train.jsonl"
 
@@ -90,7 +91,7 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
 
     returned = main(stages["argv"] + ["--report_to", "wandb"])
 
-    # checkpoint: saved by rlhf.stage.save_checkpoint, replaced as a whole, trained, passes the next stage's check
+    # checkpoint: saved by rlhf.checkpoint.save_checkpoint, replaced as a whole, trained, passes the next stage's check
     checkpoint = out / "checkpoint"
     check_checkpoint(checkpoint)
     assert not (checkpoint / "stale.txt").exists()

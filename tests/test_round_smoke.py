@@ -90,7 +90,7 @@ def test_rlhf_gates_exits_non_zero_when_the_release_is_blocked(smoke_round, tmp_
 
     _, round_dir, manifest = smoke_round
     recipe = Path(__file__).resolve().parent.parent / "recipes" / "smoke" / "gates.yaml"
-    proc = subprocess.run([sys.executable, "-m", "rlhf.cli", "gates", "--candidate", str(round_dir / "dpo"),
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "gates", "--candidate", str(round_dir / "dpo"),
                            "--baseline", str(round_dir / "sft"), "--reward-model", str(round_dir / "reward_model"),
                            "--config", str(recipe), "--output-dir", str(tmp_path / "g"), "--report_to", "none"],
                           capture_output=True, text=True)

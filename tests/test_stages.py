@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from data.validation import DataValidationError
-from rlhf.hashing import content_hash
-from rlhf.stage import check_checkpoint
+from rlhf.lineage import content_hash
+from rlhf.checkpoint import check_checkpoint
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "smoke"
 

@@ -15,7 +15,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from rlhf.stage import BLOCKED_EXIT_CODE
+from rlhf.entrypoint import BLOCKED_EXIT_CODE
+from rlhf.registry import STAGES
 
 app = typer.Typer(
     help="rlhf-flywheel: SFT -> pi_ref -> DPO -> reward model -> gated PPO -> release gates.",
@@ -76,42 +77,34 @@ def round_cmd(
     raise typer.Exit(0 if manifest["verdict"] == "pass" else BLOCKED_EXIT_CODE)
 
 
-_OWN_CONFIG = {
-    "sft.train": "sft.config:SFTStageConfig",
-    "dpo.train": "dpo.config:DPOStageConfig",
-    "reward_model.train": "reward_model.config:RewardStageConfig",
-}
-
-
-def _stage_help(module: str) -> str:
+def _stage_help(name: str) -> str:
     """Our own fields of a stage config (TRL's hundreds are accepted too; `python -m <module> --help` lists all)."""
     import dataclasses
-    import importlib
 
+    entry = STAGES[name]
     lines = [
-        f"Usage: rlhf {module.split('.')[0].replace('_', '-')} --config recipes/<preset>/<stage>.yaml "
-        "--output_dir DIR [--key value ...]",
+        f"Usage: rlhf {entry.cli} --config recipes/<preset>/{entry.recipe}.yaml --output_dir DIR [--key value ...]",
         "",
-        "Pipeline fields (plus every field of TRL's config):",
+        "Pipeline fields (plus every field of TRL's config, where the stage has one):",
     ]
-    if module in _OWN_CONFIG:
-        mod, cls = _OWN_CONFIG[module].split(":")
-        config = getattr(importlib.import_module(mod), cls)
-        trl_base = config.__mro__[2]  # (ours, PipelineArguments, TRL's config, ...)
-        trl_fields = {f.name: f.default for f in dataclasses.fields(trl_base)}
+    for config in entry.config_classes():
+        trl_base = next((c for c in config.__mro__ if c.__module__.startswith("trl.")), None)
+        trl_fields = {f.name: f.default for f in dataclasses.fields(trl_base)} if trl_base else {}
         for f in dataclasses.fields(config):
             if f.name not in trl_fields or f.default != trl_fields[f.name]:
                 lines.append(f"  --{f.name:<28} {f.metadata.get('help', '')}")
-    lines.append(f"\nAll arguments: python -m {module} --help")
+    lines.append(f"\nAll arguments: python -m {entry.module} --help")
     return "\n".join(lines)
 
 
-def _stage(module: str):
+def _stage(name: str):
+    module = STAGES[name].module
+
     def run(ctx: typer.Context) -> None:
         import importlib
 
         if {"-h", "--help"} & set(ctx.args):
-            typer.echo(_stage_help(module))
+            typer.echo(_stage_help(name))
             return
         importlib.import_module(module).main(ctx.args)
 
@@ -119,13 +112,9 @@ def _stage(module: str):
     return run
 
 
-for _name, _module in [
-    ("sft", "sft.train"),
-    ("dpo", "dpo.train"),
-    ("reward-model", "reward_model.train"),
-    ("ppo", "ppo.train"),
-]:
-    app.command(_name, context_settings=_PASSTHROUGH)(_stage(_module))
+for _name, _entry in STAGES.items():
+    if _name != "gates":  # `rlhf gates` has its own options (below): candidate, baseline, judge
+        app.command(_entry.cli, context_settings=_PASSTHROUGH)(_stage(_name))
 
 
 @app.command("gates", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -140,7 +129,9 @@ def gates_cmd(
     output_dir: Annotated[str, typer.Option(help="Where the report goes.")] = "runs/gates",
 ) -> None:
     """Run the release gates; exit code 3 when the release is blocked (CI fails), 0 when it passes."""
-    from gates.evaluate import main as gates_main
+    import importlib
+
+    gates_main = importlib.import_module(STAGES["gates"].module).main
 
     code = gates_main(
         [

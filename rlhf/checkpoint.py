@@ -1,0 +1,86 @@
+"""Checkpoints on disk: atomic save with an empty-tensor check, and the frozen, content-hashed pi_ref.
+
+DESIGN.md principle 3 (pi_ref never moves) and the ZeRO-3 empty-save pitfall live here, once for every stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from .lineage import content_hash
+
+logger = logging.getLogger(__name__)
+
+
+def save_checkpoint(model, tokenizer, final_dir: str | os.PathLike) -> Path:
+    """Save ``model`` + ``tokenizer`` to ``final_dir`` atomically (temp dir, check, rename).
+
+    Raises:
+        RuntimeError: a saved tensor is empty (the ZeRO-3 empty-save pitfall); nothing is left at ``final_dir``.
+    """
+    final = Path(final_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        check_checkpoint(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it owner-only; a checkpoint is shared like any saved model
+        if final.exists():
+            make_writable(final)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def check_checkpoint(path: str | os.PathLike) -> None:
+    """Refuse a checkpoint with no weights or with empty tensors (shape with a 0, as a bad ZeRO-3 save writes).
+
+    Raises:
+        RuntimeError: naming the file and tensor.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise RuntimeError(f"{path}: checkpoint has no .safetensors weights")
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                shape = st.get_slice(key).get_shape()
+                if 0 in shape:
+                    raise RuntimeError(f"{f}: tensor {key} is empty (shape {shape}); refusing the checkpoint")
+
+
+def make_writable(path: Path) -> None:
+    for p in [path, *path.rglob("*")]:
+        p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+def freeze_dir(path: str | os.PathLike) -> str:
+    """Make a checkpoint read-only and return its content hash (the pi_ref contract, DESIGN.md principle 3)."""
+    path = Path(path)
+    for p in path.rglob("*"):
+        if p.is_file():
+            p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    return content_hash(path)
+
+
+def verify_hash(path: str | os.PathLike, expected: str, *, when: str) -> None:
+    """Raise if ``path``'s content hash differs from ``expected`` (pi_ref moved).
+
+    Raises:
+        RuntimeError: naming the path, the moment (``before training``/``after training``) and both hashes.
+    """
+    actual = content_hash(path)
+    if actual != expected:
+        raise RuntimeError(f"pi_ref at {path} changed {when}: expected hash {expected}, found {actual}")
+    logger.info("pi_ref hash verified %s: %s", when, actual[:16])

@@ -1,0 +1,82 @@
+"""Pipeline arguments mixed into each stage's TRL config, and the LoRA config built from them.
+
+Each stage config is ``@dataclass class XStageConfig(TRLConfig, PipelineArguments)``: TRL's fields keep their
+meaning and help; ours are listed here once. Recipes are YAML files parsed strictly by ``trl.TrlParser``
+(unknown keys are errors; ``--key value`` on the command line overrides the file).
+
+:class:`CommonArguments` holds the fields every stage has, PPO included (PPO has no TRL config to mix into, so
+its script arguments extend this class alone); :class:`PipelineArguments` adds the model, precision and LoRA
+fields of the TRL-based stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+
+@dataclass
+class CommonArguments:
+    """Fields of every stage: the round it belongs to and how it treats bad rows."""
+
+    round_id: str | None = field(default=None, metadata={"help": "Round id; groups W&B runs and names outputs."})
+    data_mode: str = field(
+        default="strict",
+        metadata={
+            "help": "strict: stop at the first bad row. lenient: write rejects to a file, stop above max_reject_rate.",
+            "choices": ["strict", "lenient"],
+        },
+    )
+    max_reject_rate: float = field(
+        default=0.05, metadata={"help": "Lenient mode: largest tolerated share of bad rows."}
+    )
+
+
+@dataclass
+class PipelineArguments(CommonArguments):
+    """Fields every TRL-based stage adds to its TRL config (on top of :class:`CommonArguments`)."""
+
+    model_name_or_path: str = field(
+        default="smollm2-135m",
+        metadata={"help": "Base/parent checkpoint: smollm2-135m, tiny, a .gguf file, a local dir or a hub id."},
+    )
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto | fp32 | bf16 | fp16. auto: bf16 only where the device has it (logged).",
+            "choices": ["auto", "fp32", "bf16", "fp16"],
+        },
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use the first N training rows."})
+    use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "LoRA target modules (default: all linear layers)."}
+    )
+
+    def __post_init__(self):
+        # Resolve precision before TrainingArguments validates it: TRL's default bf16=True raises on a CPU
+        # without bf16, and is emulated (8-10x slower) on one that only fakes it.
+        from .precision import resolve_precision
+
+        chosen = resolve_precision(self.precision)
+        self.bf16, self.fp16 = chosen == "bf16", chosen == "fp16"
+        super().__post_init__()
+
+
+def peft_config(args: PipelineArguments, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):
+    """A ``peft.LoraConfig`` from the stage arguments, or None when ``use_peft`` is off."""
+    if not args.use_peft:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=args.lora_target_modules or "all-linear",
+        task_type=task_type,
+        modules_to_save=modules_to_save,
+    )

@@ -1,0 +1,83 @@
+"""The one list of the pipeline's stages. Every other list derives from it: the flow's stage set and recipe
+files, the CLI's stage commands and their help, the recipe/override checks, and each stage's cache-key code set.
+
+Entries are plain strings (module paths), so ``rlhf`` never imports a stage: a stage's module is imported only
+when it runs, and the code it depends on is read from its source (:func:`rlhf.lineage.code_packages`).
+
+    name          key in the flow, the round manifest and ``--set <name>.key=value``; the stage's output folder
+    package       the stage's own package
+    module        what ``accelerate launch -m <module>`` runs (it has a ``main(argv)``)
+    configs       ``"module:Class"`` of the dataclass(es) its parser reads, in parser order
+    recipe        file stem under ``recipes/<preset>/``
+    cli           the ``rlhf <cli>`` command
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from .lineage import code_packages
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a round (see the module docstring for the fields)."""
+
+    name: str
+    package: str
+    module: str
+    configs: tuple[str, ...]
+    recipe: str
+    cli: str
+
+    @property
+    def code_packages(self) -> tuple[str, ...]:
+        """The packages whose code this stage runs: its own and what it imports, transitively (from the source)."""
+        return code_packages(self.package)
+
+    def config_classes(self) -> tuple[type, ...]:
+        """Import and return the config dataclasses (imports the stage's config module, not its training code)."""
+        out = []
+        for path in self.configs:
+            module, cls = path.split(":")
+            out.append(getattr(importlib.import_module(module), cls))
+        return tuple(out)
+
+
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in (
+        Stage("sft", "sft", "sft.train", ("sft.config:SFTStageConfig",), "sft", "sft"),
+        Stage("dpo", "dpo", "dpo.train", ("dpo.config:DPOStageConfig",), "dpo", "dpo"),
+        Stage(
+            "reward_model",
+            "reward_model",
+            "reward_model.train",
+            ("reward_model.config:RewardStageConfig",),
+            "reward",
+            "reward-model",
+        ),
+        Stage("ppo", "ppo", "ppo.train", ("ppo.config:PPOScriptArguments", "ppo.config:PPOConfig"), "ppo", "ppo"),
+        Stage("gates", "gates", "gates.evaluate", ("gates.evaluate:GateStageConfig",), "gates", "gates"),
+    )
+}
+
+
+def stage(name: str) -> Stage:
+    """The registry entry of ``name``.
+
+    Raises:
+        ValueError: an unknown stage, naming the known ones.
+    """
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    return STAGES[name]
+
+
+def by_recipe(recipe_stem: str) -> Stage:
+    """The stage whose recipe file is ``<recipe_stem>.yaml`` (e.g. ``reward`` -> reward_model)."""
+    for s in STAGES.values():
+        if s.recipe == recipe_stem:
+            return s
+    raise ValueError(f"no stage reads recipes named {recipe_stem}.yaml; stages: {', '.join(STAGES)}")
