@@ -27,12 +27,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from rlhf.config import CommonArguments
+
 SUPPORTED_REPORT_TO = ("wandb",)
 
 
 @dataclass
-class PPOScriptArguments:
-    """Where the PPO stage reads its inputs.
+class PPOScriptArguments(CommonArguments):
+    """Where the PPO stage reads its inputs (plus every stage's ``round_id``, ``data_mode`` and ``max_reject_rate``,
+    from :class:`rlhf.config.CommonArguments`; in lenient mode bad prompt rows go to
+    ``<output_dir>/rejects-prompts.jsonl``).
 
     Each model comes either from a stage directory (what the round flow passes; its ``manifest.json`` is read) or
     from an explicit local path (standalone runs); one of the two is required (checked by
@@ -42,6 +46,8 @@ class PPOScriptArguments:
         reward model: ``--reward_model_dir`` (RM manifest ``outputs.checkpoint``) or ``--reward_model_path``
         prompts:      ``--prompts_data`` (a data source: ``demo:<file>``, a local file, ``hf:<id>``) or
                       ``--prompts_path`` (a JSONL file of ``{"prompt": str | [messages]}``)
+    The unlock decision comes from ``--ppo_unlock_json`` (the flow's decision file) or, with
+    ``--reward_model_dir`` alone, from the reward-model stage's recorded measurements (``judging.unlock``).
     """
 
     sft_dir: str | None = field(
@@ -57,7 +63,11 @@ class PPOScriptArguments:
         default=None,
         metadata={"help": "Reward-model stage output directory: its manifest's outputs.checkpoint."},
     )
-    round_id: str | None = field(default=None, metadata={"help": "Round id; groups W&B runs, recorded in the manifest."})
+    ppo_unlock_json: str | None = field(
+        default=None,
+        metadata={"help": "The flow's PPO unlock decision (JSON of judging.unlock.UnlockDecision); the stage refuses "
+                          "to run when it says locked. Default: decided from --reward_model_dir's measurements."},
+    )
     policy_path: str | None = field(
         default=None,
         metadata={"help": "Directory of the initial policy (AutoModelForCausalLM), instead of --policy_dir."},
@@ -99,13 +109,6 @@ class PPOScriptArguments:
         },
     )
     max_prompts: int | None = field(default=None, metadata={"help": "Use the first N prompts of the source."})
-    data_mode: str = field(
-        default="strict",
-        metadata={"help": "strict: stop at the first bad prompt row. lenient: write rejects to "
-                          "<output_dir>/rejects-prompts.jsonl, stop above max_reject_rate.",
-                  "choices": ["strict", "lenient"]},
-    )
-    max_reject_rate: float = field(default=0.05, metadata={"help": "Lenient mode: largest tolerated share of bad rows."})
 
     def __post_init__(self) -> None:
         errors = []
@@ -116,10 +119,9 @@ class PPOScriptArguments:
             errors.append("--ref_hash goes with --ref_path (with --sft_dir the hash comes from the SFT manifest)")
         if self.max_prompts is not None and self.max_prompts <= 0:
             errors.append(f"max_prompts must be > 0, got {self.max_prompts}")
-        if self.data_mode not in ("strict", "lenient"):
-            errors.append(f"data_mode must be strict or lenient, got {self.data_mode!r}")
         if errors:
             raise ValueError("PPOScriptArguments: " + "; ".join(errors))
+        super().__post_init__()
 
     _SOURCES = (("pi_ref", "sft_dir", "ref_path"), ("policy", "policy_dir", "policy_path"),
                 ("reward model", "reward_model_dir", "reward_model_path"), ("prompts", "prompts_data", "prompts_path"))
@@ -223,11 +225,12 @@ class PPOConfig:
     )
 
     # ---- hardware ---------------------------------------------------------------------------------
-    mixed_precision: Literal["auto", "no", "fp32", "bf16", "fp16"] = field(
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = field(
         default="auto",
-        metadata={"help": "Resolved by rlhf.precision.resolve_precision and logged: 'auto' = bf16 on CUDA with bf16, "
-                          "fp16 on older CUDA, fp32 on CPU; a bf16/fp16 request the device cannot honour falls back "
-                          "to fp32 with a warning. 'no' = 'fp32'."},
+        metadata={"help": "auto | fp32 | bf16 | fp16, as every stage (rlhf.precision.resolve_precision, logged): "
+                          "'auto' = bf16 on CUDA with bf16, fp16 on older CUDA, fp32 on CPU; a bf16/fp16 request the "
+                          "device cannot honour falls back to fp32 with a warning.",
+                  "choices": ["auto", "fp32", "bf16", "fp16"]},
     )
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Gradient checkpointing for the policy and value models."}
@@ -293,8 +296,8 @@ class PPOConfig:
             errors.append(f"kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
         if self.lr_scheduler_type not in ("constant", "linear", "cosine"):
             errors.append(f"lr_scheduler_type must be constant/linear/cosine, got {self.lr_scheduler_type!r}")
-        if self.mixed_precision not in ("auto", "no", "fp32", "bf16", "fp16"):
-            errors.append(f"mixed_precision must be auto/no/fp32/bf16/fp16, got {self.mixed_precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+            errors.append(f"precision must be auto/fp32/bf16/fp16, got {self.precision!r}")
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         self.report_to = [r for r in self.report_to if r != "none"]

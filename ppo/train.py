@@ -9,7 +9,9 @@ command line is an error (``trl.TrlParser``).
 
 Inputs come from the stage directories' manifests (``rlhf.manifest.read_manifest``): pi_ref and its content hash
 from SFT's ``outputs.pi_ref`` / ``outputs.pi_ref_hash``, the initial policy from DPO's ``outputs.checkpoint``,
-the reward model from the RM stage's ``outputs.checkpoint`` (whose ``outputs.ppo_unlock`` must say unlocked).
+the reward model from the RM stage's ``outputs.checkpoint``. The PPO unlock decision must say unlocked: the flow's
+(``--ppo_unlock_json``, which carries a recorded override), or else the rule applied to the RM stage's recorded
+measurements (``judging.unlock.decide_from_metrics``).
 Explicit paths (``--ref_path``, ``--policy_path``, ``--reward_model_path``) serve standalone runs.
 pi_ref's content hash is verified (``rlhf.checkpoint.verify_hash``) before anything is loaded and after training.
 
@@ -35,6 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -46,12 +49,13 @@ from transformers import (
 )
 from trl import TrlParser
 
+from judging.unlock import decide_from_metrics
 from ppo.config import PPOConfig, PPOScriptArguments
-from ppo.trainer import Callback, PPOTrainer, resolve_mixed_precision
-from rlhf.lineage import code_version, content_hash, json_hash
-from rlhf.manifest import MANIFEST_NAME, read_manifest, write_manifest
+from ppo.trainer import Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
-from rlhf.lineage import data_fingerprint
+from rlhf.lineage import content_hash, data_fingerprint
+from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
+from rlhf.precision import accelerate_mixed_precision
 from rlhf.tracking import log_summary, setup_wandb, wandb_mode
 
 logger = logging.getLogger("ppo.train")
@@ -99,7 +103,7 @@ def resolve_inputs(script_args: PPOScriptArguments) -> dict[str, Any]:
     Raises:
         FileNotFoundError: a stage directory has no manifest (the stage did not finish).
         ValueError: a manifest lacks the needed output.
-        RuntimeError: the reward-model stage left PPO locked, or a parent checkpoint changed since its stage.
+        RuntimeError: the unlock decision says PPO is locked, or a parent checkpoint changed since its stage.
     """
     script_args.check_complete()
     out: dict[str, Any] = {}
@@ -129,13 +133,13 @@ def resolve_inputs(script_args: PPOScriptArguments) -> dict[str, Any]:
 
     if script_args.reward_model_dir:
         manifest, rm = _stage_output(script_args.reward_model_dir, "checkpoint", "the reward model")
-        unlock = manifest["outputs"].get("ppo_unlock")
-        if unlock is not None and not unlock.get("unlocked"):
+        unlock = unlock_decision(script_args, manifest)
+        if not unlock.get("unlocked"):
             raise RuntimeError(
-                f"{Path(script_args.reward_model_dir) / MANIFEST_NAME}: PPO is locked (RM agreement "
-                f"{unlock.get('rm_agreement')} is not above inter-annotator agreement "
-                f"{unlock.get('inter_annotator_agreement')}); rerun the reward-model stage with an explicit, "
-                "recorded override to run PPO anyway")
+                f"{script_args.ppo_unlock_json or Path(script_args.reward_model_dir) / MANIFEST_NAME}: PPO is locked "
+                f"(RM agreement {unlock.get('rm_agreement')} is not above inter-annotator agreement "
+                f"{unlock.get('inter_annotator_agreement')}); run the round with an explicit, recorded override "
+                "(rlhf round --ppo-override REASON) to run PPO anyway")
         out.update(reward_model=rm, reward_model_hash=_checked_hash(rm, manifest, "the reward model"),
                    reward_model_manifest=str(Path(script_args.reward_model_dir).resolve()), ppo_unlock=unlock)
     else:
@@ -148,6 +152,25 @@ def resolve_inputs(script_args: PPOScriptArguments) -> dict[str, Any]:
     else:
         out.update(value_model_init=out["reward_model"], value_model_init_hash=out["reward_model_hash"])
     return out
+
+
+def unlock_decision(script_args: PPOScriptArguments, rm_manifest: dict[str, Any]) -> dict[str, Any]:
+    """The PPO unlock decision as a dict: the flow's file (``--ppo_unlock_json``) if given, else the rule applied
+    to the reward-model stage's recorded measurements (no override: that is the flow's to give).
+
+    Raises:
+        FileNotFoundError / ValueError: the decision file is missing or is not a decision; the RM manifest lacks
+            the measurements.
+    """
+    if script_args.ppo_unlock_json:
+        path = Path(script_args.ppo_unlock_json)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no PPO unlock decision file")
+        unlock = json.loads(path.read_text())
+        if not isinstance(unlock, dict) or not isinstance(unlock.get("unlocked"), bool):
+            raise ValueError(f"{path}: not a PPO unlock decision (needs a boolean 'unlocked')")
+        return unlock
+    return decide_from_metrics(rm_manifest.get("metrics", {})).to_dict()
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[Any]:
@@ -305,7 +328,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     inputs = resolve_inputs(script_args)
     verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="before training")
 
-    accelerator = Accelerator(mixed_precision=resolve_mixed_precision(config.mixed_precision))
+    accelerator = Accelerator(mixed_precision=accelerate_mixed_precision(config.precision))
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
     run_config = {**asdict(script_args), **asdict(config)}
@@ -352,25 +375,14 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         "pi_ref_unchanged": True,  # verify_hash raised otherwise
         "history": history,
     }
-    manifest: dict[str, Any] = {
-        "stage": "ppo",
-        "round_id": script_args.round_id,
-        "inputs": {
-            **inputs,
-            "prompts_data": prompts_source,
-            "prompts_data_hash": data_fingerprint(prompts_source),
-        },
-        "config_hash": json_hash(run_config),
-        "config": run_config,
-        "code_version": code_version(),
-        "precision": precision,
-        "outputs": {"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": None},
-        "metrics": metrics,
-        "versions": _versions(),
-    }
+    inputs = {**inputs, "prompts_data": prompts_source, "prompts_data_hash": data_fingerprint(prompts_source)}
+    outputs: dict[str, Any] = {"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": None}
+    manifest: dict[str, Any] = {"outputs": outputs}
     if accelerator.is_main_process:
-        manifest["outputs"]["checkpoint_hash"] = content_hash(checkpoint)
-        path = write_manifest(output_dir, manifest)
+        outputs["checkpoint_hash"] = content_hash(checkpoint)
+        path = stage_manifest("ppo", SimpleNamespace(**run_config), inputs=inputs, outputs=outputs, metrics=metrics,
+                              precision=precision, extra={"versions": _versions()})
+        manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
         if use_wandb:
             log_summary({k: v for k, v in metrics.items() if k != "history"})

@@ -63,8 +63,8 @@ from ppo.config import PPOConfig
 from ppo.types import Rollout
 from judging.scoring import score as rm_score
 from rlhf.generation import chat_prompt
-from rlhf.precision import resolve_precision
-from rlhf.checkpoint import save_checkpoint
+from rlhf.checkpoint import check_checkpoint, save_checkpoint
+from rlhf.precision import accelerate_mixed_precision
 
 logger = logging.getLogger(__name__)
 
@@ -77,17 +77,6 @@ Prompt = str | Sequence[Mapping[str, Any]] | Mapping[str, Any]
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
-
-
-def resolve_mixed_precision(requested: str) -> str:
-    """``config.mixed_precision`` -> accelerate's ``mixed_precision`` ('no' | 'bf16' | 'fp16').
-
-    The pipeline's rule (:func:`rlhf.precision.resolve_precision`, which logs the choice): 'auto' is bf16 on CUDA
-    with bf16, fp16 on older CUDA, fp32 on CPU (emulated bf16 is 8-10x slower here); an explicit bf16/fp16 the
-    device cannot honour falls back to fp32 with a warning. 'no' means fp32.
-    """
-    chosen = resolve_precision("fp32" if requested == "no" else requested)
-    return "no" if chosen == "fp32" else chosen
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -282,7 +271,7 @@ class PPOTrainer:
             ``datasets.Dataset`` with a ``prompt`` column works); rendered with the chat template.
         reward_tokenizer: the reward model's own tokenizer (default: ``tokenizer``); renders and tokenizes the
             (prompt, completion) pairs it scores, as the reward-model stage does.
-        accelerator: an ``Accelerator``; created from ``config.mixed_precision`` if omitted.
+        accelerator: an ``Accelerator``; created from ``config.precision`` (``rlhf.precision``) if omitted.
         callbacks: called as ``callback(step, metrics)`` every ``logging_steps`` steps on the main process.
     """
 
@@ -301,12 +290,12 @@ class PPOTrainer:
     ):
         self.config = config
         if accelerator is None:
-            accelerator = Accelerator(mixed_precision=resolve_mixed_precision(config.mixed_precision))
+            accelerator = Accelerator(mixed_precision=accelerate_mixed_precision(config.precision))
         self.accelerator = accelerator
         self.mixed_precision = str(accelerator.mixed_precision)
         logger.info(
-            "PPO precision: requested mixed_precision=%r -> %r (device %s)",
-            config.mixed_precision,
+            "PPO precision: requested %r -> accelerate mixed_precision %r (device %s)",
+            config.precision,
             self.mixed_precision,
             self.accelerator.device,
         )
@@ -742,25 +731,4 @@ class _GatheredPolicy:
 
     def save_pretrained(self, directory: str | os.PathLike[str], **kwargs: Any) -> None:
         self.policy.save_pretrained(directory, state_dict=self.state_dict, **kwargs)
-        _check_saved_tensors(Path(directory), self.state_dict)
-
-
-def _check_saved_tensors(directory: Path, expected: Mapping[str, torch.Tensor]) -> None:
-    from safetensors import safe_open
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise RuntimeError(f"{directory}: no .safetensors file was written")
-    seen: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as handle:
-            for key in handle.keys():
-                seen[key] = tuple(handle.get_slice(key).get_shape())
-    for key, shape in seen.items():
-        if math.prod(shape) == 0:
-            raise RuntimeError(f"{directory}: tensor {key} was saved empty (shape {shape})")
-        if key in expected and tuple(expected[key].shape) != shape:
-            want = tuple(expected[key].shape)
-            raise RuntimeError(f"{directory}: tensor {key} saved with shape {shape}, expected {want}")
-    if not seen:
-        raise RuntimeError(f"{directory}: the checkpoint holds no tensors")
+        check_checkpoint(directory, {k: tuple(v.shape) for k, v in self.state_dict.items()})

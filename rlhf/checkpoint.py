@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from .lineage import content_hash
@@ -41,8 +42,10 @@ def save_checkpoint(model, tokenizer, final_dir: str | os.PathLike) -> Path:
     return final
 
 
-def check_checkpoint(path: str | os.PathLike) -> None:
-    """Refuse a checkpoint with no weights or with empty tensors (shape with a 0, as a bad ZeRO-3 save writes).
+def check_checkpoint(path: str | os.PathLike, expected_shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+    """Refuse a checkpoint with no weights, with empty tensors (shape with a 0, as a bad ZeRO-3 save writes), or
+    (given ``expected_shapes``, tensor name -> shape, e.g. of the gathered state dict that was saved) with a tensor
+    whose saved shape differs from the expected one.
 
     Raises:
         RuntimeError: naming the file and tensor.
@@ -52,12 +55,19 @@ def check_checkpoint(path: str | os.PathLike) -> None:
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise RuntimeError(f"{path}: checkpoint has no .safetensors weights")
+    n = 0
     for f in files:
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():
-                shape = st.get_slice(key).get_shape()
+                n += 1
+                shape = tuple(st.get_slice(key).get_shape())
                 if 0 in shape:
                     raise RuntimeError(f"{f}: tensor {key} is empty (shape {shape}); refusing the checkpoint")
+                want = (expected_shapes or {}).get(key)
+                if want is not None and tuple(want) != shape:
+                    raise RuntimeError(f"{f}: tensor {key} saved with shape {shape}, expected {tuple(want)}")
+    if not n:
+        raise RuntimeError(f"{path}: the checkpoint holds no tensors")
 
 
 def make_writable(path: Path) -> None:

@@ -31,6 +31,15 @@ class CommonArguments:
         default=0.05, metadata={"help": "Lenient mode: largest tolerated share of bad rows."}
     )
 
+    def __post_init__(self):
+        if self.data_mode not in ("strict", "lenient"):
+            raise ValueError(f"data_mode must be strict or lenient, got {self.data_mode!r}")
+        if not 0 <= self.max_reject_rate <= 1:
+            raise ValueError(f"max_reject_rate must be a share in [0, 1], got {self.max_reject_rate}")
+        parent = getattr(super(), "__post_init__", None)  # the TRL config's, in a stage config
+        if parent is not None:
+            parent()
+
 
 @dataclass
 class PipelineArguments(CommonArguments):

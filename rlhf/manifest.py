@@ -62,12 +62,26 @@ def read_manifest(output_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def stage_manifest(
-    stage: str, args, *, inputs: dict[str, Any], outputs: dict[str, Any], metrics: dict[str, Any]
+    stage: str,
+    args,
+    *,
+    inputs: dict[str, Any],
+    outputs: dict[str, Any],
+    metrics: dict[str, Any],
+    precision: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``<output_dir>/manifest.json`` with lineage: input hashes, config hash, code version, outputs, metrics.
 
-    ``args`` is the stage's parsed config (a dataclass or any object with ``output_dir``, ``round_id`` and, for
-    the precision record, ``bf16``/``fp16`` or ``precision``); ``extra`` adds top-level entries (e.g. versions).
+    Args:
+        args: the stage's parsed config: any object whose ``vars()`` are its settings, with ``output_dir`` and
+            ``round_id`` (and ``bf16``/``fp16`` for a TRL config, unless ``precision`` is given).
+        precision: the dtype the stage trained in (``fp32``/``bf16``/``fp16``); default from ``args.bf16``/``fp16``.
+        extra: more top-level entries (e.g. library versions).
+
+    Returns:
+        The manifest's path; the manifest holds ``stage, round_id, inputs, config, config_hash, code_version,
+        precision, outputs, metrics`` (+ ``extra``, ``finished_at``).
     """
     config = {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_")}
     return write_manifest(
@@ -79,8 +93,9 @@ def stage_manifest(
             "config_hash": json_hash(config),
             "config": config,
             "code_version": code_version(),
-            "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            "precision": precision or ("bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"),
             "outputs": outputs,
             "metrics": metrics,
+            **(extra or {}),
         },
     )

@@ -133,13 +133,60 @@ def convert_gguf(gguf_file: str | os.PathLike, cache_dir: str | os.PathLike | No
     return final
 
 
+def tiny_config(tokenizer, *, num_labels: int | None = None, **overrides):
+    """The tiny Llama's ``LlamaConfig`` (:data:`TINY_CONFIG` + ``overrides``) for ``tokenizer``'s vocabulary and
+    special tokens; ``num_labels=1`` for a reward or value model (``LlamaForSequenceClassification``)."""
+    from transformers import LlamaConfig
+
+    extra = {} if num_labels is None else {"num_labels": num_labels}
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **{**TINY_CONFIG, **overrides},
+        **extra,
+    )
+
+
+def build_tiny_models(tokenizer, seed: int = 0, **overrides) -> dict:
+    """The tiny models of a round, in memory: ``policy`` and ``ref`` (an independent deep copy of the policy,
+    ``LlamaForCausalLM``), ``reward`` and ``value`` (a deep copy of the reward model, 1-label
+    ``LlamaForSequenceClassification``). Seeded; ``overrides`` change :data:`TINY_CONFIG` (e.g. dropout)."""
+    import copy
+
+    import torch
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    torch.manual_seed(seed)
+    policy = LlamaForCausalLM(tiny_config(tokenizer, **overrides))
+    reward = LlamaForSequenceClassification(tiny_config(tokenizer, num_labels=1, **overrides))
+    return {"policy": policy, "ref": copy.deepcopy(policy), "reward": reward, "value": copy.deepcopy(reward)}
+
+
+def save_tiny_models(root: str | os.PathLike, tokenizer=None, seed: int = 0) -> dict[str, Path]:
+    """Save the tiny ``policy``, ``ref`` and ``reward`` models (each with ``tokenizer``, default SmolLM2's) under
+    ``root``; returns their directories."""
+    from transformers import AutoTokenizer
+
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(tokenizer_dir())
+    models = build_tiny_models(tokenizer, seed=seed)
+    paths = {}
+    for name in ("policy", "ref", "reward"):
+        d = Path(root) / name
+        models[name].save_pretrained(d)
+        tokenizer.save_pretrained(d)
+        paths[name] = d
+    return paths
+
+
 def build_tiny_model(cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
     """Build (once) the tiny Llama used by the ``smoke`` preset and tests: SmolLM2's tokenizer, 2 layers, d=64.
 
     Its weights are random (seeded), so its outputs are noise, but every stage runs the same code on it.
     """
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     spec = {**TINY_CONFIG, "seed": seed}
     final = Path(cache_dir or cache_root()) / "models" / f"tiny-{json_hash(spec)[:16]}"
@@ -148,15 +195,8 @@ def build_tiny_model(cache_dir: str | os.PathLike | None = None, seed: int = 0) 
     tok_dir = tokenizer_dir(cache_dir)
     with _atomic_dir(final) as tmp:
         tok = AutoTokenizer.from_pretrained(tok_dir)
-        config = LlamaConfig(
-            vocab_size=len(tok),
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            **TINY_CONFIG,
-        )
         torch.manual_seed(seed)
-        LlamaForCausalLM(config).save_pretrained(tmp)
+        LlamaForCausalLM(tiny_config(tok)).save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / "source.json").write_text(json.dumps({"kind": "tiny", "config": spec}, indent=2))
     return final

@@ -49,3 +49,10 @@ def resolve_precision(requested: str = "auto") -> Literal["fp32", "bf16", "fp16"
         "precision: %s (%s)", chosen, reason
     )
     return chosen
+
+
+def accelerate_mixed_precision(requested: str = "auto") -> Literal["no", "bf16", "fp16"]:
+    """:func:`resolve_precision`'s choice in accelerate's vocabulary (``Accelerator(mixed_precision=...)``):
+    fp32 is ``"no"``. For stages that drive accelerate themselves (PPO) instead of a TRL trainer."""
+    chosen = resolve_precision(requested)
+    return "no" if chosen == "fp32" else chosen

@@ -11,12 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from ppo.config import PPOConfig, PPOScriptArguments
-from ppo.tiny import save_tiny_models
 from ppo.train import load_prompts, main, parse_args
-from rlhf.lineage import code_version, content_hash, json_hash
-from rlhf.manifest import read_manifest, write_manifest
 from rlhf.checkpoint import check_checkpoint, freeze_dir
-from rlhf.lineage import data_fingerprint
+from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
+from rlhf.manifest import read_manifest, write_manifest
+from rlhf.models import save_tiny_models
 
 PROMPTS = "demo:hh_rlhf/pairs_train.jsonl"
 
@@ -39,8 +38,9 @@ def stages(tmp_path):
     pi_ref_hash = freeze_dir(sft / "pi_ref")
     _stage_dir(round_dir, "sft", paths["ref"], pi_ref=str((sft / "pi_ref").resolve()), pi_ref_hash=pi_ref_hash)
     dpo = _stage_dir(round_dir, "dpo", paths["policy"])
-    rm = _stage_dir(round_dir, "reward_model", paths["reward"],
-                    ppo_unlock={"unlocked": True, "rm_agreement": 0.7, "inter_annotator_agreement": 0.6})
+    rm = _stage_dir(round_dir, "reward_model", paths["reward"])
+    unlock = round_dir / "ppo_unlock.json"  # the flow's decision (flows/round.py writes it)
+    unlock.write_text(json.dumps({"unlocked": True, "rm_agreement": 0.7, "inter_annotator_agreement": 0.6}))
     recipe = tmp_path / "ppo.yaml"
     recipe.write_text(
         f"prompts_data: {PROMPTS}\nmax_prompts: 8\n"
@@ -49,8 +49,9 @@ def stages(tmp_path):
     )
     out = round_dir / "ppo"
     argv = ["--config", str(recipe), "--output_dir", str(out), "--sft_dir", str(sft), "--policy_dir", str(dpo),
-            "--reward_model_dir", str(rm), "--round_id", "r1"]  # as flows/round.py launches the stage
-    return {"paths": paths, "sft": sft, "dpo": dpo, "rm": rm, "pi_ref": sft / "pi_ref", "pi_ref_hash": pi_ref_hash,
+            "--reward_model_dir", str(rm), "--ppo_unlock_json", str(unlock),
+            "--round_id", "r1"]  # as flows/round.py launches the stage
+    return {"paths": paths, "sft": sft, "dpo": dpo, "rm": rm, "unlock": unlock, "pi_ref": sft / "pi_ref", "pi_ref_hash": pi_ref_hash,
             "recipe": recipe, "out": out, "argv": argv}
 
 
@@ -147,17 +148,35 @@ def test_tampered_pi_ref_stops_the_stage_before_training(stages, monkeypatch):
 
 
 def test_locked_ppo_and_a_moved_parent_checkpoint_are_refused(stages):
-    rm_manifest = read_manifest(stages["rm"])
-    rm_manifest["outputs"]["ppo_unlock"]["unlocked"] = False
-    write_manifest(stages["rm"], rm_manifest)
+    unlock = json.loads(stages["unlock"].read_text())
+    stages["unlock"].write_text(json.dumps({**unlock, "unlocked": False}))
     with pytest.raises(RuntimeError, match="PPO is locked"):
         main(stages["argv"])
 
-    rm_manifest["outputs"]["ppo_unlock"]["unlocked"] = True
-    write_manifest(stages["rm"], rm_manifest)
+    stages["unlock"].write_text(json.dumps(unlock))
     (stages["dpo"] / "checkpoint" / "extra.txt").write_text("not what the DPO stage wrote")
     with pytest.raises(RuntimeError, match="changed since its stage finished"):
         main(stages["argv"])
+
+
+def test_without_the_flow_s_decision_the_rule_reads_the_reward_model_measurements(stages):
+    """Standalone (no --ppo_unlock_json): judging.unlock decides from the RM stage's recorded measurements, with no
+    override. RM agrees with the expert on 3 of 4 pairs (0.75); annotators agree on every pair (1.0): locked."""
+    from judging.agreement import inter_annotator_agreement, rm_agreement
+    from ppo.train import unlock_decision
+
+    expert = [1, 2, 1, 2]
+    rm = rm_agreement([1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], expert)  # prefers the first side on pair 3
+    iaa = inter_annotator_agreement([[1, 1, 1], [2, 2, 2], [1, 1, 1], [2, 2, 2]], n_resamples=200)
+    manifest = read_manifest(stages["rm"])
+    manifest["metrics"] = {"rm_agreement": rm.to_dict(), "inter_annotator_agreement": iaa.to_dict()}
+    write_manifest(stages["rm"], manifest)
+    script_args, _ = parse_args([a for a in stages["argv"] if a not in ("--ppo_unlock_json", str(stages["unlock"]))])
+    decision = unlock_decision(script_args, read_manifest(stages["rm"]))
+    assert decision["rm_agreement"] == 0.75 and decision["inter_annotator_agreement"] == 1.0
+    assert decision["unlocked"] is False and decision["overridden"] is False
+    with pytest.raises(RuntimeError, match="PPO is locked"):
+        main([a for a in stages["argv"] if a not in ("--ppo_unlock_json", str(stages["unlock"]))])
 
 
 def test_cli_overrides_yaml_and_unknown_keys_are_errors(stages, tmp_path):

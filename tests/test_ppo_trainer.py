@@ -1,4 +1,4 @@
-"""PPOTrainer on tiny Llama models (CPU, seconds)."""
+"""PPOTrainer on tiny Llama models (rlhf.models) with a character-level tokenizer (CPU, seconds)."""
 
 import copy
 import math
@@ -8,7 +8,8 @@ import torch
 
 from ppo import core
 from ppo.config import PPOConfig
-from ppo.tiny import BOS, build_tiny_models, build_tiny_tokenizer
+from char_tokenizer import BOS, build_tiny_tokenizer
+from rlhf.models import build_tiny_models
 from ppo.trainer import (
     PPOTrainer,
     completion_logits,
@@ -180,7 +181,7 @@ def test_tokenize_prompts_errors_name_the_row(tokenizer):
     assert ids[0][0] == tokenizer.convert_tokens_to_ids(BOS) and ids[0].count(tokenizer.eos_token_id) == 1
     assert ids[1] == ids[0], "a string prompt is one user message, as reward_model.scoring.render reads it"
     with pytest.raises(ValueError, match="row 1: .*max_prompt_length"):
-        tokenize_prompts(tokenizer, ["ok", "x" * 100], 64)
+        tokenize_prompts(tokenizer, ["ok", "x" * 100], 64)  # one token per character here
     with pytest.raises(ValueError, match="row 0, message 0"):
         tokenize_prompts(tokenizer, [[{"role": "user", "content": 3}]], 64)
     with pytest.raises(ValueError, match="row 0: .*assistant"):
