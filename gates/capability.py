@@ -34,7 +34,7 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.proportion import proportion_confint
 
 from gates.refusal import Rate
-from gates.result import GateResult, Metric
+from gates.result import GateResult, Metric, mark_inconclusive
 
 GATE_NAME = "capability"
 GATE_VERSION = "1"
@@ -265,6 +265,35 @@ _ALONE = re.compile(r"^\s*\(?\s*([A-Za-z])\s*\)?\s*[.:]?\s*$")
 _OPENING = re.compile(r"^\s*(?:\(([A-Z])\)|([A-Z])[.):])(?=\s|$)")
 _PAREN = re.compile(r"\(([A-Z])\)")
 _OPTION_LINE = re.compile(r"^\(([A-Z])\)\s", re.MULTILINE)
+
+
+def capability_gate_on_answers(
+    candidate_correct: Any,
+    baseline_correct: Any,
+    n_unparsed: Mapping[str, int],
+    **kwargs: Any,
+) -> GateResult:
+    """``capability_gate`` on graded multiple-choice answers, with the unparsed answers accounted for.
+
+    An answer that cannot be read as a letter counts as wrong (``grade_mc``). When *neither* model produced one
+    readable answer the comparison says nothing about capability, so the gate is "inconclusive"; otherwise the
+    reason names the unparsed counts.
+
+    Args:
+        candidate_correct, baseline_correct: bool arrays, shape (n_items,), as ``capability_gate``.
+        n_unparsed: ``{"candidate": int, "baseline": int}`` unreadable answers of each model.
+        **kwargs: passed to ``capability_gate`` (alpha, max_drop_pp, ...).
+    """
+    n = len(np.asarray(candidate_correct))
+    result = capability_gate(candidate_correct, baseline_correct, **kwargs)
+    if min(n_unparsed.values()) == n:
+        return mark_inconclusive(result, f"no answer could be read as a letter (unparsed: {dict(n_unparsed)}).")
+    return result.model_copy(
+        update={
+            "reason": f"{result.reason} Unparsed answers (counted wrong): candidate {n_unparsed['candidate']}, "
+            f"baseline {n_unparsed['baseline']} of {n}."
+        }
+    )
 
 
 def _letters(n_choices: int) -> str:

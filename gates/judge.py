@@ -221,6 +221,37 @@ def judge_agreement_gate(
     return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=table)
 
 
+def judge_unmeasured_gate(source: str, *, name: str = GATE_NAME) -> GateResult:
+    """The judge-agreement gate when the judge's agreement with humans was not measured: "inconclusive" (and the
+    win-rate gates cannot decide either, see ``gates.winrate.without_measured_judge``).
+
+    Args:
+        source: where the per-pair judgments were looked for (the reward-model stage directory), for the reason.
+    """
+    return GateResult(
+        name=name,
+        version=GATE_VERSION,
+        verdict="inconclusive",
+        metrics={},
+        reason=f"judge agreement not measured: {source} has no per-pair "
+        "agreement scores (outputs.agreement_scores), so win-rate gates cannot decide",
+    )
+
+
+def judge_gate(
+    agreement: JudgeHumanAgreement | None,
+    measured_win_rate: float,
+    *,
+    source: str,
+    floor: float = DEFAULT_FLOOR,
+) -> GateResult:
+    """The judge-agreement gate of a round: ``judge_agreement_gate_with_effect`` when the agreement was measured,
+    else ``judge_unmeasured_gate(source)``."""
+    if agreement is None:
+        return judge_unmeasured_gate(source)
+    return judge_agreement_gate_with_effect(agreement, measured_win_rate, floor=floor)
+
+
 # --------------------------------------------------------------------------------------------
 # corrected effect size (added with the per-intent matrix; see gates/intent.py)
 # --------------------------------------------------------------------------------------------

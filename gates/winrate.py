@@ -29,7 +29,7 @@ import pandas as pd
 from scipy import stats
 from sklearn.linear_model import LogisticRegression
 
-from gates.result import GateResult, Metric
+from gates.result import GateResult, Metric, mark_inconclusive
 
 logger = logging.getLogger(__name__)
 
@@ -555,3 +555,14 @@ def win_rate_gate(
 def per_item_lengths(texts: Sequence[str]) -> np.ndarray:
     """Character lengths of ``texts`` (alpaca_eval's length unit), shape (n_items,)."""
     return np.asarray([len(t) for t in texts], dtype=float)
+
+
+def without_measured_judge(results: Sequence[GateResult], judge_agreement: float | None) -> list[GateResult]:
+    """Win-rate gates (raw / length-controlled, per-intent matrix) decided by a judge whose agreement with humans
+    was not measured (``judge_agreement`` None) are inconclusive: an unmeasured judge cannot decide a win rate
+    (DESIGN.md "Release gates", judge-agreement row). With a measured judge the results are returned unchanged.
+    """
+    if judge_agreement is not None:
+        return list(results)
+    return [mark_inconclusive(r, "the judge's agreement with humans was not measured.") for r in results]
+

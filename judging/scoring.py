@@ -124,7 +124,7 @@ def score_pairs(model, tokenizer, pairs, batch_size: int, max_length: int) -> tu
     return first, second
 
 
-def check_score_head(
+def check_reload_scores(
     checkpoint: str,
     tokenizer,
     first: np.ndarray,
@@ -160,3 +160,23 @@ def check_score_head(
             "was the score head saved?"
         )
     return dev
+
+
+def check_score_head(path: str) -> None:
+    """Refuse a reward-model checkpoint without a trained score head (it would load with a random one).
+
+    Raises:
+        ValueError: no ``score.weight`` tensor in the checkpoint's safetensors files.
+    """
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    for f in Path(path).glob("*.safetensors"):
+        with safe_open(str(f), framework="pt") as st:
+            if any(k.endswith("score.weight") for k in st.keys()):
+                return
+    raise ValueError(
+        f"{path}: no score head (score.weight) in the checkpoint; the judge must be a trained reward "
+        "model (a reward_model stage directory), not a causal LM that would get a random head"
+    )

@@ -26,7 +26,7 @@ from data.loaders import load_pairs
 from data.pairs import prepare_pairs
 from data.schemas import pair_to_trl
 from judging.agreement import expert_labels, inter_annotator_agreement, rm_agreement
-from judging.scoring import check_score_head, load_reward_model, score_pairs
+from judging.scoring import check_reload_scores, load_reward_model, score_pairs
 from rlhf.checkpoint import save_checkpoint
 from rlhf.config import peft_config
 from rlhf.entrypoint import handle_rejects, setup_stage
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Agreement on held-out multi-annotator pairs; the reloaded checkpoint must reproduce the live model's scores.
     max_len = args.max_length or 512
     first, second = score_pairs(model, tokenizer, scored, args.scoring_batch_size, max_len)
-    reload_dev = check_score_head(str(checkpoint), tokenizer, first, second, scored, args.scoring_batch_size, max_len)
+    reload_dev = check_reload_scores(str(checkpoint), tokenizer, first, second, scored, args.scoring_batch_size, max_len)
 
     # Inter-annotator agreement on every held-out pair; the RM on the (possibly smaller) scored subset.
     labels = np.array([[lab.preference for lab in p.labels] for p in held_out])

@@ -35,7 +35,8 @@ def test_classifier_needs_two_intents_with_two_prompts_each():
 
 
 def test_gate_stage_keeps_data_labels_and_classifies_only_unlabelled_prompts(tiny_model_dir):
-    from gates.evaluate import GateStageConfig, label_intents
+    from gates.config import GateStageConfig
+    from gates.generation import label_intents
 
     alpaca = stratified(load_eval_prompts("demo:alpaca_eval/annotations/baseline_gpt4_1106_preview.jsonl.gz"), 2)
     hh = load_eval_prompts("demo:hh_rlhf/pairs_heldout.jsonl", limit=3)  # HH-RLHF carries no intent

@@ -43,13 +43,13 @@ def test_capability_questions_carry_no_suggestion():
 
 
 def _config(**kw):
-    from gates.evaluate import GateStageConfig
+    from gates.config import GateStageConfig
 
     return GateStageConfig(**kw)
 
 
 def test_gate_inputs_are_checked_before_any_generation(tmp_path):
-    from gates.evaluate import check_inputs
+    from gates.inputs import check_inputs
 
     traffic, previous, _ = check_inputs(_config())
     assert abs(sum(traffic.values()) - 1) < 1e-9 and previous is None
@@ -66,14 +66,14 @@ def test_gate_inputs_are_checked_before_any_generation(tmp_path):
 
 
 def test_a_judge_without_a_score_head_is_refused(tiny_model_dir):
-    from gates.evaluate import check_score_head
+    from judging.scoring import check_score_head
 
     with pytest.raises(ValueError, match="no score head"):
         check_score_head(tiny_model_dir)  # a causal LM would load as a reward model with a random head
 
 
 def test_an_earlier_report_is_removed_before_a_new_run(tmp_path):
-    from gates.evaluate import clear_previous_outputs
+    from gates.inputs import clear_previous_outputs
 
     for name in ("report.md", "report.json", "report.junit.xml", "manifest.json", "notes.txt"):
         (tmp_path / name).write_text("old")

@@ -1,0 +1,56 @@
+"""From measurements to the gates' results: one pure function, no I/O (DESIGN.md "Release gates").
+
+Each gate decides on its own numbers with its own rule, and every rule lives in its gate's module: the judge
+gate (measured or not, ``gates.judge.judge_gate``), the win-rate gates (inconclusive without a measured judge,
+``gates.winrate.without_measured_judge``), capability (inconclusive when nothing parses,
+``gates.capability.capability_gate_on_answers``), two-sided refusal, sycophancy, drift and citations. Nothing is
+averaged; ``gates.result.release_verdict`` combines the verdicts.
+"""
+
+from __future__ import annotations
+
+from .capability import capability_gate_on_answers
+from .citations import citation_gate
+from .config import GateStageConfig
+from .drift import drift_gate
+from .intent import intent_matrix_gate
+from .judge import judge_gate
+from .measure import Measurements
+from .refusal import RefusalThresholds, two_sided_refusal_gate
+from .result import GateResult
+from .sycophancy import sycophancy_gate
+from .winrate import win_rate_gate, without_measured_judge
+
+def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
+    """Every release gate's result on the round's measurements.
+
+    Args:
+        m: the round's measurements (``gates.measure.measure``).
+        config: thresholds (``lc_bar``, ``judge_floor``, ``intent_min_share``, ``intent_min_items``,
+            ``max_violation_increase_pp``, ``max_false_refusal_increase_pp``, ``max_flip_rate``).
+
+    Returns:
+        GateResults in the order judge agreement, win rate, per-intent matrix, two-sided refusal, capability,
+        sycophancy, drift, citations.
+    """
+    a = None if m.judge is None else m.judge.agreement
+    winrate = without_measured_judge(
+        [
+            win_rate_gate(m.preferences, m.len_candidate, m.len_baseline, bar=config.lc_bar, judge_agreement=a,
+                          judge_floor=config.judge_floor),
+            intent_matrix_gate(m.preferences, m.intents, m.traffic, min_share=config.intent_min_share,
+                               bar=config.lc_bar, min_items=config.intent_min_items, judge_agreement=a,
+                               judge_floor=config.judge_floor),
+        ],
+        a,
+    )
+    thresholds = RefusalThresholds(config.max_violation_increase_pp, config.max_false_refusal_increase_pp)
+    return [
+        judge_gate(m.judge, m.measured_win_rate, source=m.judge_source, floor=config.judge_floor),
+        *winrate,
+        two_sided_refusal_gate(m.refusal["candidate"], m.refusal["baseline"], thresholds),
+        capability_gate_on_answers(m.capability["candidate"], m.capability["baseline"], m.unparsed),
+        sycophancy_gate(m.sycophancy["candidate"], m.sycophancy["baseline"], max_flip_rate=config.max_flip_rate),
+        drift_gate(m.drift["candidate"], m.drift_previous),
+        citation_gate(m.citation_turns, set()),
+    ]

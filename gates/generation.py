@@ -1,0 +1,148 @@
+"""Gate-stage generation: the suites, each model's answers to them (greedy, batched), and the intents of the
+win-rate prompts."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from data.loaders import load_eval_prompts
+from rlhf.generation import generate
+
+from .config import GateStageConfig
+from .suites import capability_questions, stratified, suggested_questions
+from .sycophancy import are_you_sure_messages
+
+logger = logging.getLogger("gates.generation")
+
+
+@dataclass(frozen=True)
+class Suites:
+    """The round's gate suites, loaded and sampled once.
+
+    Fields:
+        winrate: win-rate prompts (``EvalPrompt``, stratified by intent).
+        questions: neutral multiple-choice questions (capability and the "are you sure?" flip probe).
+        suggested: questions with a user-suggested wrong answer (sycophancy).
+        safe, redteam: benign-but-scary and red-team prompts (two-sided refusal).
+    """
+
+    winrate: list
+    questions: list
+    suggested: list
+    safe: list
+    redteam: list
+
+    @property
+    def prompts(self) -> dict[str, list]:
+        """What each model is sent, per suite (``answer_suites``' input)."""
+        return {
+            "winrate": [chat_of(p) for p in self.winrate],
+            "safe": [p.prompt for p in self.safe],
+            "redteam": [p.prompt for p in self.redteam],
+            "capability": [q.prompt for q in self.questions],
+            "sycophancy": [q.prompt for q in self.suggested],
+        }
+
+    @property
+    def ids(self) -> dict[str, list[str]]:
+        """Item ids per suite, ``are_you_sure`` included (it asks the capability questions again)."""
+        return {
+            "winrate": [p.id for p in self.winrate],
+            "safe": [p.id for p in self.safe],
+            "redteam": [p.id for p in self.redteam],
+            "capability": [q.id for q in self.questions],
+            "are_you_sure": [q.id for q in self.questions],
+            "sycophancy": [q.id for q in self.suggested],
+        }
+
+
+def load_suites(args: GateStageConfig) -> Suites:
+    """Load and sample every suite named in ``args`` (the ``*_data`` files, ``n_*`` sizes)."""
+    return Suites(
+        winrate=stratified(load_eval_prompts(args.winrate_data), args.n_winrate),
+        questions=capability_questions(
+            load_eval_prompts(args.capability_data, limit=args.n_capability), args.n_capability
+        ),
+        suggested=suggested_questions(load_eval_prompts(args.sycophancy_data), args.n_sycophancy),
+        safe=load_eval_prompts(args.safe_data, set_name="xstest_safe", limit=args.n_safe),
+        redteam=load_eval_prompts(args.redteam_data, limit=args.n_redteam),
+    )
+
+
+def write_generations(path: Path, suites: Suites, answers: dict[str, dict]) -> None:
+    """One JSONL row per (suite, item): suite, id, prompt, baseline and candidate answers."""
+    prompts, ids = suites.prompts, suites.ids
+    with open(path, "w") as f:
+        for name in [*prompts, "are_you_sure"]:
+            for i, item_id in enumerate(ids[name]):
+                row = {
+                    "suite": name,
+                    "id": item_id,
+                    "prompt": prompts.get(name, prompts["capability"])[i],
+                    "baseline": answers["baseline"][name]["text"][i],
+                    "candidate": answers["candidate"][name]["text"][i],
+                }
+                f.write(json.dumps(row) + "\n")
+
+
+def chat_of(p) -> list[dict] | str:
+    """What to send for an eval prompt: the full conversation of a multi-turn held-out pair, else the prompt."""
+    return p.meta.get("messages") or p.prompt
+
+
+def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who: str) -> dict[str, dict]:
+    """Generate one model's answers to every suite. Returns ``{suite: {"text": [...], "n_tokens": [...]}}``.
+
+    The flip probe's second turn depends on the model's own first answer, so it runs after the capability suite.
+    """
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    out = {}
+    for name, prompts in suites.items():
+        cap = args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
+        text, n = generate(model, tok, prompts, max_new_tokens=cap, batch_size=args.batch_size, desc=f"{who} {name}")
+        out[name] = {"text": text, "n_tokens": n}
+    challenged = [are_you_sure_messages(q, a) for q, a in zip(suites["capability"], out["capability"]["text"])]
+    text, n = generate(
+        model,
+        tok,
+        challenged,
+        max_new_tokens=args.mc_max_new_tokens,
+        batch_size=args.batch_size,
+        desc=f"{who} are-you-sure",
+    )
+    out["are_you_sure"] = {"text": text, "n_tokens": n}
+    out["_length"] = lambda t, tok=tok: len(tok(t, add_special_tokens=False)["input_ids"])
+    del model
+    return out
+
+
+def label_intents(prompts: list, model_path: str, args: GateStageConfig) -> tuple[list[str], dict | None]:
+    """Each win-rate prompt's intent: its own label, else the embedding classifier's (fitted on
+    ``intent_training_data`` with the baseline checkpoint's pooled states). Returns (intents, classifier summary)."""
+    if all(p.intent for p in prompts):
+        return [p.intent for p in prompts], None
+    from .intent_classifier import embed, fit_intent_classifier
+
+    labelled = [p for p in load_eval_prompts(args.intent_training_data) if p.intent]
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    clf = fit_intent_classifier(embed(model, tok, [p.prompt for p in labelled]), [p.intent for p in labelled])
+    missing = [i for i, p in enumerate(prompts) if not p.intent]
+    predicted = clf.predict(embed(model, tok, [prompts[i].prompt for i in missing]))
+    intents = [p.intent for p in prompts]
+    for i, label in zip(missing, predicted):
+        intents[i] = label
+    logger.info(
+        "intent classifier: %d prompts labelled, held-out accuracy %.3f (n=%d)",
+        len(missing),
+        clf.held_out_accuracy,
+        clf.n_test,
+    )
+    return intents, {"n_classified": len(missing), "held_out_accuracy": clf.held_out_accuracy, "n_test": clf.n_test}
