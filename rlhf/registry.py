@@ -59,7 +59,7 @@ STAGES: dict[str, Stage] = {
             "reward-model",
         ),
         Stage("ppo", "ppo", "ppo.train", ("ppo.config:PPOScriptArguments", "ppo.config:PPOConfig"), "ppo", "ppo"),
-        Stage("gates", "gates", "gates.evaluate", ("gates.evaluate:GateStageConfig",), "gates", "gates"),
+        Stage("gates", "gates", "gates.evaluate", ("gates.config:GateStageConfig",), "gates", "gates"),
     )
 }
 

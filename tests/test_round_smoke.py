@@ -47,12 +47,49 @@ def test_round_writes_checkpoints_manifests_and_a_verdict(smoke_round):
     dpo = json.loads((round_dir / "dpo" / "manifest.json").read_text())
     assert dpo["inputs"]["pi_ref_hash"] == sft["outputs"]["pi_ref_hash"]
     assert abs(dpo["metrics"]["step0_loss_max_dev"]) < 1e-3 and dpo["metrics"]["step0_margin_max_abs"] < 1e-3
-    assert manifest["verdict"] in ("pass", "block")
+    # the round's verdict is the one release_verdict computes from the gate results the report holds
+    from gates.result import GateResult, release_verdict
+
+    report = json.loads((round_dir / "gates" / "report.json").read_text())
+    results = [GateResult.model_validate(g) for g in report["gates"]]
+    assert manifest["verdict"] == report["verdict"] == release_verdict(results)
+    blocking = [r.name for r in results if r.verdict != "pass"]
+    assert manifest["verdict"] == ("block" if blocking else "pass"), blocking
+
+
+def test_each_gate_verdict_follows_from_its_inputs(smoke_round):
+    """The judge gate's verdict from its measured agreement vs the recipe's floor; the win-rate gates are
+    inconclusive unless the judge passed; any gate short of pass blocks the release."""
+    import yaml
+
+    params, round_dir, manifest = smoke_round
+    recipe = yaml.safe_load((Path(__file__).resolve().parent.parent / "recipes" / "smoke" / "gates.yaml").read_text())
+    report = json.loads((round_dir / "gates" / "report.json").read_text())
+    gates = {g["name"]: g for g in report["gates"]}
+    agreement = gates["judge_agreement"]["metrics"]["agreement"]
+    floor = recipe["judge_floor"]
+    expected = "inconclusive" if agreement["n"] == 0 else ("block" if agreement["value"] < floor else "pass")
+    assert gates["judge_agreement"]["verdict"] == expected
+    # the smoke judge is a barely trained tiny RM: it cannot reach 0.85 with humans on 16 PandaLM pairs
+    assert agreement["value"] < floor and expected == "block"
+    for name in ("length_controlled_win_rate", "intent_matrix"):
+        assert gates[name]["verdict"] == "inconclusive", (name, gates[name]["reason"])
+    assert manifest["verdict"] == "block"
 
 
 def test_ppo_unlock_decision_is_recorded_with_both_numbers(smoke_round):
-    _, _, manifest = smoke_round
+    from judging.unlock import decide_from_metrics
+
+    _, round_dir, manifest = smoke_round
     unlock = manifest["ppo_unlock"]
+    # the flow decided from the reward-model stage's recorded measurements, wrote the decision next to the round,
+    # and the gate report shows it
+    rm = json.loads((round_dir / "reward_model" / "manifest.json").read_text())
+    assert unlock == json.loads(json.dumps(decide_from_metrics(rm["metrics"]).to_dict()))
+    assert json.loads(Path(manifest["ppo_unlock_json"]).read_text()) == unlock
+    from gates.render import ppo_unlock_line
+
+    assert ppo_unlock_line(unlock) in Path(manifest["gate_report"]).read_text()
     assert 0 <= unlock["rm_agreement"] <= 1
     # PandaLM, both annotators picked a side, on the 939 usable pairs (60 rows with an empty response are rejects)
     assert unlock["inter_annotator_agreement"] == pytest.approx(0.9446254, abs=1e-6)
@@ -115,11 +152,16 @@ def test_rerun_reuses_every_stage_and_a_changed_input_recomputes(smoke_round):
 def test_ppo_runs_only_with_a_recorded_override_and_becomes_the_candidate(smoke_round):
     from flows.round import rlhf_round
 
-    params, round_dir, _ = smoke_round
+    params, round_dir, first = smoke_round
     manifest = rlhf_round(params.model_copy(update={"ppo_override": True, "ppo_override_reason": "e2e test of PPO"}))
     unlock = manifest["ppo_unlock"]
     assert unlock["unlocked"] and unlock["overridden"] and unlock["override_reason"] == "e2e test of PPO"
     assert manifest["candidate"] == "ppo" and manifest["stages"]["sft"]["cached"]
+    # the override is the flow's: the reward model is reused with the same key, and the gate report records it
+    assert manifest["stages"]["reward_model"]["cached"]
+    assert manifest["stages"]["reward_model"]["cache_key"] == first["stages"]["reward_model"]["cache_key"]
+    assert manifest["ppo_override_reason"] == "e2e test of PPO"
+    assert "by override (e2e test of PPO)" in Path(manifest["gate_report"]).read_text()
     ppo = json.loads((round_dir / "ppo" / "manifest.json").read_text())
     sft = json.loads((round_dir / "sft" / "manifest.json").read_text())
     assert ppo["inputs"]["pi_ref_hash"] == sft["outputs"]["pi_ref_hash"]
