@@ -1,0 +1,66 @@
+"""A quick gate-stage run on the tiny model (gates.evaluate.main, no flow): the checklist's steps are wired, the
+judge's agreement comes from the reward-model stage's per-pair scores, and the report shows the PPO unlock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def judge_dir(tmp_path_factory, tiny_model_dir):
+    """A reward-model stage directory: a tiny sequence classifier with a saved score head, a manifest, and
+    10 held-out judgments that all pick the experts' side (judge agreement 10/10)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    root = tmp_path_factory.mktemp("reward_model")
+    ckpt = root / "checkpoint"
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    model.save_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(ckpt)
+    scores = root / "agreement_scores.jsonl"
+    rows = [{"id": f"p{i}", "score_first": 1.0, "score_second": 0.0, "labels": [1, 1, 2]} for i in range(6)]
+    rows += [{"id": f"q{i}", "score_first": -1.0, "score_second": 0.5, "labels": [2, 2, 0]} for i in range(4)]
+    scores.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = {"stage": "reward_model", "outputs": {"checkpoint": str(ckpt), "agreement_scores": str(scores)}}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
+    from gates.evaluate import main
+    from judging.agreement import ConfidenceInterval, RewardModelAgreement, inter_annotator_agreement
+    from judging.unlock import ppo_unlock_decision
+
+    rm = RewardModelAgreement(n_items=50, n=50, n_agree=30, agreement=0.6, ci=ConfidenceInterval(0.46, 0.72, 0.95, "t"),
+                              n_expert_tie=0, n_expert_no_majority=0, n_rm_tie=0, agreement_excluding_rm_ties=0.6)
+    iaa = inter_annotator_agreement([[1, 1, 1], [1, 2, 1], [0, 2, 2], [0, 1, 2]])  # decisive 5/8 = 0.625
+    unlock = tmp_path / "ppo_unlock.json"
+    unlock.write_text(ppo_unlock_decision(rm, iaa, override=True, override_reason="research run").to_json())
+    out = tmp_path / "gates"
+    small = ["--n_winrate", "5", "--n_safe", "2", "--n_redteam", "2", "--n_capability", "2", "--n_sycophancy", "2",
+             "--max_new_tokens", "4", "--mc_max_new_tokens", "4"]
+    rc = main(["--output_dir", str(out), "--baseline_dir", tiny_model_dir, "--candidate_dir", tiny_model_dir,
+               "--reward_model_dir", str(judge_dir), "--ppo_unlock_json", str(unlock), "--report_to", "none",
+               "--round_id", "t", *small])
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    gates = manifest["metrics"]
+    # the judge's verdicts (higher score wins) match the expert majority on all 10 held-out pairs
+    assert gates["judge_agreement"]["verdict"] == "pass"
+    assert gates["judge_agreement"]["metrics"]["agreement"]["value"] == 1.0
+    assert gates["judge_agreement"]["metrics"]["agreement"]["n"] == 10
+    # candidate == baseline (same checkpoint, greedy): identical answers, so every preference is a draw (equal
+    # scores) and the raw win rate is exactly 50%
+    assert gates["length_controlled_win_rate"]["metrics"]["raw_win_rate"]["value"] == pytest.approx(50.0)
+    verdict = manifest["outputs"]["verdict"]
+    blocked = any(g["verdict"] != "pass" for g in gates.values())
+    assert verdict == ("block" if blocked else "pass") and rc == (3 if blocked else 0)
+    assert manifest["inputs"]["ppo_unlock"]["overridden"] is True
+    report = (out / "report.md").read_text()
+    assert ("- PPO unlock: unlocked by override (research run); the rule says locked: RM agreement with expert "
+            "labels 0.6000 vs inter-annotator agreement 0.6250") in report
+    assert "## What was compared" in report and "## Plots" in report
+    lines = (out / "generations.jsonl").read_text().splitlines()
+    assert len(lines) == 5 + 2 + 2 + 2 + 2 + 2  # winrate, safe, redteam, capability, sycophancy, are_you_sure
