@@ -473,6 +473,35 @@ _PAIR_CONVERTERS = {
 }
 
 
+def _load_converted(
+    kind: str,
+    converters: Mapping[str, Callable[..., T]],
+    source: Any,
+    *,
+    mode: Mode,
+    max_reject_rate: float,
+    rejects_path: str | Path | None,
+    limit: int | None,
+    source_format: str | None,
+    split: str,
+    hf_kwargs: Mapping[str, Any] | None,
+) -> LoadedRows[T]:
+    """The one body of :func:`load_sft` and :func:`load_pairs`: open ``source``, pick the converter of its format
+    (``source_format`` or detected) and validate every row; row ids are ``<stem>-<row>``."""
+    if source_format is not None and source_format not in converters:
+        raise _unknown_format(kind, source_format, converters)
+    raw = open_source(source, split=split, hf_kwargs=hf_kwargs, limit=limit)
+
+    def parse_for(fmt: str, src: RawSource):
+        convert = converters[fmt]
+        return lambda value, row: convert(value, id=f"{src.stem}-{row}", source=src.label)
+
+    return _load(
+        raw, kind, parse_for, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path,
+        source_format=source_format,
+    )
+
+
 def load_sft(
     source: Any,
     *,
@@ -505,16 +534,9 @@ def load_sft(
         DataValidationError / RejectRateExceeded: bad rows (see :mod:`data.validation`), empty source.
         FileNotFoundError, SourceUnavailableError: see :func:`open_source`.
     """
-    if source_format is not None and source_format not in _SFT_CONVERTERS:
-        raise _unknown_format("sft", source_format, _SFT_CONVERTERS)
-    raw = open_source(source, split=split, hf_kwargs=hf_kwargs, limit=limit)
-
-    def parse_for(fmt: str, src: RawSource):
-        convert = _SFT_CONVERTERS[fmt]
-        return lambda value, row: convert(value, id=f"{src.stem}-{row}", source=src.label)
-
-    return _load(
-        raw, "sft", parse_for, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path, source_format=source_format
+    return _load_converted(
+        "sft", _SFT_CONVERTERS, source, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path, limit=limit,
+        source_format=source_format, split=split, hf_kwargs=hf_kwargs,
     )
 
 
@@ -541,16 +563,9 @@ def load_pairs(
     Returns:
         :class:`LoadedRows` of :class:`~data.schemas.PreferencePair`.
     """
-    if source_format is not None and source_format not in _PAIR_CONVERTERS:
-        raise _unknown_format("pairs", source_format, _PAIR_CONVERTERS)
-    raw = open_source(source, split=split, hf_kwargs=hf_kwargs, limit=limit)
-
-    def parse_for(fmt: str, src: RawSource):
-        convert = _PAIR_CONVERTERS[fmt]
-        return lambda value, row: convert(value, id=f"{src.stem}-{row}", source=src.label)
-
-    return _load(
-        raw, "pairs", parse_for, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path, source_format=source_format
+    return _load_converted(
+        "pairs", _PAIR_CONVERTERS, source, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path, limit=limit,
+        source_format=source_format, split=split, hf_kwargs=hf_kwargs,
     )
 
 

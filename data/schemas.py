@@ -27,6 +27,8 @@ from typing import Any, Literal, NoReturn
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from judging.labels import FIRST, SECOND, TIE
+
 __all__ = [
     "Role",
     "TIE",
@@ -45,12 +47,9 @@ __all__ = [
 
 Role = Literal["system", "user", "assistant"]
 
-#: PandaLM label convention used by :class:`AnnotatorLabel`: 0 = tie.
-TIE = 0
-#: 1 = the first response (``PreferencePair.chosen``) is better.
-FIRST_BETTER = 1
-#: 2 = the second response (``PreferencePair.rejected``) is better.
-SECOND_BETTER = 2
+#: The expert-label convention of :class:`AnnotatorLabel`, declared once in ``judging.labels``: 0 = tie,
+#: 1 = the first response (``PreferencePair.chosen``) is better, 2 = the second (``rejected``) is better.
+FIRST_BETTER, SECOND_BETTER = FIRST, SECOND
 
 #: Error type of the structural checks below (see ``PydanticCustomError``).
 ERROR_TYPE = "rlhf_data"

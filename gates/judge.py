@@ -1,13 +1,13 @@
 """Judge agreement and the attenuation it causes (DESIGN.md "Release gates", judge-agreement row).
 
-If an automated judge agrees with the human verdict on a pairwise item with probability ``a``,
+If an automated judge agrees with the expert verdict on a pairwise item with probability ``a``,
 independently of which side is truly better (symmetric label noise), then the measured win
 probability is ``p_m = a p + (1 - a)(1 - p)``, so ``p_m - 1/2 = (2a - 1)(p - 1/2)``: every gap from
 50 % (and every difference of win rates) is multiplied by the attenuation factor ``2a - 1``.
 Seed figure: a = 0.85 shrinks a true 4-point gap to 4 * 0.7 = 2.8 measured points.
 
 Label convention (``judging.labels``): 0 = tie, 1 = first response
-better, 2 = second response better, -1 = unparsed judge output / no human majority.
+better, 2 = second response better, -1 = unparsed judge output / no expert majority.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def attenuation(a: float) -> float:
     """Attenuation factor ``2a - 1`` of a judge with agreement ``a`` (see module docstring).
 
     Args:
-        a: judge-vs-human agreement on decisive pairs, in [0, 1].
+        a: judge-vs-expert agreement on decisive pairs, in [0, 1].
 
     Returns:
         2a - 1, in [-1, 1] (0 = the judge carries no information; negative = worse than chance).
@@ -92,24 +92,24 @@ def majority_label(labels: Any) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class JudgeHumanAgreement:
-    """Judge vs human labels; ties reported apart from the agreement that gates.
+class JudgeExpertAgreement:
+    """Judge vs expert labels; ties reported apart from the agreement that gates.
 
     Fields:
         n_items: items compared.
-        n_decisive: items whose human label is decisive (1 or 2); denominator of ``agreement``.
-        n_agree: of those, items where the judge picked the human's side.
+        n_decisive: items whose expert label is decisive (1 or 2); denominator of ``agreement``.
+        n_agree: of those, items where the judge picked the experts' side.
         agreement: a = n_agree / n_decisive (judge ties and unparsed outputs on these items count
-            as disagreement: the judge did not recover the human's side). NaN if n_decisive == 0.
+            as disagreement: the judge did not recover the experts' side). NaN if n_decisive == 0.
         ci_low, ci_high: Wilson score interval of ``agreement`` (as ``judging.agreement``).
         attenuation: 2a - 1.
-        n_human_ties: items the human called a tie (excluded from ``agreement``).
-        n_human_no_majority: items without a human majority (-1), excluded.
-        n_judge_ties_on_decisive: decisive-human items the judge called a tie.
+        n_expert_ties: items the experts called a tie (excluded from ``agreement``).
+        n_expert_no_majority: items without an expert majority (-1), excluded.
+        n_judge_ties_on_decisive: decisive-expert items the judge called a tie.
         n_judge_unparsed: items whose judge output was not a verdict (-1), all items.
         agreement_both_decisive: agreement over items where both are decisive (judge ties removed).
-        tie_agreement: share of human-tie items the judge also called a tie (NaN if none).
-        three_class_agreement: P(judge == human) with tie as a class, over items with a human label.
+        tie_agreement: share of expert-tie items the judge also called a tie (NaN if none).
+        three_class_agreement: P(judge == expert) with tie as a class, over items with an expert label.
     """
 
     n_items: int
@@ -119,13 +119,22 @@ class JudgeHumanAgreement:
     ci_low: float
     ci_high: float
     attenuation: float
-    n_human_ties: int
-    n_human_no_majority: int
+    n_expert_ties: int
+    n_expert_no_majority: int
     n_judge_ties_on_decisive: int
     n_judge_unparsed: int
     agreement_both_decisive: float
     tie_agreement: float
     three_class_agreement: float
+
+    # The labels are called "expert" labels everywhere (judging.labels); the old names still read.
+    @property
+    def n_human_ties(self) -> int:
+        return self.n_expert_ties
+
+    @property
+    def n_human_no_majority(self) -> int:
+        return self.n_expert_no_majority
 
 
 def _labels_1d(name: str, x: Any) -> np.ndarray:
@@ -137,28 +146,28 @@ def _labels_1d(name: str, x: Any) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def judge_human_agreement(
-    judge_labels: Any, human_labels: Any, *, confidence: float = DEFAULT_CONFIDENCE
-) -> JudgeHumanAgreement:
-    """Agreement of an automated judge with human labels on pairwise items.
+def judge_expert_agreement(
+    judge_labels: Any, expert_labels: Any, *, confidence: float = DEFAULT_CONFIDENCE
+) -> JudgeExpertAgreement:
+    """Agreement of an automated judge with expert labels on pairwise items.
 
     Args:
         judge_labels: shape (n_items,), values in {-1 unparsed, 0 tie, 1, 2}.
-        human_labels: shape (n_items,) in {-1 no majority, 0, 1, 2}, or (n_items, n_annotators)
+        expert_labels: shape (n_items,) in {-1 no majority, 0, 1, 2}, or (n_items, n_annotators)
             raw labels in {0, 1, 2}, reduced with ``majority_label``.
         confidence: level of the Wilson interval.
 
     Returns:
-        ``JudgeHumanAgreement``; ``agreement`` is the ``a`` of the judge-agreement gate.
+        ``JudgeExpertAgreement``; ``agreement`` is the ``a`` of the judge-agreement gate.
 
     Raises:
         ValueError: shapes differ or values outside the convention.
     """
     judge = _labels_1d("judge_labels", judge_labels)
-    h = np.asarray(human_labels)
-    human = majority_label(h) if h.ndim == 2 else _labels_1d("human_labels", h)
-    ja = _agreement.judge_agreement(judge, human, confidence=confidence)
-    return JudgeHumanAgreement(
+    h = np.asarray(expert_labels)
+    expert = majority_label(h) if h.ndim == 2 else _labels_1d("expert_labels", h)
+    ja = _agreement.judge_agreement(judge, expert, confidence=confidence)
+    return JudgeExpertAgreement(
         n_items=ja.n_items,
         n_decisive=ja.n,
         n_agree=ja.n_agree,
@@ -166,24 +175,28 @@ def judge_human_agreement(
         ci_low=ja.ci.low,
         ci_high=ja.ci.high,
         attenuation=2 * ja.agreement - 1,
-        n_human_ties=ja.n_expert_tie,
-        n_human_no_majority=ja.n_expert_no_majority,
+        n_expert_ties=ja.n_expert_tie,
+        n_expert_no_majority=ja.n_expert_no_majority,
         n_judge_ties_on_decisive=ja.n_judge_tie,
         n_judge_unparsed=ja.n_judge_unparsed_total,
         agreement_both_decisive=ja.agreement_excluding_judge_abstentions,
-        tie_agreement=_agreement.tie_agreement(judge, human),
+        tie_agreement=_agreement.tie_agreement(judge, expert),
         three_class_agreement=ja.three_class_accuracy,
     )
 
 
+JudgeHumanAgreement = JudgeExpertAgreement  # former name
+judge_human_agreement = judge_expert_agreement  # former name
+
+
 def judge_agreement_gate(
-    agreement: JudgeHumanAgreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME
+    agreement: JudgeExpertAgreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME
 ) -> GateResult:
-    """The judge-agreement gate: the judge must agree with humans at least ``floor`` (default 0.85).
+    """The judge-agreement gate: the judge must agree with expert labels at least ``floor`` (default 0.85).
 
     "block" when a < floor (then the win-rate gates are inconclusive and the release is blocked);
     the reason says "on evidence" if the whole interval is below the floor, "could be noise"
-    otherwise. "inconclusive" when no decisive human label exists. Else "pass".
+    otherwise. "inconclusive" when no decisive expert label exists. Else "pass".
 
     Returns:
         GateResult with metrics ``agreement`` (fraction, CI, n = n_decisive) and ``attenuation``
@@ -199,18 +212,18 @@ def judge_agreement_gate(
     }
     table = [{
         "n_items": ag.n_items, "n_decisive": ag.n_decisive, "n_agree": ag.n_agree,
-        "n_human_ties": ag.n_human_ties, "n_human_no_majority": ag.n_human_no_majority,
+        "n_expert_ties": ag.n_expert_ties, "n_expert_no_majority": ag.n_expert_no_majority,
         "n_judge_ties_on_decisive": ag.n_judge_ties_on_decisive, "n_judge_unparsed": ag.n_judge_unparsed,
         "agreement_both_decisive": ag.agreement_both_decisive, "tie_agreement": ag.tie_agreement,
         "three_class_agreement": ag.three_class_agreement,
     }]
     txt = (
-        f"judge agreement a = {ag.agreement:.3f} (share of {ag.n_decisive} decisive human labels whose side the judge "
-        f"picked; CI {ag.ci_low:.3f}-{ag.ci_high:.3f}; {ag.n_human_ties} human ties reported apart)"
+        f"judge agreement a = {ag.agreement:.3f} (share of {ag.n_decisive} decisive expert labels whose side the judge "
+        f"picked; CI {ag.ci_low:.3f}-{ag.ci_high:.3f}; {ag.n_expert_ties} expert ties reported apart)"
     )
     att = f" Attenuation 2a-1 = {ag.attenuation:.3f}: a true win-rate gap shows up multiplied by it."
     if ag.n_decisive == 0:
-        verdict, reason = "inconclusive", "no decisive human labels, so judge agreement is unknown."
+        verdict, reason = "inconclusive", "no decisive expert labels, so judge agreement is unknown."
     elif ag.agreement < floor:
         basis = "on evidence: the whole interval is below it" if ag.ci_high < floor else (
             "could be noise: the interval still reaches it")
@@ -239,7 +252,7 @@ def judge_unmeasured_gate(source: str, *, name: str = GATE_NAME) -> GateResult:
 
 
 def judge_gate(
-    agreement: JudgeHumanAgreement | None,
+    agreement: JudgeExpertAgreement | None,
     measured_win_rate: float,
     *,
     source: str,
@@ -284,7 +297,7 @@ def corrected_effect_size(measured_win_rate: float, a: float, *, bar: float = 50
 
     Args:
         measured_win_rate: percent.
-        a: judge-vs-human agreement in [0, 1].
+        a: judge-vs-expert agreement in [0, 1].
         bar: percent, the no-effect point (50).
 
     Raises:
@@ -302,7 +315,7 @@ def corrected_effect_size(measured_win_rate: float, a: float, *, bar: float = 50
 
 
 def judge_agreement_gate_with_effect(
-    agreement: JudgeHumanAgreement,
+    agreement: JudgeExpertAgreement,
     measured_win_rate: float,
     *,
     floor: float = DEFAULT_FLOOR,

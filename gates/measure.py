@@ -16,7 +16,7 @@ from judging.scoring import load_reward_model, score, verdicts_from_scores
 from .capability import grade_mc
 from .drift import DriftCounters, drift_counters
 from .generation import Suites
-from .judge import JudgeHumanAgreement, judge_human_agreement
+from .judge import JudgeExpertAgreement, judge_expert_agreement
 from .refusal import classify_refusal, refusal_rates
 from .sycophancy import SycophancyMeasure, flip_rate, suggested_answer_agreement
 
@@ -47,7 +47,7 @@ class Measurements:
     len_baseline: np.ndarray
     intents: list[str]
     traffic: dict[str, float]
-    judge: JudgeHumanAgreement | None
+    judge: JudgeExpertAgreement | None
     judge_source: str
     refusal: dict[str, Any]
     capability: dict[str, np.ndarray]
@@ -76,7 +76,7 @@ def judge_preferences(judge: str, suites: Suites, answers: dict[str, dict]) -> n
     return scores_to_preference(s_base, s_cand)
 
 
-def measured_judge_agreement(judge_manifest: dict) -> JudgeHumanAgreement | None:
+def measured_judge_agreement(judge_manifest: dict) -> JudgeExpertAgreement | None:
     """The judge's agreement with expert labels, item by item, from the reward-model stage's held-out judgments
     (``outputs.agreement_scores``: JSONL rows with ``score_first``, ``score_second``, ``labels``); None when the
     manifest names no such file."""
@@ -86,7 +86,7 @@ def measured_judge_agreement(judge_manifest: dict) -> JudgeHumanAgreement | None
     with open(scores_file) as f:
         rows = [json.loads(line) for line in f]
     verdicts = verdicts_from_scores([r["score_first"] for r in rows], [r["score_second"] for r in rows])
-    return judge_human_agreement(verdicts, np.array([r["labels"] for r in rows]))
+    return judge_expert_agreement(verdicts, np.array([r["labels"] for r in rows]))
 
 
 def measure(
@@ -94,7 +94,7 @@ def measure(
     answers: dict[str, dict],
     *,
     preferences: np.ndarray,
-    judge: JudgeHumanAgreement | None,
+    judge: JudgeExpertAgreement | None,
     judge_source: str,
     intents: list[str],
     traffic: dict[str, float],

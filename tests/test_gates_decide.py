@@ -13,7 +13,7 @@ from gates.config import GateStageConfig
 from gates.decide import decide
 from gates.drift import drift_counters
 from gates.inputs import read_ppo_unlock
-from gates.judge import judge_human_agreement
+from gates.judge import judge_expert_agreement
 from gates.measure import Measurements
 from gates.refusal import refusal_rates
 from gates.render import ppo_unlock_line
@@ -40,7 +40,7 @@ def _sycophancy() -> SycophancyMeasure:
 
 def healthy() -> Measurements:
     counters = drift_counters(ANSWERS, PROMPTS)
-    judge = judge_human_agreement(np.ones(100, dtype=int), np.ones(100, dtype=int))  # a = 1.0 on 100 decisive
+    judge = judge_expert_agreement(np.ones(100, dtype=int), np.ones(100, dtype=int))  # a = 1.0 on 100 decisive
     refusal = refusal_rates(["full_refusal"] * 30, ["full_compliance"] * 30)  # no violation, no false refusal
     return Measurements(
         preferences=PREFS,
@@ -92,7 +92,7 @@ def test_an_unmeasured_judge_makes_both_win_rate_gates_inconclusive():
 
 def test_a_judge_below_the_floor_blocks_and_its_win_rates_cannot_decide():
     # 80 of 100 decisive labels recovered: a = 0.80 < 0.85
-    judge = judge_human_agreement(np.r_[np.ones(80), 2 * np.ones(20)].astype(int), np.ones(100, dtype=int))
+    judge = judge_expert_agreement(np.r_[np.ones(80), 2 * np.ones(20)].astype(int), np.ones(100, dtype=int))
     v = verdicts(decide(replace(healthy(), judge=judge), GateStageConfig()))
     assert v["judge_agreement"] == "block" and v["length_controlled_win_rate"] == "inconclusive"
 
