@@ -543,16 +543,16 @@ class JudgeAgreement(_JsonMixin):
 
 def judge_agreement(
     judge_labels: Any,
-    human_labels: Any,
+    expert: Any,
     *,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> JudgeAgreement:
-    """Agreement of a judge's verdicts with the human expert labels.
+    """Agreement of a judge's verdicts with the expert labels.
 
     Args:
         judge_labels: int array, shape (n_items,), values in {0 tie, 1, 2, UNPARSED=-1}
             (``parse_judge_verdict`` maps PandaLM's gpt_result strings to these).
-        human_labels: shape (n_items,) expert labels (-1, 0, 1, 2) or the raw
+        expert: shape (n_items,) expert labels (-1, 0, 1, 2) or the raw
             (n_items, n_annotators) label matrix, reduced with ``expert_labels``.
         confidence: level of the Wilson interval.
 
@@ -563,9 +563,9 @@ def judge_agreement(
         ValueError: shapes differ or values out of range.
     """
     judge = _check_1d("judge_labels", judge_labels, (UNPARSED, TIE, FIRST, SECOND))
-    ex = _expert_1d(human_labels)
+    ex = _expert_1d(expert)
     if judge.shape != ex.shape:
-        raise ValueError(f"judge_labels {judge.shape} and human_labels {ex.shape} differ in length")
+        raise ValueError(f"judge_labels {judge.shape} and expert {ex.shape} differ in length")
     c = _count(judge, ex)
     has_majority = ex != NO_MAJORITY
     n3 = int(has_majority.sum())
