@@ -1,6 +1,9 @@
 """Release gates: pure functions from generations + judgments to a ``GateResult``.
 
-Modules: ``result`` (GateResult, Metric, release_verdict), ``winrate`` (AlpacaEval win rates, raw
-and length-controlled), ``refusal`` (two-sided refusal gate), ``judge`` (judge agreement and
-attenuation), ``report`` (JSON / Markdown / JUnit XML reports).
+The stage (``evaluate.main``) is a checklist over small modules: ``config`` (GateStageConfig), ``inputs`` (checks
+before any model loads), ``generation`` (suites and answers), ``measure`` (judge preferences, judge agreement,
+graded answers -> ``Measurements``), ``decide`` (the one pure function from measurements to GateResults),
+``render`` and ``report`` (Markdown / JSON / JUnit XML). Each gate's rule lives in its own module: ``judge``,
+``winrate``, ``intent``, ``refusal``, ``capability``, ``sycophancy``, ``drift``, ``citations``; ``result`` holds
+GateResult, Metric and release_verdict. Scoring, labels and agreement statistics are shared code (``judging``).
 """
