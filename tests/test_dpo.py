@@ -32,7 +32,25 @@ def test_step0_loss_is_ln2_and_margin_zero_on_real_pairs(tiny_model_dir, tokeniz
     result = step0_check(trainer, trainer.train_dataset, tolerance=1e-4)
     assert result["step0_n"] == 4
     assert result["step0_loss_max_dev"] < 1e-5 and result["step0_margin_max_abs"] < 1e-5
-    assert math.log(2) == pytest.approx(0.693147, abs=1e-6)
+    # the trainer's own loss on the batch, against the hand-worked value: -log sigmoid(0) = log(1 + e^0) = 0.693147
+    m = trainer.evaluate(eval_dataset=trainer.train_dataset, metric_key_prefix="all")
+    assert m["all_loss"] == pytest.approx(0.693147, abs=1e-5)
+
+
+def test_dpo_loss_is_minus_log_sigmoid_of_the_reward_margin(tiny_model_dir, tokenizer, tmp_path):
+    """Away from step 0 (policy != pi_ref), one pair's loss is -log sigmoid(margin), margin = beta * ((log pi_c -
+    log ref_c) - (log pi_r - log ref_r)) (Rafailov et al. 2023, eq. 7), with the margin the trainer reports."""
+    pairs = prepare_pairs(load_pairs("demo:hh_rlhf/pairs_train.jsonl", limit=4), tokenizer, 256, file="demo").pairs
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        policy.model.norm.weight.mul_(3.0)
+    trainer = _trainer(tiny_model_dir, tokenizer, [pair_to_trl(pairs[0])], tmp_path, policy=policy)
+    m = trainer.evaluate(eval_dataset=trainer.train_dataset, metric_key_prefix="one")
+    margin = m.get("one_rewards/margins", m.get("eval_rewards/margins"))
+    assert abs(margin) > 1e-3, "the policy moved, so the margin is not 0"
+    # hand-worked: -log sigmoid(x) = log(1 + exp(-x))
+    assert m["one_loss"] == pytest.approx(math.log1p(math.exp(-margin)), abs=1e-5)
+    assert (m["one_loss"] < math.log(2)) == (margin > 0)  # a positive margin means a loss below ln 2
 
 
 def test_step0_check_catches_a_policy_that_is_not_pi_ref(tiny_model_dir, tokenizer, tmp_path):
