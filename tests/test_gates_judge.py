@@ -24,9 +24,18 @@ def test_seed_figure_085_shrinks_4_points_to_2_8():
     assert attenuation(0.85) == pytest.approx(0.7, abs=1e-12)
     assert measured_gap(4.0, 0.85) == pytest.approx(2.8, abs=1e-12)
     assert corrected_gap(2.8, 0.85) == pytest.approx(4.0, abs=1e-12)
-    # the derivation: a true 54% win rate judged with agreement 0.85 is measured at 52.8%
-    p, a = 0.54, 0.85
-    assert (a * p + (1 - a) * (1 - p)) * 100 - 50 == pytest.approx(2.8, abs=1e-9)
+    # the derivation, through the product: humans prefer the candidate (side 2) on 540 of 1000 items (a true 54%); a
+    # judge that errs on 15% of each side (81 of the 540, 69 of the 460) agrees with them at a = 0.85 and measures
+    # 540 - 81 + 69 = 528 wins: 52.8%, a 2.8-point gap where the true one is 4
+    from gates.winrate import win_rate
+
+    human = np.array([2] * 540 + [1] * 460)
+    judge = human.copy()
+    judge[:81], judge[540:540 + 69] = 1, 2
+    a = judge_human_agreement(judge, human).agreement
+    measured = win_rate(judge.astype(float))["win_rate"].iloc[0]
+    assert a == pytest.approx(0.85, abs=1e-12) and measured == pytest.approx(52.8, abs=1e-9)
+    assert measured - 50 == pytest.approx(measured_gap(54.0 - 50, a), abs=1e-9)
 
 
 def test_attenuation_edges_and_errors():
