@@ -20,7 +20,7 @@ def prefect_db():
     """A throwaway Prefect API + database, so tests never lock or litter the user's ~/.prefect."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=180):  # a loaded CI machine starts it slowly
         yield
 
 
