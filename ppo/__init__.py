@@ -6,7 +6,6 @@
     ppo.trainer   PPOTrainer
     ppo.train     entry point: ``accelerate launch -m ppo.train --config recipes/<preset>/ppo.yaml --sft_dir ...``;
                   reads the stage manifests, verifies pi_ref's hash, writes the stage manifest (rlhf.manifest.stage_manifest)
-    ppo.tiny      tiny models and tokenizer for tests and smoke runs
 
 Heavy modules (transformers, accelerate) load on first use of ``PPOTrainer``.
 """

@@ -223,3 +223,13 @@ def test_recipes_and_overrides_are_checked_before_anything_trains():
         check_stage_config("dpo", dpo, ["--beta", "abc"])
     with pytest.raises(FileNotFoundError, match="dpo.train_data = /nope.jsonl: no such file"):
         check_stage_config("dpo", dpo, ["--train_data", "/nope.jsonl"])
+
+
+def test_shared_code_never_imports_a_stage_or_the_flows():
+    """The bottom layer (rlhf, judging, data) stands alone: rlhf/registry.py names the stages as strings only."""
+    from rlhf.lineage import imported_packages
+    from rlhf.registry import STAGES
+
+    above = {s.package for s in STAGES.values()} | {"flows", "flywheel"}
+    for shared in ("rlhf", "judging", "data"):
+        assert not imported_packages(shared) & above, (shared, sorted(imported_packages(shared) & above))
