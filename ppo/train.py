@@ -250,7 +250,7 @@ def load_models(inputs: dict[str, Any]) -> dict[str, Any]:
     for name, m in (("reward model", reward), ("value model", value)):
         if m.config.num_labels != 1:
             raise ValueError(f"{name}: expected a 1-label sequence classifier, got num_labels={m.config.num_labels}")
-    # as reward_model.train.load_reward_model: transformers' pooling finds the last non-pad token with this id
+    # as judging.scoring.load_reward_model: transformers' pooling finds the last non-pad token with this id
     reward.config.pad_token_id = reward_tokenizer.pad_token_id
     value.config.pad_token_id = tokenizer.pad_token_id
     return {"tokenizer": tokenizer, "reward_tokenizer": reward_tokenizer, "policy": policy, "ref": ref,

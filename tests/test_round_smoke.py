@@ -24,6 +24,12 @@ def prefect_db():
         yield
 
 
+def _nan_for_none(gate: dict) -> dict:
+    """A report's gate as GateResult reads it: JSON has no NaN, so an unmeasured value was written as null."""
+    metrics = {k: {**m, "value": float("nan") if m["value"] is None else m["value"]} for k, m in gate["metrics"].items()}
+    return {**gate, "metrics": metrics}
+
+
 @pytest.fixture(scope="module")
 def smoke_round(tmp_path_factory, prefect_db):
     from flows.round import RoundParameters, rlhf_round
@@ -51,7 +57,7 @@ def test_round_writes_checkpoints_manifests_and_a_verdict(smoke_round):
     from gates.result import GateResult, release_verdict
 
     report = json.loads((round_dir / "gates" / "report.json").read_text())
-    results = [GateResult.model_validate(g) for g in report["gates"]]
+    results = [GateResult.model_validate(_nan_for_none(g)) for g in report["gates"]]
     assert manifest["verdict"] == report["verdict"] == release_verdict(results)
     blocking = [r.name for r in results if r.verdict != "pass"]
     assert manifest["verdict"] == ("block" if blocking else "pass"), blocking
