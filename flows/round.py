@@ -91,7 +91,7 @@ def decide_unlock(params: RoundParameters, rm: StageRun, round_dir: Path) -> dic
     decision = decide_from_metrics(
         rm.manifest.get("metrics", {}),
         override=params.ppo_override,
-        override_reason=params.ppo_override_reason if params.ppo_override else None,
+        override_reason=params.ppo_override_reason,
     )
     unlock = decision.to_dict()
     atomic_write_text(round_dir / UNLOCK_FILE, dump(unlock))
@@ -141,6 +141,8 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
         raise ValueError(f"overrides for unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}")
     if params.ppo_override and not (params.ppo_override_reason or "").strip():
         raise ValueError("ppo_override needs a ppo_override_reason (who/why); it is recorded with the decision")
+    if params.ppo_override_reason and not params.ppo_override:
+        raise ValueError("ppo_override_reason given without ppo_override; set ppo_override to run PPO anyway")
     # PPO's recipe is checked up front only when the override makes it run for sure
     check_recipes_task(params, [name for name in STAGES if name != "ppo" or params.ppo_override])
     (round_dir / UNLOCK_FILE).unlink(missing_ok=True)  # this round's decision, never a stale one
