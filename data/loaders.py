@@ -763,3 +763,34 @@ def to_hf_dataset(rows: Iterable[Any], *, include_id: bool = True):
     if include_id:
         records = [{"id": r.id, **rec} for r, rec in zip(rows, records, strict=True)]
     return datasets.Dataset.from_list(records)
+
+
+def load_chat_prompts(path: str | os.PathLike[str]) -> list[Any]:
+    """Read a JSONL file of ``{"prompt": str | [messages]}`` rows (PPO's rollout prompts).
+
+    Returns:
+        One entry per non-blank line: the prompt string, or the list of chat messages as written.
+
+    Raises:
+        ValueError: naming the file, the 1-based line and the reason (bad JSON, no ``prompt`` field, a prompt
+            that is neither a string nor a list, or no prompts at all).
+    """
+    path = Path(path)
+    rows: list[Any] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or "prompt" not in row:
+                raise ValueError(f"{path}:{lineno}: expected an object with a 'prompt' field")
+            prompt = row["prompt"]
+            if not isinstance(prompt, (str, list)):
+                raise ValueError(f"{path}:{lineno}: 'prompt' must be a string or a list of messages")
+            rows.append(prompt)
+    if not rows:
+        raise ValueError(f"{path}: no prompts")
+    return rows

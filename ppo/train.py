@@ -49,6 +49,7 @@ from transformers import (
 )
 from trl import TrlParser
 
+from data.loaders import load_chat_prompts
 from judging.unlock import decide_from_metrics
 from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer
@@ -173,34 +174,11 @@ def unlock_decision(script_args: PPOScriptArguments, rm_manifest: dict[str, Any]
     return decide_from_metrics(rm_manifest.get("metrics", {})).to_dict()
 
 
-def load_prompts(path: str | os.PathLike[str]) -> list[Any]:
-    """Read a JSONL file of ``{"prompt": str | [messages]}`` rows. Errors name the file, line and reason."""
-    path = Path(path)
-    rows: list[Any] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or "prompt" not in row:
-                raise ValueError(f"{path}:{lineno}: expected an object with a 'prompt' field")
-            prompt = row["prompt"]
-            if not isinstance(prompt, (str, list)):
-                raise ValueError(f"{path}:{lineno}: 'prompt' must be a string or a list of messages")
-            rows.append(prompt)
-    if not rows:
-        raise ValueError(f"{path}: no prompts")
-    return rows
-
-
 def load_prompt_source(script_args: PPOScriptArguments, output_dir: Path) -> tuple[list[Any], str, int]:
     """The training prompts, their source string (for ``data_fingerprint``) and the number of rejected rows.
 
     ``--prompts_data`` goes through ``data.loaders.load_eval_prompts`` (user strings; strict or lenient with
-    rejects written to ``output_dir/rejects-prompts.jsonl``); ``--prompts_path`` through :func:`load_prompts`.
+    rejects written to ``output_dir/rejects-prompts.jsonl``); ``--prompts_path`` through :func:`data.loaders.load_chat_prompts`.
     """
     if script_args.prompts_data:
         from data.loaders import load_eval_prompts
@@ -209,7 +187,7 @@ def load_prompt_source(script_args: PPOScriptArguments, output_dir: Path) -> tup
                                  max_reject_rate=script_args.max_reject_rate,
                                  rejects_path=output_dir / "rejects-prompts.jsonl", limit=script_args.max_prompts)
         return [r.prompt for r in rows], script_args.prompts_data, len(rows.rejects)
-    prompts = load_prompts(script_args.prompts_path)
+    prompts = load_chat_prompts(script_args.prompts_path)
     if script_args.max_prompts:
         prompts = prompts[: script_args.max_prompts]
     return prompts, script_args.prompts_path, 0

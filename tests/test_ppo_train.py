@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from ppo.config import PPOConfig, PPOScriptArguments
-from ppo.train import load_prompts, main, parse_args
+from data.loaders import load_chat_prompts as load_prompts
+from ppo.train import main, parse_args
 from rlhf.checkpoint import check_checkpoint, freeze_dir
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import read_manifest, write_manifest
