@@ -13,7 +13,15 @@ Three length-controlled figures are offered; each is defined where it is compute
   length-difference distribution is symmetric (candidate longer by x counts as much as shorter by x).
 * ``glm_length_controlled_win_rate`` - AlpacaEval's GLM idea (Dubois et al. 2024, "Length-Controlled
   AlpacaEval", arXiv:2404.04475) without the instruction-difficulty term and the gamed-baseline
-  regularisation, whose inputs are only on the Hugging Face hub.
+  regularisation, whose inputs are only on the Hugging Face hub (alpaca_eval's ``length_controlled_minimal``
+  formula, fitted without penalty).
+* ``gates.glm_winrate.glm_v1_win_rate`` - ``length_controlled_v1`` as closely as offline data allow: the
+  published coefficients of 200 models as priors, instruction difficulty when known (``lc_method="glm_v1"``).
+
+Every row carries alpaca_eval's leaderboard columns (``WIN_RATE_COLUMNS``), including ``discrete_win_rate``
+(``ZeroOneScoringRule``: each preference rounded to a win, a loss or an exact draw) and
+``lc_standard_error`` (the SE of the length-controlled figure; for the GLMs alpaca_eval's definition,
+``sem`` of the per-item predicted preferences).
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ WIN_RATE_COLUMNS: tuple[str, ...] = (
     "n_wins_base",
     "n_draws",
     "n_total",
+    "discrete_win_rate",
     "length_controlled_winrate",
+    "lc_standard_error",
 )
 
 GATE_NAME = "length_controlled_win_rate"
@@ -53,7 +63,7 @@ DEFAULT_BAR = 50.0
 
 _EPS = 1e-12  # slack on bucket edges for float rounding of ln(a / b)
 
-LcMethod = Literal["matched", "balanced", "glm"]
+LcMethod = Literal["matched", "balanced", "glm", "glm_v1"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,7 +119,21 @@ def _describe(scores: np.ndarray, n_draws: int | None = None) -> dict[str, float
         "n_wins_base": int((scores < 0.5).sum()),
         "n_draws": int((scores == 0.5).sum()) if n_draws is None else int(n_draws),
         "n_total": n,
+        "discrete_win_rate": discrete_win_rate_of_scores(scores),
     }
+
+
+def discrete_win_rate_of_scores(scores: np.ndarray) -> float:
+    """alpaca_eval's ``discrete_win_rate`` (``ZeroOneScoringRule().describe_head2head``), in percent.
+
+    Each item's score s = preference - 1 in [0, 1] becomes 1 if s > 0.5, 0 if s < 0.5 and 0.5 for an exact
+    draw (preference 1.5, or the legacy 0); the discrete win rate is their mean * 100, i.e.
+    ``(n_wins + n_draws / 2) / n_total * 100``. NaN for no items.
+    """
+    s = np.asarray(scores, dtype=float)
+    if not s.size:
+        return math.nan
+    return float(np.where(s > 0.5, 1.0, np.where(s < 0.5, 0.0, 0.5)).mean() * 100)
 
 
 def win_rate(
@@ -121,6 +145,8 @@ def win_rate(
     n_buckets: int = DEFAULT_N_BUCKETS,
     tolerance: float = DEFAULT_TOLERANCE,
     name: str | None = None,
+    glm_prior: Any = None,
+    instruction_difficulty: Any = None,
 ) -> pd.DataFrame:
     """AlpacaEval's win-rate row for one candidate against one baseline.
 
@@ -135,14 +161,17 @@ def win_rate(
         len_candidate, len_baseline: optional shape (n_items,) positive lengths (tokens or
             characters, the same unit for both). When given, ``length_controlled_winrate`` is
             filled with ``lc_method``; otherwise it is NaN.
-        lc_method: "matched" or "balanced" (``length_bucketed_win_rate``) or "glm"
-            (``glm_length_controlled_win_rate``).
+        lc_method: "matched" or "balanced" (``length_bucketed_win_rate``), "glm"
+            (``glm_length_controlled_win_rate``) or "glm_v1" (``gates.glm_winrate.glm_v1_win_rate`` with
+            ``glm_prior`` and ``instruction_difficulty``).
         n_buckets, tolerance: bucket settings for the bucketed methods.
         name: index label of the row (alpaca_eval indexes its leaderboard by model name).
+        glm_prior, instruction_difficulty: for "glm_v1" only (see ``glm_v1_win_rate``).
 
     Returns:
-        DataFrame with one row and exactly ``WIN_RATE_COLUMNS``; win_rate, standard_error and
-        length_controlled_winrate in percent.
+        DataFrame with one row and exactly ``WIN_RATE_COLUMNS``; win_rate, standard_error,
+        discrete_win_rate, length_controlled_winrate and lc_standard_error in percent
+        (lc_standard_error: the bucketed figure's SE, alpaca_eval's definition for "glm_v1", NaN for "glm").
 
     Raises:
         ValueError: invalid preferences or lengths (see ``preferences_to_scores``), lengths given
@@ -151,17 +180,26 @@ def win_rate(
     row = _describe(preferences_to_scores(preferences))
     if (len_candidate is None) != (len_baseline is None):
         raise ValueError("give both len_candidate and len_baseline, or neither")
-    lc = math.nan
+    lc, lc_se = math.nan, math.nan
     if len_candidate is not None:
         if lc_method == "glm":
             lc = glm_length_controlled_win_rate(preferences, len_candidate, len_baseline).length_controlled_winrate
+        elif lc_method == "glm_v1":
+            from gates.glm_winrate import glm_v1_win_rate
+
+            g = glm_v1_win_rate(
+                preferences, len_candidate, len_baseline, instruction_difficulty=instruction_difficulty, prior=glm_prior
+            )
+            lc, lc_se = g.length_controlled_winrate, g.lc_standard_error
         elif lc_method in ("matched", "balanced"):
-            lc = length_bucketed_win_rate(
+            r = length_bucketed_win_rate(
                 preferences, len_candidate, len_baseline, n_buckets=n_buckets, tolerance=tolerance, method=lc_method
-            ).length_controlled_winrate
+            )
+            lc, lc_se = r.length_controlled_winrate, r.standard_error
         else:
-            raise ValueError(f"lc_method must be 'matched', 'balanced' or 'glm', got {lc_method!r}")
+            raise ValueError(f"lc_method must be 'matched', 'balanced', 'glm' or 'glm_v1', got {lc_method!r}")
     row["length_controlled_winrate"] = lc
+    row["lc_standard_error"] = lc_se
     return pd.DataFrame([row], columns=list(WIN_RATE_COLUMNS), index=[name] if name is not None else None)
 
 
@@ -465,6 +503,7 @@ def win_rate_gate(
     judge_agreement: float | None = None,
     judge_floor: float = 0.85,
     name: str = GATE_NAME,
+    glm_prior: Any = None,
 ) -> GateResult:
     """The length-controlled win-rate gate (DESIGN.md "Release gates").
 
@@ -485,11 +524,15 @@ def win_rate_gate(
         require_ci_above_bar: stricter policy, see rule 4.
         judge_agreement: the judge-vs-human agreement a in [0, 1], if measured this round.
         judge_floor: minimum a (default 0.85).
+        glm_prior: a ``gates.glm_winrate.GlmPrior``; when given, the AlpacaEval-style GLM figure
+            (``glm_v1_win_rate``, no difficulty term) is reported as metric ``glm_length_controlled_win_rate``.
+            It does not decide: the bucketed figure does.
 
     Returns:
         GateResult with metrics ``raw_win_rate``, ``length_controlled_win_rate`` (percent),
-        ``points_explained_by_length`` (points) and, when given, ``judge_agreement``; ``table`` is
-        alpaca_eval's row (``WIN_RATE_COLUMNS``) with the LC column filled.
+        ``points_explained_by_length`` (points) and, when given, ``judge_agreement`` and
+        ``glm_length_controlled_win_rate``; ``table`` is alpaca_eval's row (``WIN_RATE_COLUMNS``) with
+        the LC columns filled from the bucketed figure (``lc_standard_error`` = its SE).
 
     Raises:
         ValueError: invalid inputs (see ``length_bucketed_win_rate``), judge_agreement outside [0, 1].
@@ -522,11 +565,26 @@ def win_rate_gate(
         metrics["judge_agreement"] = Metric(
             value=judge_agreement, direction="higher_is_better", unit="fraction"
         )
-    row = {**_describe(preferences_to_scores(preferences)), "length_controlled_winrate": res.length_controlled_winrate}
+    row = {
+        **_describe(preferences_to_scores(preferences)),
+        "length_controlled_winrate": res.length_controlled_winrate,
+        "lc_standard_error": res.standard_error,
+    }
+    glm_txt = ""
+    if glm_prior is not None:
+        glm = _glm_v1_figure(preferences, len_candidate, len_baseline, glm_prior)
+        if glm is not None:
+            metrics["glm_length_controlled_win_rate"] = Metric(
+                value=glm.length_controlled_winrate, n=glm.n, direction="higher_is_better", unit="percent"
+            )
+            glm_txt = (
+                f"; AlpacaEval-style GLM (length prior from {glm_prior.n_models} published models): "
+                f"{glm.length_controlled_winrate:.1f}% (phi {glm.phi:.2f}; shown, not deciding)"
+            )
     pct = f"{100 * confidence:g}%"
     lc_txt = (
         f"{method}-length win rate {res.length_controlled_winrate:.1f}% ({pct} CI {lo:.1f}-{hi:.1f}, n={res.n}); "
-        f"raw {res.raw:.1f}%, {res.points_explained_by_length:.1f} points explained by length"
+        f"raw {res.raw:.1f}%, {res.points_explained_by_length:.1f} points explained by length{glm_txt}"
     )
     if judge_agreement is not None and judge_agreement < judge_floor:
         verdict, reason = "inconclusive", (
@@ -550,6 +608,15 @@ def win_rate_gate(
     else:
         verdict, reason = "pass", f"passed: {lc_txt}, at or above {bar:g}%."
     return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=[row])
+
+
+def _glm_v1_figure(preferences: Any, len_candidate: Any, len_baseline: Any, prior: Any):
+    """``glm_v1_win_rate`` with ``prior``, or None when fewer than 2 items are annotated."""
+    from gates.glm_winrate import glm_v1_win_rate
+
+    if int(np.sum(~np.isnan(_as_float_1d("preferences", preferences)))) < 2:
+        return None
+    return glm_v1_win_rate(preferences, len_candidate, len_baseline, prior=prior)
 
 
 def per_item_lengths(texts: Sequence[str]) -> np.ndarray:
