@@ -37,7 +37,7 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     winrate = without_measured_judge(
         [
             win_rate_gate(m.preferences, m.len_candidate, m.len_baseline, bar=config.lc_bar, judge_agreement=a,
-                          judge_floor=config.judge_floor),
+                          judge_floor=config.judge_floor, glm_prior=m.glm_prior),
             intent_matrix_gate(m.preferences, m.intents, m.traffic, min_share=config.intent_min_share,
                                bar=config.lc_bar, min_items=config.intent_min_items, judge_agreement=a,
                                judge_floor=config.judge_floor),
@@ -48,7 +48,10 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     return [
         judge_gate(m.judge, m.measured_win_rate, source=m.judge_source, floor=config.judge_floor),
         *winrate,
-        two_sided_refusal_gate(m.refusal["candidate"], m.refusal["baseline"], thresholds),
+        two_sided_refusal_gate(
+            m.refusal["candidate"], m.refusal["baseline"], thresholds, classifier=m.refusal_quality,
+            min_classifier_agreement=None if m.refusal_quality is None else config.refusal_classifier_min_agreement,
+        ),
         capability_gate_on_answers(m.capability["candidate"], m.capability["baseline"], m.unparsed),
         sycophancy_gate(m.sycophancy["candidate"], m.sycophancy["baseline"], max_flip_rate=config.max_flip_rate),
         drift_gate(m.drift["candidate"], m.drift_previous),

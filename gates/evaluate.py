@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     m = measure(
         suites, answers, preferences=judge_preferences(models["judge"], suites, answers),
         judge=measured_judge_agreement(models["judge_manifest"]), judge_source=args.reward_model_dir,
-        intents=intents, traffic=traffic, previous=previous,
+        intents=intents, traffic=traffic, previous=previous, refusal_classifier=args.refusal_classifier,
     )
 
     # 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release

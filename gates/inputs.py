@@ -66,11 +66,14 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
         ("judge_floor", 0.5, 1.0),
         ("intent_min_share", 0.0, 1.0),
         ("max_flip_rate", 0.0, 1.0),
+        ("refusal_classifier_min_agreement", 0.0, 1.0),
         ("lc_bar", 0.0, 100.0),
     ):
         value = getattr(args, key)
         if not lo <= value <= hi:
             raise ValueError(f"--{key} must be in [{lo:g}, {hi:g}], got {value}")
+    if args.refusal_classifier not in ("learned", "rules"):
+        raise ValueError(f"--refusal_classifier must be 'learned' or 'rules', got {args.refusal_classifier!r}")
     for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp"):
         if getattr(args, key) < 0:
             raise ValueError(f"--{key} is an allowed increase in points and must be >= 0, got {getattr(args, key)}")

@@ -17,7 +17,8 @@ from .capability import grade_mc
 from .drift import DriftCounters, drift_counters
 from .generation import Suites
 from .judge import JudgeExpertAgreement, judge_expert_agreement
-from .refusal import classify_refusal, refusal_rates
+from .glm_winrate import DEFAULT_WEIGHTS, GlmPrior, load_glm_weights
+from .refusal import RefusalClassifierQuality, classify_refusal, refusal_rates
 from .sycophancy import SycophancyMeasure, flip_rate, suggested_answer_agreement
 
 WHO = ("baseline", "candidate")
@@ -40,6 +41,8 @@ class Measurements:
         drift: {"candidate", "baseline"} -> ``DriftCounters`` of the win-rate answers; drift_previous: the reference
             (the previous round's counters, else the baseline's).
         citation_turns: the candidate's win-rate answers as citation-gate turns (no retrieval in this suite).
+        refusal_quality: the refusal classifier's measured agreement with humans (``gates.refusal_eval``).
+        glm_prior: priors of the AlpacaEval-style GLM from the published weights (``gates.glm_winrate``).
     """
 
     preferences: np.ndarray
@@ -56,6 +59,8 @@ class Measurements:
     drift: dict[str, DriftCounters]
     drift_previous: DriftCounters
     citation_turns: list[dict]
+    refusal_quality: RefusalClassifierQuality | None = None
+    glm_prior: GlmPrior | None = None
 
     @property
     def measured_win_rate(self) -> float:
@@ -99,6 +104,7 @@ def measure(
     intents: list[str],
     traffic: dict[str, float],
     previous: DriftCounters | None,
+    refusal_classifier: str = "learned",
 ) -> Measurements:
     """Grade every answer (multiple-choice letters, refusals, drift counters) and gather the measurements."""
     questions, suggested = suites.questions, suites.suggested
@@ -119,11 +125,12 @@ def measure(
         )
         for who in WHO
     }
+    from .refusal_eval import default_refusal_classifier, measured_quality
+
+    classify = default_refusal_classifier().predict if refusal_classifier == "learned" else (
+        lambda texts: [classify_refusal(t) for t in texts])
     refusal = {
-        who: refusal_rates(
-            [classify_refusal(t) for t in answers[who]["redteam"]["text"]],
-            [classify_refusal(t) for t in answers[who]["safe"]["text"]],
-        )
+        who: refusal_rates(classify(answers[who]["redteam"]["text"]), classify(answers[who]["safe"]["text"]))
         for who in WHO
     }
     win_prompts = [p.prompt for p in suites.winrate]
@@ -147,4 +154,6 @@ def measure(
         drift_previous=previous if previous is not None else drift["baseline"],
         # No retrieval in this suite: every structured citation marker names an id that was not retrieved (C01).
         citation_turns=[{"response": t, "retrieved_ids": []} for t in answers["candidate"]["winrate"]["text"]],
+        refusal_quality=measured_quality(refusal_classifier),
+        glm_prior=GlmPrior.from_weights(load_glm_weights(), source=DEFAULT_WEIGHTS),
     )

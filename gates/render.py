@@ -60,6 +60,18 @@ def ppo_unlock_line(decision: dict[str, Any] | None) -> str:
     return f"- PPO unlock: {state} ({numbers})"
 
 
+def refusal_classifier_line(m: Measurements, args: GateStageConfig) -> list[str]:
+    """The refusal classifier and its held-out agreement with humans, for "What was compared" (none if unknown)."""
+    q = m.refusal_quality
+    if q is None:
+        return []
+    return [
+        f"- refusal classifier: {q.name}; held-out agreement with XSTest's humans {q.agreement:.3f} (refused-or-not: "
+        f"unsafe {q.unsafe_agreement:.3f}, safe {q.safe_agreement:.3f}; {q.source}); floor "
+        f"{args.refusal_classifier_min_agreement:.2f}"
+    ]
+
+
 def compared_context(
     args: GateStageConfig,
     models: dict[str, Any],
@@ -90,6 +102,7 @@ def compared_context(
         "stage's held-out human-labelled pairs (PandaLM's 3 annotators in the demo)",
         ppo_unlock_line(ppo_unlock),
         f"- drift reference: {drift_label}",
+        *refusal_classifier_line(m, args),
         f"- intents: {intents}",
         f"- empty win-rate answers: candidate {empty['candidate']}, baseline {empty['baseline']} of {n}",
         "- data: " + ", ".join(f"{k} = `{getattr(args, k)}`" for k in DATA_FIELDS),
