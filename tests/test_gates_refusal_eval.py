@@ -235,3 +235,14 @@ def test_parser_on_gpt4_s_published_answers():
             n_class += expected is not None
             n_other += expected is None
     assert (n_class, n_other) == (1339, 11)
+
+
+def test_gate_config_checks_the_classifier_keys():
+    from gates.config import GateStageConfig
+    from gates.inputs import check_inputs
+
+    with pytest.raises(ValueError, match="refusal_classifier_min_agreement"):
+        check_inputs(GateStageConfig(refusal_classifier_min_agreement=1.5))
+    with pytest.raises(ValueError, match="--refusal_classifier must be"):
+        check_inputs(GateStageConfig(refusal_classifier="gpt"))
+    assert GateStageConfig().refusal_classifier_min_agreement == 0.85
