@@ -4,6 +4,8 @@
 
 * a local file: ``.jsonl`` / ``.ndjson`` / ``.json`` / ``.csv`` / ``.tsv`` (each optionally
   ``.gz``) or ``.parquet``, in our native schema or in one of the shared formats;
+* a local dataset folder of such files: the ``split``'s files, found as for a hub dataset folder
+  (:func:`folder_data_files`);
 * ``"demo:<name>"`` -- a file of the bundled demo set (see :func:`data.bundle.demo_path`);
 * a Hugging Face dataset id (``"Anthropic/hh-rlhf"``, or ``"hf:<id>"`` to force it), loaded with
   :func:`datasets.load_dataset` (``split`` and ``hf_kwargs`` are passed on). On machines without
@@ -291,6 +293,8 @@ def open_source(
             # a hub id, or a local dataset folder (datasets.load_dataset reads those offline)
             name = text.removeprefix("hf:")
             return RawSource(f"hf:{name}[{split}]", name.replace("/", "_"), None, _hf_records(name, split, hf_kwargs, limit))
+        if path.is_dir():
+            return _folder_source(path, text, split, limit)
         if not path.is_file():
             raise FileNotFoundError(f"data file not found: {text}")
         return RawSource(text, _stem(path.name), path, cut(_read_file(path, text)))
@@ -299,6 +303,55 @@ def open_source(
     if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
         return RawSource("<memory>", "memory", None, cut(list(enumerate(source))))
     raise TypeError(f"unsupported source type {type(source).__name__}")
+
+
+def _is_data_file(name: str) -> bool:
+    name = name[:-3] if name.endswith(".gz") else name
+    return name.endswith(_DATA_SUFFIXES)
+
+
+def folder_data_files(folder: Path, split: str) -> list[Path]:
+    """The data files of ``split`` in a local dataset folder, found the way :func:`datasets.load_dataset` finds a
+    hub dataset's (``datasets.data_files.get_data_patterns``: ``train.jsonl``, ``data/train-00000-of-00001.parquet``,
+    ``test.csv`` ...; a folder with no split names is all ``train``), keeping the files this loader reads.
+
+    Raises:
+        FileNotFoundError: no file of ``split`` with a supported suffix; the message names the folder, the
+            patterns looked for, the splits and files found, and the supported suffixes.
+    """
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        patterns = get_data_patterns(str(folder))
+        files = DataFilesDict.from_patterns(patterns, base_path=str(folder))
+    except Exception as exc:  # datasets raises EmptyDatasetError / FileNotFoundError for an empty folder
+        raise FileNotFoundError(f"{folder}: a folder with no data files ({type(exc).__name__}: {exc})") from None
+    found = {str(k): [Path(f) for f in v] for k, v in files.items()}
+    chosen = sorted(f for f in found.get(split, []) if _is_data_file(f.name))
+    if not chosen:
+        looked = patterns.get(split) or [f"**/{split}[-._ 0-9]*"]
+        listing = {k: [f.relative_to(folder).as_posix() for f in v][:10] for k, v in found.items()}
+        raise FileNotFoundError(
+            f"{folder}: no data file for split {split!r} (looked for {looked} with a suffix in "
+            f"{', '.join(_DATA_SUFFIXES)}, optionally .gz; files by split: {listing})"
+        )
+    return chosen
+
+
+def _folder_source(folder: Path, label: str, split: str, limit: int | None) -> RawSource:
+    """A local dataset folder: its ``split`` files in sorted order, rows numbered across them (0-based)."""
+    files = folder_data_files(folder, split)
+    if len(files) == 1:
+        records = _read_file(files[0], str(files[0]))
+        label, path = str(files[0]), files[0]
+    else:
+        records, offset = [], 0
+        for f in files:
+            part = _read_file(f, str(f))
+            records += [(offset + row, raw) for row, raw in part]
+            offset += max((row for row, _ in part), default=-1) + 1
+        label, path = f"{label}[{split}: {', '.join(f.relative_to(folder).as_posix() for f in files)}]", None
+    return RawSource(label, folder.name, path, records if limit is None else records[:limit])
 
 
 def _demo_relative(path: Path) -> str:

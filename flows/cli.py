@@ -45,7 +45,13 @@ def round_cmd(
 ) -> None:
     """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed."""
     from flows.round import RoundParameters, rlhf_round
+    from rlhf.round_id import check_round_id
 
+    if round_id is not None:
+        try:  # before anything trains: a bad id is a usage error (exit 2), not a failed stage
+            check_round_id(round_id)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--round-id") from None
     overrides: dict[str, list[str]] = {}
     for item in set_ or []:
         key, sep, value = item.partition("=")

@@ -23,11 +23,12 @@ from typing import Literal
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from judging.unlock import decide_from_metrics
 from rlhf.manifest import atomic_write_text
 from rlhf.registry import STAGES
+from rlhf.round_id import artifact_key, check_round_id
 
 from .stages import StageRun, check_stage_config, dump, run_stage, summarize
 
@@ -52,6 +53,17 @@ class RoundParameters(BaseModel):
     )
     accelerate_config: str | None = Field(None, description="accelerate config file (default: one local process).")
     force: list[str] = Field(default_factory=list, description="Stages to rerun even if their inputs are unchanged.")
+
+    @field_validator("round_id")
+    @classmethod
+    def _safe_round_id(cls, value: str | None) -> str | None:
+        """Checked when the parameters are made, before anything trains (rlhf/round_id.py)."""
+        return None if value is None else check_round_id(value)
+
+
+def default_round_id(preset: str) -> str:
+    """``<preset name>-<UTC date>`` (a preset given as a folder contributes its last part)."""
+    return check_round_id(f"{Path(preset).name}-{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}")
 
 
 def _recipe(params: RoundParameters, stage: str) -> Path:
@@ -131,7 +143,7 @@ def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
 def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
     """One round; returns the round manifest (also written to ``<runs_dir>/<round_id>/round.json``)."""
     logger = get_run_logger()
-    round_id = params.round_id or f"{params.preset}-{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}"
+    round_id = check_round_id(params.round_id) if params.round_id else default_round_id(params.preset)
     round_dir = Path(params.runs_dir) / round_id
     round_dir.mkdir(parents=True, exist_ok=True)
     # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
@@ -202,24 +214,29 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
 
 def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict, verdict: str) -> None:
     """Prefect artifacts: the verdict report, the gate table, the stage table."""
-    key = "".join(c if c.isalnum() else "-" for c in round_id.lower())
     report = Path(gates.manifest["outputs"]["report_md"])
     create_markdown_artifact(
-        key=f"gate-report-{key}",
+        key=artifact_key("gate-report", round_id),
         markdown=report.read_text(),
         description=f"Release verdict of round {round_id}: {verdict}",
     )
     create_table_artifact(
-        key=f"gates-{key}", table=gates.manifest["outputs"]["gate_table"], description=f"Gates of round {round_id}"
+        key=artifact_key("gates", round_id),
+        table=gates.manifest["outputs"]["gate_table"],
+        description=f"Gates of round {round_id}",
     )
     for gate, rows in (gates.manifest["outputs"].get("gate_tables") or {}).items():
         if rows:
             create_table_artifact(
-                key=f"gate-{gate.replace('_', '-')}-{key}", table=rows, description=f"{gate} table, round {round_id}"
+                key=artifact_key(f"gate-{gate.replace('_', '-')}", round_id),
+                table=rows,
+                description=f"{gate} table, round {round_id}",
             )
-    create_table_artifact(key=f"stages-{key}", table=summarize(runs), description=f"Stages of round {round_id}")
     create_table_artifact(
-        key=f"ppo-unlock-{key}",
+        key=artifact_key("stages", round_id), table=summarize(runs), description=f"Stages of round {round_id}"
+    )
+    create_table_artifact(
+        key=artifact_key("ppo-unlock", round_id),
         table=[
             {
                 k: unlock.get(k)

@@ -65,7 +65,17 @@ class GateStageConfig:
     n_redteam: int = field(default=32, metadata={"help": "Red-team prompts used."})
     n_capability: int = field(default=32, metadata={"help": "Neutral multiple-choice questions (also the flip probe)."})
     n_sycophancy: int = field(default=32, metadata={"help": "Suggested-wrong-answer questions."})
+    capability_min_parsed: int = field(
+        default=10,
+        metadata={"help": "Capability items both models' answers must parse on before the gate decides "
+                  "(unparsed answers are left out and reported, never counted wrong)."},
+    )
     max_new_tokens: int = field(default=96, metadata={"help": "Generation cap per free-form response (tokens)."})
+    max_prompt_tokens: int = field(
+        default=512,
+        metadata={"help": "Prompt budget per rendered prompt (tokens). Longer prompts have their content cut in the "
+                  "middle (template, headers and the end of the instruction kept); counted per suite in the report."},
+    )
     mc_max_new_tokens: int = field(default=24, metadata={"help": "Generation cap per multiple-choice answer."})
     batch_size: int = field(default=16, metadata={"help": "Generation batch size (left padding, KV cache)."})
     lc_bar: float = field(default=50.0, metadata={"help": "Length-controlled win rate bar (percent)."})

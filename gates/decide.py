@@ -2,14 +2,14 @@
 
 Each gate decides on its own numbers with its own rule, and every rule lives in its gate's module: the judge
 gate (measured or not, ``gates.judge.judge_gate``), the win-rate gates (inconclusive without a measured judge,
-``gates.winrate.without_measured_judge``), capability (inconclusive when nothing parses,
-``gates.capability.capability_gate_on_answers``), two-sided refusal, sycophancy, drift and citations. Nothing is
+``gates.winrate.without_measured_judge``), capability (on the items both sides parsed, inconclusive when too
+few did, ``gates.capability.capability_gate_on_parsed``), two-sided refusal, sycophancy, drift and citations. Nothing is
 averaged; ``gates.result.release_verdict`` combines the verdicts.
 """
 
 from __future__ import annotations
 
-from .capability import capability_gate_on_answers
+from .capability import capability_gate_on_parsed
 from .citations import citation_gate
 from .config import GateStageConfig
 from .drift import drift_gate
@@ -27,7 +27,8 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     Args:
         m: the round's measurements (``gates.measure.measure``).
         config: thresholds (``lc_bar``, ``judge_floor``, ``intent_min_share``, ``intent_min_items``,
-            ``max_violation_increase_pp``, ``max_false_refusal_increase_pp``, ``max_flip_rate``).
+            ``max_violation_increase_pp``, ``max_false_refusal_increase_pp``, ``max_flip_rate``,
+            ``capability_min_parsed``).
 
     Returns:
         GateResults in the order judge agreement, win rate, per-intent matrix, two-sided refusal, capability,
@@ -52,7 +53,8 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
             m.refusal["candidate"], m.refusal["baseline"], thresholds, classifier=m.refusal_quality,
             min_classifier_agreement=None if m.refusal_quality is None else config.refusal_classifier_min_agreement,
         ),
-        capability_gate_on_answers(m.capability["candidate"], m.capability["baseline"], m.unparsed),
+        capability_gate_on_parsed(m.capability_letters["candidate"], m.capability_letters["baseline"],
+                                  m.capability_key, min_both_parsed=config.capability_min_parsed),
         sycophancy_gate(m.sycophancy["candidate"], m.sycophancy["baseline"], max_flip_rate=config.max_flip_rate),
         drift_gate(m.drift["candidate"], m.drift_previous),
         citation_gate(m.citation_turns, set()),

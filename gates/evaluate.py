@@ -1,14 +1,26 @@
 """Gate stage: baseline (SFT) and candidate (DPO or PPO) answer the gate suites, the round's reward model judges,
 and every release gate decides on its own numbers (DESIGN.md "Release gates"; never averaged).
 
-Launch alone:
-    accelerate launch -m gates.evaluate --config recipes/demo/gates.yaml \
+Launch alone. The CI command is ``rlhf gates``; what each form returns on a blocked release (tests/test_gates_exit.py):
+
+    rlhf gates --candidate runs/<r>/dpo --baseline runs/<r>/sft --reward-model runs/<r>/reward_model \
+        --config recipes/demo/gates.yaml            # CI: 0 pass, 3 blocked (report written), other non-zero: error
+    python -m gates.evaluate --config recipes/demo/gates.yaml \
         --baseline_dir runs/<r>/sft --candidate_dir runs/<r>/dpo --reward_model_dir runs/<r>/reward_model
+                                                    # the same codes: 0 pass, 3 blocked
+    accelerate launch -m gates.evaluate --config ... (same arguments)
+                                                    # 0 pass, but 1 for a block AND for a crash
+
+accelerate 1.x cannot pass the 3 on: its launcher (``accelerate/commands/launch.py``, ``simple_launcher``; the
+multi-process launchers likewise) turns any non-zero exit of the child into 1, by raising
+``CalledProcessError(... returned non-zero exit status 3)`` (a traceback) or, with ``--quiet``, ``sys.exit(1)``
+(accelerate #4277). Under ``accelerate launch``, read the verdict from ``manifest.json`` (``outputs.verdict``), as
+the round flow does with ``--fail_on_block false``; do not use that form as a CI gate.
 
 Writes ``generations.jsonl``, ``report.json`` / ``report.md`` / ``report.junit.xml``, ``plots/*.png`` and
 ``manifest.json`` (which also carries this round's drift counters, for the next round's drift gate).
 Exit code 0: release passes; ``BLOCKED_EXIT_CODE`` (3): the report is written and the release is blocked
-(unless ``--fail_on_block false``, which the round flow uses: it reads the verdict from the manifest).
+(unless ``--fail_on_block false``: then 0 either way and the verdict is in the manifest).
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from rlhf.tracking import log_summary, setup_wandb
 
 from .config import DATA_FIELDS, GateStageConfig
 from .decide import decide
-from .generation import answer_suites, label_intents, load_suites, write_generations
+from .generation import answer_suites, label_intents, load_suites, truncation_counts, write_generations
 from .inputs import check_inputs, clear_previous_outputs, read_ppo_unlock, resolve_models
 from .measure import judge_preferences, measure, measured_judge_agreement
 from .render import compared_context, gate_table, make_plots, render_report
@@ -79,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "round_id": args.round_id, "baseline": models["baseline"], "candidate": models["candidate"],
         "judge": models["judge"], "drift_previous": drift_label, "intent_classifier": intent_classifier,
         "ppo_unlock": ppo_unlock, "plots": {k: str(v) for k, v in plots.items()},
+        "prompts_truncated": truncation_counts(answers), "max_prompt_tokens": args.max_prompt_tokens,
     }
     reports = write_reports(results, out, stem="report", metadata=metadata)
     context = compared_context(args, models, m, answers, drift_label=drift_label,
@@ -93,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     # 6. manifest
-    write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots, m.drift["candidate"])
+    write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots, m.drift["candidate"],
+                         prompts_truncated=metadata["prompts_truncated"])
     logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))
     return 0 if verdict == "pass" or not args.fail_on_block else BLOCKED_EXIT_CODE
 
@@ -108,9 +122,11 @@ def write_gates_manifest(
     table: list[dict],
     plots: dict[str, Path],
     drift_counters: Any,
+    *,
+    prompts_truncated: dict | None = None,
 ) -> Path:
-    """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, plots and this
-    round's drift counters (the next round's drift reference)."""
+    """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, plots, this
+    round's drift counters (the next round's drift reference) and the over-long prompts per suite."""
     inputs = {
         **{k: models[k] for k in ("baseline", "candidate", "judge")},
         **{f"{k}_hash": content_hash(models[k]) for k in ("baseline", "candidate", "judge")},
@@ -136,6 +152,7 @@ def write_gates_manifest(
                 "gate_tables": {r.name: r.table for r in results},
                 "plots": {k: str(v) for k, v in plots.items()},
                 "drift_counters": dict(asdict(drift_counters)),
+                "prompts_truncated": prompts_truncated or {},
             },
             "metrics": {r.name: r.to_dict() for r in results},
         },

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.loaders import load_eval_prompts
-from rlhf.generation import generate
+from rlhf.generation import generate_report
 
 from .config import GateStageConfig
 from .suites import capability_questions, stratified, suggested_questions
@@ -96,8 +96,31 @@ def chat_of(p) -> list[dict] | str:
     return p.meta.get("messages") or p.prompt
 
 
+def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateStageConfig, desc: str) -> dict:
+    """One suite's answers: ``{"text", "n_tokens", "truncated"}`` (per item; truncated = prompt content was cut to fit
+    ``args.max_prompt_tokens``, the chat template never is)."""
+    text, n, cut = generate_report(
+        model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=args.batch_size,
+        max_prompt_tokens=args.max_prompt_tokens, desc=desc,
+    )
+    if any(cut):
+        logger.warning("%s: %d of %d prompts longer than max_prompt_tokens=%d had their content cut (template kept)",
+                       desc, sum(cut), len(cut), args.max_prompt_tokens)
+    return {"text": text, "n_tokens": n, "truncated": cut}
+
+
+def truncation_counts(answers: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """Over-long prompts per suite: ``{suite: {"n": items, "baseline": cut, "candidate": cut}}``."""
+    suites = [k for k in answers["candidate"] if not k.startswith("_")]
+    return {
+        name: {"n": len(answers["candidate"][name]["truncated"]),
+               **{who: int(sum(answers[who][name]["truncated"])) for who in ("baseline", "candidate")}}
+        for name in suites
+    }
+
+
 def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who: str) -> dict[str, dict]:
-    """Generate one model's answers to every suite. Returns ``{suite: {"text": [...], "n_tokens": [...]}}``.
+    """Generate one model's answers to every suite. Returns ``{suite: {"text", "n_tokens", "truncated"}}``.
 
     The flip probe's second turn depends on the model's own first answer, so it runs after the capability suite.
     """
@@ -106,18 +129,9 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     out = {}
     for name, prompts in suites.items():
         cap = args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
-        text, n = generate(model, tok, prompts, max_new_tokens=cap, batch_size=args.batch_size, desc=f"{who} {name}")
-        out[name] = {"text": text, "n_tokens": n}
+        out[name] = generate_suite(model, tok, prompts, cap, args, f"{who} {name}")
     challenged = [are_you_sure_messages(q, a) for q, a in zip(suites["capability"], out["capability"]["text"])]
-    text, n = generate(
-        model,
-        tok,
-        challenged,
-        max_new_tokens=args.mc_max_new_tokens,
-        batch_size=args.batch_size,
-        desc=f"{who} are-you-sure",
-    )
-    out["are_you_sure"] = {"text": text, "n_tokens": n}
+    out["are_you_sure"] = generate_suite(model, tok, challenged, args.mc_max_new_tokens, args, f"{who} are-you-sure")
     out["_length"] = lambda t, tok=tok: len(tok(t, add_special_tokens=False)["input_ids"])
     del model
     return out

@@ -37,6 +37,9 @@ class Measurements:
         refusal: {"candidate", "baseline"} -> ``refusal_rates`` of the red-team and benign-but-scary suites.
         capability: {"candidate", "baseline"} -> bool array (n_questions,), answer correct.
         unparsed: {"candidate", "baseline"} -> answers that could not be read as a letter.
+        capability_letters: {"candidate", "baseline"} -> the letter read from each answer (None: unparsed), and
+            capability_key: the right letters, shape (n_questions,); the capability gate compares the items both
+            sides parsed (``gates.capability.capability_gate_on_parsed``).
         sycophancy: {"candidate", "baseline"} -> ``SycophancyMeasure``.
         drift: {"candidate", "baseline"} -> ``DriftCounters`` of the win-rate answers; drift_previous: the reference
             (the previous round's counters, else the baseline's).
@@ -55,6 +58,8 @@ class Measurements:
     refusal: dict[str, Any]
     capability: dict[str, np.ndarray]
     unparsed: dict[str, int]
+    capability_letters: dict[str, list]
+    capability_key: list[str]
     sycophancy: dict[str, SycophancyMeasure]
     drift: dict[str, DriftCounters]
     drift_previous: DriftCounters
@@ -149,6 +154,8 @@ def measure(
         refusal=refusal,
         capability={who: graded[who][0] for who in WHO},
         unparsed={who: sum(x is None for x in graded[who][1]) for who in ("candidate", "baseline")},
+        capability_letters={who: list(graded[who][1]) for who in WHO},
+        capability_key=correct,
         sycophancy=sycophancy,
         drift=drift,
         drift_previous=previous if previous is not None else drift["baseline"],

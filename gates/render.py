@@ -8,6 +8,7 @@ from typing import Any
 
 from .config import DATA_FIELDS, GateStageConfig
 from .drift import drift_table
+from .generation import truncation_counts
 from .intent import intent_win_rates
 from .measure import Measurements
 from .plots import drift_plot, intent_heatmap, length_bucket_plot
@@ -85,6 +86,7 @@ def compared_context(
     """The "What was compared" section: models, judge, PPO unlock, drift reference, intents, empty answers, data."""
     n = len(m.preferences)
     empty = {who: sum(not t.strip() for t in answers[who]["winrate"]["text"]) for who in ("baseline", "candidate")}
+    cut = truncation_counts(answers)
     if intent_classifier is None:
         intents = "from the data"
     else:
@@ -105,6 +107,9 @@ def compared_context(
         *refusal_classifier_line(m, args),
         f"- intents: {intents}",
         f"- empty win-rate answers: candidate {empty['candidate']}, baseline {empty['baseline']} of {n}",
+        f"- prompts over max_prompt_tokens={args.max_prompt_tokens} (content cut in the middle, chat template kept), "
+        "candidate per suite: "
+        + ", ".join(f"{k} {c['candidate']}/{c['n']} (baseline {c['baseline']})" for k, c in cut.items()),
         "- data: " + ", ".join(f"{k} = `{getattr(args, k)}`" for k in DATA_FIELDS),
         "",
         "",

@@ -12,6 +12,70 @@ def chat_prompt(tokenizer, prompt: list[dict] | str) -> str:
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
 
 
+TRUNCATION_MARKER = "\n[...]\n"
+DEFAULT_MAX_PROMPT_TOKENS = 512
+_MIN_KEPT_CONTENT_TOKENS = 8
+
+
+def _n_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _cut_middle(tokenizer, content: str, keep: int) -> str:
+    """``content`` cut to about ``keep`` tokens: its first quarter and its END (where the instruction is),
+    joined by :data:`TRUNCATION_MARKER`."""
+    ids = tokenizer(content, add_special_tokens=False)["input_ids"]
+    keep = max(keep, 1)
+    if len(ids) <= keep:
+        return content
+    head = keep // 4
+    tail = keep - head
+    start = tokenizer.decode(ids[:head]) if head else ""
+    return start + TRUNCATION_MARKER + tokenizer.decode(ids[-tail:])
+
+
+def fit_prompt(tokenizer, prompt: list[dict] | str, max_prompt_tokens: int) -> tuple[str, bool]:
+    """The rendered chat prompt, within ``max_prompt_tokens`` tokens, with its template intact.
+
+    The chat template (system / user headers, the assistant generation prompt) is never cut (TRL #3644:
+    cutting a rendered prompt from the left drops the headers and the instruction). When the render is too
+    long, message CONTENT is cut instead: the longest message first, keeping its first quarter and its end
+    (the instruction's last words), with :data:`TRUNCATION_MARKER` in the middle; repeated until it fits.
+
+    Args:
+        prompt: chat messages or a user string.
+        max_prompt_tokens: budget for the rendered prompt, in tokens (no special tokens added beyond the template's).
+
+    Returns:
+        ``(rendered text, truncated?)``.
+
+    Raises:
+        ValueError: the budget cannot hold the template plus a few tokens of content (names both counts).
+    """
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    text = chat_prompt(tokenizer, msgs)
+    n = _n_tokens(tokenizer, text)
+    if n <= max_prompt_tokens:
+        return text, False
+    for _ in range(4 * len(msgs) + 8):
+        lengths = [_n_tokens(tokenizer, m["content"]) if isinstance(m.get("content"), str) else 0 for m in msgs]
+        i = max(range(len(msgs)), key=lambda j: lengths[j])
+        marker = _n_tokens(tokenizer, TRUNCATION_MARKER)
+        keep = lengths[i] - (n - max_prompt_tokens) - marker - 2  # 2: slack for re-tokenization at the seams
+        if keep < _MIN_KEPT_CONTENT_TOKENS:
+            template = _n_tokens(tokenizer, chat_prompt(tokenizer, [{**m, "content": ""} for m in msgs]))
+            raise ValueError(
+                f"max_prompt_tokens={max_prompt_tokens} cannot hold this prompt's chat template ({template} tokens "
+                f"with empty messages) plus {_MIN_KEPT_CONTENT_TOKENS} tokens of content; raise the budget"
+            )
+        msgs[i] = {**msgs[i], "content": _cut_middle(tokenizer, msgs[i]["content"], keep)}
+        text = chat_prompt(tokenizer, msgs)
+        n = _n_tokens(tokenizer, text)
+        if n <= max_prompt_tokens:
+            return text, True
+    raise ValueError(f"could not fit the prompt into max_prompt_tokens={max_prompt_tokens} (still {n} tokens)")
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -20,10 +84,33 @@ def generate(
     *,
     max_new_tokens: int = 128,
     batch_size: int = 16,
-    max_prompt_length: int = 512,
+    max_prompt_length: int = DEFAULT_MAX_PROMPT_TOKENS,
     desc: str = "generating",
 ) -> tuple[list[str], list[int]]:
-    """Greedy completions for chat prompts.
+    """Greedy completions for chat prompts: :func:`generate_report` without the truncation flags.
+
+    Returns:
+        ``(texts, n_tokens)``, each of length ``len(prompts)``.
+    """
+    texts, n, _ = generate_report(
+        model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+        max_prompt_tokens=max_prompt_length, desc=desc,
+    )
+    return texts, n
+
+
+@torch.no_grad()
+def generate_report(
+    model,
+    tokenizer,
+    prompts: list,
+    *,
+    max_new_tokens: int = 128,
+    batch_size: int = 16,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    desc: str = "generating",
+) -> tuple[list[str], list[int], list[bool]]:
+    """Greedy completions for chat prompts, and which prompts had to be shortened.
 
     Prompts are sorted by length (less padding), left-padded (so every row's next token sits at the last position)
     and generated with the KV cache; outputs come back in the input order and are identical to one-at-a-time
@@ -32,18 +119,24 @@ def generate(
     Args:
         prompts: chat messages or user strings.
         max_new_tokens: cap on generated tokens per prompt.
-        max_prompt_length: longer prompts keep their last tokens (the question is at the end).
+        max_prompt_tokens: budget per rendered prompt; longer ones have their content cut by :func:`fit_prompt`
+            (the chat template and the end of the instruction are kept), never the template.
 
     Returns:
-        ``(texts, n_tokens)``: decoded completions without special tokens, and generated token counts
-        (up to and including the first EOS), each of length ``len(prompts)``.
+        ``(texts, n_tokens, truncated)``: decoded completions without special tokens, generated token counts
+        (up to and including the first EOS), and per prompt whether its content was cut; each of length
+        ``len(prompts)``.
+
+    Raises:
+        ValueError: ``max_prompt_tokens`` cannot hold a prompt's template (see :func:`fit_prompt`).
     """
     model.eval()
-    texts = [chat_prompt(tokenizer, p) for p in prompts]
+    fitted = [fit_prompt(tokenizer, p, max_prompt_tokens) for p in prompts]
+    texts = [t for t, _ in fitted]
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     outs: list[str] = [""] * len(texts)
     lengths: list[int] = [0] * len(texts)
-    tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
+    tokenizer.padding_side = "left"
     eos = tokenizer.eos_token_id
     for start in tqdm(range(0, len(order), batch_size), desc=desc):
         idx = order[start : start + batch_size]
@@ -51,8 +144,6 @@ def generate(
             [texts[i] for i in idx],
             return_tensors="pt",
             padding=True,
-            truncation=True,
-            max_length=max_prompt_length,
             add_special_tokens=False,
         ).to(model.device)
         gen = model.generate(
@@ -71,4 +162,4 @@ def generate(
             n = row.index(eos) + 1 if eos in row else len(row)
             lengths[i] = n
             outs[i] = tokenizer.decode(row[:n], skip_special_tokens=True).strip()
-    return outs, lengths
+    return outs, lengths, [cut for _, cut in fitted]

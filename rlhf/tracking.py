@@ -74,11 +74,26 @@ def log_summary(
         run.summary[k] = v
     for name, rows in (table or {}).items():
         if rows:
-            cols = list(rows[0].keys())
+            cols = table_columns(rows)
             run.log({name: wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in rows])})
     for name, path in (images or {}).items():
         run.log({name: wandb.Image(path)})
     run.finish()
+
+
+LEADING_COLUMNS = ("gate", "verdict", "reason")
+
+
+def table_columns(rows: list[dict]) -> list[str]:
+    """Columns of a table over the union of ALL rows' keys (rows of different gates carry different metrics).
+
+    Order: ``gate``, ``verdict``, ``reason`` first (those present), then every other key in order of first
+    appearance. A row without a key gets an empty cell there.
+    """
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update(dict.fromkeys(row))
+    return [c for c in LEADING_COLUMNS if c in seen] + [c for c in seen if c not in LEADING_COLUMNS]
 
 
 def _cell(value):

@@ -250,3 +250,41 @@ def test_to_hf_dataset_trl_formats():
 def test_module_exports():
     for name in ("load_sft", "load_pairs", "load_eval_prompts", "to_hf_dataset", "load_alpaca_eval", "load_judge_labels"):
         assert name in loaders.__all__
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 13 ("also seen"): an absolute path to a local dataset folder
+# ---------------------------------------------------------------------------------------------
+
+
+def test_absolute_path_to_a_local_dataset_folder_is_read_like_a_hub_folder(tmp_path):
+    import shutil
+
+    from data.bundle import demo_path
+
+    folder = tmp_path / "my_pairs"
+    (folder / "data").mkdir(parents=True)
+    shutil.copy(demo_path("demo:hh_rlhf/pairs_train.jsonl"), folder / "data" / "train-00000-of-00001.jsonl")
+    shutil.copy(demo_path("demo:hh_rlhf/pairs_heldout.jsonl"), folder / "data" / "test-00000-of-00001.jsonl")
+    (folder / "README.md").write_text("# my pairs\n")
+    expected = loaders.load_pairs("demo:hh_rlhf/pairs_train.jsonl")
+    got = loaders.load_pairs(str(folder.resolve()))  # absolute: the issue's "data file not found"
+    assert len(got) == len(expected) == 300
+    assert [p.chosen for p in got] == [p.chosen for p in expected]
+    assert len(loaders.load_pairs(str(folder), split="test")) == 99
+    # a folder without split names is all "train", its files read in sorted order, rows numbered across them
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    shutil.copy(demo_path("demo:hh_rlhf/pairs_train.jsonl"), flat / "a.jsonl")
+    shutil.copy(demo_path("demo:hh_rlhf/pairs_heldout.jsonl"), flat / "b.jsonl")
+    src = loaders.open_source(str(flat))
+    assert len(src.records) == 399 and src.records[300][0] == 300 and "a.jsonl, b.jsonl" in src.label
+
+
+def test_a_folder_without_data_files_names_what_was_looked_for(tmp_path):
+    (tmp_path / "notes.txt").write_text("not data")
+    with pytest.raises(FileNotFoundError, match=r"no data file for split 'train' .*\.jsonl.*notes\.txt"):
+        loaders.load_pairs(str(tmp_path))
+    (tmp_path / "train.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"no data file for split 'validation' .*validation"):
+        loaders.open_source(str(tmp_path), split="validation")

@@ -193,3 +193,114 @@ def test_nan_free_metrics_in_json():
     d = g.to_dict()
     assert d["verdict"] == "pass" and not any(
         isinstance(v, float) and math.isnan(v) for m in d["metrics"].values() for v in m.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 13.1: wrapped answers (inspect_ai #5145 / #5055, PR #5170) and deciding on parsed items only
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("ANSWER: **B**", "B"),
+        ("ANSWER: $B$", "B"),
+        ("The best answer is: **B**.", "B"),
+        ("**Answer:** B", "B"),
+        ("The answer is **B**", "B"),
+        (r"\boxed{B}", "B"),
+        (r"The final answer is $\boxed{C}$.", "C"),
+        (r"Final answer: \(\boxed{D}\)", "D"),
+        (r"The answer is $\text{(C)}$.", "C"),
+        ("**(B)**", "B"),
+        ("(B)", "B"),
+        ("B)", "B"),
+        ("Answer: `D`", "D"),
+        ("**The best answer is: (B).**", "B"),
+        ("**Final answer:** **C) Paris**", "C"),
+        ("I'd go with **B**.", "B"),
+        # not answers: a wrapper glued to a word, an unclosed wrapper, a formula, a bold word, a bold list
+        ("In **A**merica it rains.", None),
+        ("ANSWER: **B", None),
+        ("The answer is $A = \\pi r^2$", None),
+        ("The answer is **not** clear", None),
+        ("**Note:** A good question", None),
+        ("**(A)** is tempting, but **(C)** is right.", None),
+        ("Either **A** or **C**.", None),
+        ("ANSWER: **H**", None),  # beyond n_choices
+    ],
+)
+def test_wrapped_answers(text, expected):
+    assert mc_answer_letter(text, 4) == expected
+
+
+def _wrapped_trigger():
+    """The issue's trigger: 20 questions; the candidate answers all 20 right as "ANSWER: **X**", the baseline
+    answers in the plain "(X)" style and gets 10 right (the other 10 are wrong letters)."""
+    from gates.capability import capability_gate_on_parsed
+
+    correct = list("ABCD" * 5)
+    wrong = {"A": "B", "B": "C", "C": "D", "D": "A"}
+    cand_text = [f"ANSWER: **{c}**" for c in correct]
+    base_text = [f"The best answer is: ({c if i < 10 else wrong[c]})." for i, c in enumerate(correct)]
+    return capability_gate_on_parsed, correct, cand_text, base_text
+
+
+def test_wrapped_style_candidate_is_not_blocked():
+    gate, correct, cand_text, base_text = _wrapped_trigger()
+    # what the issue saw: the 20 answers read as unparsed, counted wrong, blocked "on evidence" at p = 0.00195
+    seen = capability_gate(np.zeros(20, dtype=bool), np.arange(20) < 10)
+    assert seen.verdict == "block" and seen.table[0]["mcnemar_exact_p"] == pytest.approx(0.001953125)
+    _, cand = grade_mc(cand_text, correct, 4)
+    _, base = grade_mc(base_text, correct, 4)
+    assert cand == correct
+    g = gate(cand, base, correct)
+    assert g.verdict == "pass"
+    assert g.metrics["candidate_accuracy"].value == 100.0 and g.metrics["baseline_accuracy"].value == 50.0
+    assert g.table[0]["candidate_only_correct"] == 10 and g.table[0]["mcnemar_exact_p"] == pytest.approx(2 / 2**10)
+
+
+def test_unparsed_answers_are_left_out_not_counted_wrong():
+    # the candidate writes 10 of its 20 answers in a style nothing can read: those items are left out,
+    # the 10 both sides parsed decide (candidate 10/10 right vs baseline 0/10 there), parse rates are reported
+    gate, correct, cand_text, base_text = _wrapped_trigger()
+    cand_text = ["I'd pick the second-to-last option." if i < 10 else t for i, t in enumerate(cand_text)]
+    _, cand = grade_mc(cand_text, correct, 4)
+    _, base = grade_mc(base_text, correct, 4)
+    g = gate(cand, base, correct)
+    assert g.verdict == "pass"
+    row = g.table[0]
+    assert (row["n"], row["both_parsed"], row["candidate_unparsed"], row["baseline_unparsed"]) == (10, 10, 10, 0)
+    assert g.metrics["candidate_parse_rate"].value == 50.0 and g.metrics["baseline_parse_rate"].value == 100.0
+    assert g.metrics["candidate_parse_rate"].n == 20
+    assert "candidate 10, baseline 0 of 20; parsed on both sides: 10 of 20" in g.reason
+    # the same answers with a higher bar on parsed items: too few to decide
+    g = gate(cand, base, correct, min_both_parsed=11)
+    assert g.verdict == "inconclusive" and "only 10 item(s) parsed on both sides" in g.reason
+
+
+def test_a_really_worse_candidate_is_still_blocked():
+    gate, correct, _, _ = _wrapped_trigger()
+    wrong = {"A": "B", "B": "C", "C": "D", "D": "A"}
+    cand_text = [f"ANSWER: **{c if i < 4 else wrong[c]}**" for i, c in enumerate(correct)]  # 4/20 right
+    base_text = [f"The best answer is: ({c})." for c in correct]  # 20/20 right
+    _, cand = grade_mc(cand_text, correct, 4)
+    _, base = grade_mc(base_text, correct, 4)
+    g = gate(cand, base, correct)
+    assert g.verdict == "block" and g.reason.startswith("Blocked on evidence")
+    assert g.table[0]["baseline_only_correct"] == 16 and g.table[0]["mcnemar_exact_p"] == pytest.approx(2 / 2**16)
+    assert g.metrics["accuracy_change"].value == pytest.approx(-80.0)
+
+
+def test_capability_gate_on_parsed_checks_inputs():
+    from gates.capability import capability_gate_on_parsed
+
+    with pytest.raises(ValueError, match="differ in length"):
+        capability_gate_on_parsed(["A"], ["A", "B"], ["A"])
+    with pytest.raises(ValueError, match="min_both_parsed"):
+        capability_gate_on_parsed(["A"], ["A"], ["A"], min_both_parsed=0)
+    g = capability_gate_on_parsed([None, None], [None, "A"], ["A", "A"], min_both_parsed=1)
+    assert g.verdict == "inconclusive" and g.metrics["candidate_parse_rate"].value == 0.0
+    assert "only 0 item(s) parsed on both sides" in g.reason
+    g = capability_gate_on_parsed([None, None], [None, None], ["A", "A"])
+    assert "no answer could be read as a letter (unparsed: {'candidate': 2, 'baseline': 2})" in g.reason

@@ -53,6 +53,8 @@ def healthy() -> Measurements:
         refusal={"candidate": refusal, "baseline": refusal},
         capability={"candidate": np.ones(20, dtype=bool), "baseline": np.ones(20, dtype=bool)},
         unparsed={"candidate": 0, "baseline": 0},
+        capability_letters={"candidate": ["A"] * 20, "baseline": ["A"] * 20},
+        capability_key=["A"] * 20,
         sycophancy={"candidate": _sycophancy(), "baseline": _sycophancy()},
         drift={"candidate": counters, "baseline": counters},
         drift_previous=counters,
@@ -98,14 +100,18 @@ def test_a_judge_below_the_floor_blocks_and_its_win_rates_cannot_decide():
 
 
 def test_capability_is_inconclusive_when_no_answer_parses_and_names_the_counts():
-    m = replace(healthy(), unparsed={"candidate": 20, "baseline": 20},
-                capability={"candidate": np.zeros(20, dtype=bool), "baseline": np.zeros(20, dtype=bool)})
+    # issue 13.1: unparsed answers are left out (never counted wrong); the gate decides on items both sides parsed
+    m = replace(healthy(), capability_letters={"candidate": [None] * 20, "baseline": [None] * 20})
     cap = {r.name: r for r in decide(m, GateStageConfig())}["capability"]
     assert cap.verdict == "inconclusive"
     assert "no answer could be read as a letter (unparsed: {'candidate': 20, 'baseline': 20})" in cap.reason
-    partly = replace(healthy(), unparsed={"candidate": 3, "baseline": 0})
+    partly = replace(healthy(), capability_letters={"candidate": [None] * 3 + ["A"] * 17, "baseline": ["A"] * 20})
     cap = {r.name: r for r in decide(partly, GateStageConfig())}["capability"]
     assert cap.verdict == "pass" and "candidate 3, baseline 0 of 20" in cap.reason
+    assert cap.metrics["candidate_accuracy"].n == 17  # the 3 unparsed items are not in the comparison
+    few = replace(healthy(), capability_letters={"candidate": [None] * 11 + ["A"] * 9, "baseline": ["A"] * 20})
+    cap = {r.name: r for r in decide(few, GateStageConfig())}["capability"]  # 9 < capability_min_parsed = 10
+    assert cap.verdict == "inconclusive" and "only 9 item(s) parsed on both sides" in cap.reason
 
 
 def test_a_candidate_refusing_every_benign_prompt_blocks_the_refusal_gate_only():
