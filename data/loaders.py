@@ -41,6 +41,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -85,6 +86,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet")
 #: Demo AlpacaEval model files hold only ``idx, generator_2, output_2, preference``; the shared
@@ -180,6 +182,8 @@ def _read_jsonl(data: bytes) -> list[tuple[int, Any]]:
             out.append((row, json.loads(text)))
         except json.JSONDecodeError as exc:
             out.append((row, InvalidRecord(text, f"invalid JSON: {exc.msg} (column {exc.colno})")))
+        except RecursionError:  # e.g. 100,000 nested brackets: a bad row, not a crash without a location
+            out.append((row, InvalidRecord(text[:200], "invalid JSON: nested too deeply to parse")))
     return out
 
 
@@ -192,6 +196,8 @@ def _read_file(path: Path, label: str) -> list[tuple[int, Any]]:
             data = _open_bytes(path)
             try:
                 obj = json.loads(data)
+            except RecursionError:
+                raise DataValidationError("invalid JSON: nested too deeply to parse", file=label) from None
             except json.JSONDecodeError as exc:
                 if exc.msg == "Extra data":  # JSON Lines saved as .json
                     return _read_jsonl(data)
@@ -452,6 +458,13 @@ def detect_format(records: Sequence[tuple[int, Any]], kind: str, *, label: str =
 # ------------------------------------------------------------------------------------ loading
 
 
+def _row_format(value: Any, file_format: str, forced: str | None, detector) -> str:
+    """The format of one row: the forced one, else the row's own fields, else the file's majority format."""
+    if forced is not None or not isinstance(value, Mapping):
+        return file_format
+    return detector(value) or file_format
+
+
 def default_rejects_path(stem: str, kind: str) -> Path:
     """``$RLHF_REJECTS_DIR/<stem>.<kind>.rejects.jsonl`` (``RLHF_REJECTS_DIR`` defaults to ``runs/rejects``)."""
     return Path(os.environ.get("RLHF_REJECTS_DIR", "runs/rejects")) / f"{stem}.{kind}.rejects.jsonl"
@@ -481,6 +494,8 @@ def _load(
     max_reject_rate: float,
     rejects_path: str | Path | None,
     source_format: str | None,
+    use_first: int | None = None,
+    use_first_name: str = "max_train_samples",
 ) -> LoadedRows[T]:
     if not raw.records:
         raise DataValidationError("no rows", file=raw.label)
@@ -496,6 +511,10 @@ def _load(
         max_reject_rate=max_reject_rate,
         rejects_path=rejects_path if mode == "lenient" else None,
     )
+    if use_first is not None and len(accepted) > use_first:
+        # Every row was read and validated above; the cap only chooses which valid rows are used, and says so.
+        logger.warning("%s: using the first %d of %d rows (%s)", raw.label, use_first, len(accepted), use_first_name)
+        accepted = accepted[:use_first]
     return LoadedRows(
         accepted,
         source=raw.label,
@@ -538,21 +557,47 @@ def _load_converted(
     source_format: str | None,
     split: str,
     hf_kwargs: Mapping[str, Any] | None,
+    use_first: int | None = None,
+    check: Callable[[T], None] | None = None,
 ) -> LoadedRows[T]:
-    """The one body of :func:`load_sft` and :func:`load_pairs`: open ``source``, pick the converter of its format
-    (``source_format`` or detected) and validate every row; row ids are ``<stem>-<row>``."""
+    """The one body of :func:`load_sft` and :func:`load_pairs`: open ``source``, pick the converter of each row's
+    format (``source_format``, else the row's own fields, else the file's majority format) and validate every row
+    (plus ``check``, which may raise DataValidationError); row ids are ``<stem>-<row>``. ``use_first``: see
+    :func:`load_sft`."""
     if source_format is not None and source_format not in converters:
         raise _unknown_format(kind, source_format, converters)
     raw = open_source(source, split=split, hf_kwargs=hf_kwargs, limit=limit)
 
     def parse_for(fmt: str, src: RawSource):
-        convert = converters[fmt]
-        return lambda value, row: convert(value, id=f"{src.stem}-{row}", source=src.label)
+        def parse(value, row):
+            obj = converters[_row_format(value, fmt, source_format, _DETECTORS[kind])](
+                value, id=f"{src.stem}-{row}", source=src.label
+            )
+            if check is not None:
+                check(obj)
+            return obj
+
+        return parse
 
     return _load(
         raw, kind, parse_for, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path,
-        source_format=source_format,
+        source_format=source_format, use_first=use_first,
     )
+
+
+def _label_check(min_labels: int | None) -> Callable[[PreferencePair], None] | None:
+    """Agreement data: a pair with fewer than ``min_labels`` annotator labels is a bad row (field ``labels``)."""
+    if min_labels is None:
+        return None
+
+    def check(pair: PreferencePair) -> None:
+        n_labels = len(pair.labels or [])
+        if n_labels < min_labels:
+            raise DataValidationError(
+                f"{n_labels} annotator label(s); agreement data needs at least {min_labels} per pair", field="labels"
+            )
+
+    return check
 
 
 def load_sft(
@@ -565,6 +610,7 @@ def load_sft(
     source_format: str | None = None,
     split: str = "train",
     hf_kwargs: Mapping[str, Any] | None = None,
+    use_first: int | None = None,
 ) -> LoadedRows[Conversation]:
     """Load SFT demonstrations.
 
@@ -576,9 +622,12 @@ def load_sft(
         mode: ``"strict"`` (raise on the first bad row) or ``"lenient"``.
         max_reject_rate: lenient mode: largest accepted fraction of rejected rows.
         rejects_path: lenient mode: rejects JSONL (default :func:`default_rejects_path`).
-        limit: read only the first ``limit`` rows.
-        source_format: force a format (``native``, ``hh``, ``implicit``, ``prompt_completion``, ``instruction``).
+        limit: read only the first ``limit`` rows (the rest is never looked at).
+        source_format: force a format (``native``, ``hh``, ``implicit``, ``prompt_completion``, ``instruction``);
+            by default each row's format is detected from its own fields (a file may mix formats).
         split, hf_kwargs: Hugging Face sources only.
+        use_first: read and validate every row, then use the first ``use_first`` valid ones; the cap is logged
+            ("using the first 4 of 6 rows (max_train_samples)"). What the stages' ``max_train_samples`` does.
 
     Returns:
         :class:`LoadedRows` of :class:`~data.schemas.Conversation`.
@@ -589,7 +638,7 @@ def load_sft(
     """
     return _load_converted(
         "sft", _SFT_CONVERTERS, source, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path, limit=limit,
-        source_format=source_format, split=split, hf_kwargs=hf_kwargs,
+        source_format=source_format, split=split, hf_kwargs=hf_kwargs, use_first=use_first,
     )
 
 
@@ -603,10 +652,14 @@ def load_pairs(
     source_format: str | None = None,
     split: str = "train",
     hf_kwargs: Mapping[str, Any] | None = None,
+    use_first: int | None = None,
+    min_labels: int | None = None,
 ) -> LoadedRows[PreferencePair]:
     """Load preference pairs (native/TRL, HH-RLHF transcripts, TRL implicit, PandaLM).
 
     Arguments as :func:`load_sft`; ``source_format`` one of ``native``, ``hh``, ``implicit``, ``pandalm``.
+    ``min_labels``: a row with fewer annotator labels is a bad row (field ``labels``): agreement data needs at
+    least 2 per pair. Rows may have different numbers of annotators.
 
     Note:
         The published PandaLM test set has 60 of 999 rows that cannot be pairs (54 empty
@@ -618,7 +671,7 @@ def load_pairs(
     """
     return _load_converted(
         "pairs", _PAIR_CONVERTERS, source, mode=mode, max_reject_rate=max_reject_rate, rejects_path=rejects_path, limit=limit,
-        source_format=source_format, split=split, hf_kwargs=hf_kwargs,
+        source_format=source_format, split=split, hf_kwargs=hf_kwargs, use_first=use_first, check=_label_check(min_labels),
     )
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from data.schemas import Message, PreferencePair
+from data.special_tokens import guard_pair
+from data.truncation import kept_completion, kept_tokens
 from data.validation import DataValidationError
 
 
@@ -38,8 +40,14 @@ def prepare_pairs(
     file: str,
     min_completion_tokens: int = 1,
     require_fit: bool = False,
+    truncation_mode: str = "keep_start",
+    special_tokens: str = "refuse",
 ) -> PreparedPairs:
     """Check and fit each pair to ``max_length`` (tokens, prompt + one completion).
+
+    ``truncation_mode``: TRL's (``keep_start`` / ``keep_end``); the identical-after-truncation and
+    zero-completion-token checks look at the tokens that mode keeps. ``special_tokens``: ``refuse`` or ``escape``
+    chat special tokens inside the text (data/special_tokens.py).
 
     ``require_fit``: a pair whose prompt + longer completion still exceeds ``max_length`` (after dropping old
     turns) is an error instead of being truncated. TRL's RewardTrainer drops such pairs silently, so the reward
@@ -51,6 +59,11 @@ def prepare_pairs(
     """
     out = PreparedPairs(pairs=[])
     for i, pair in enumerate(pairs):
+        try:  # chat special tokens inside the text would forge turns (data/special_tokens.py)
+            pair = guard_pair(pair, tokenizer, special_tokens, file=file, row=i)
+        except DataValidationError as err:
+            out.rejects.append(err)
+            continue
         prompt = list(pair.prompt)
         system = [m for m in prompt[:1] if m.role == "system"]
         turns = prompt[len(system) :]
@@ -75,7 +88,7 @@ def prepare_pairs(
                 )
             c_ids, r_ids = _n_tokens(tokenizer, pair.chosen), _n_tokens(tokenizer, pair.rejected)
             for name, ids in (("chosen", c_ids), ("rejected", r_ids)):
-                if len(ids[:budget]) < min_completion_tokens:
+                if len(kept_completion(p_ids, ids, max_length, truncation_mode)) < min_completion_tokens:
                     raise DataValidationError("zero completion tokens after truncation", file=file, row=i, field=name)
             if require_fit and budget is not None and max(len(c_ids), len(r_ids)) + 2 > budget:
                 raise DataValidationError(
@@ -85,7 +98,16 @@ def prepare_pairs(
                     row=i,
                     field="chosen",
                 )
-            if budget is not None and c_ids[:budget] == r_ids[:budget]:
+            if truncation_mode == "keep_end" and kept_tokens(p_ids, c_ids, max_length, truncation_mode) == kept_tokens(
+                p_ids, r_ids, max_length, truncation_mode
+            ):
+                raise DataValidationError(
+                    f"chosen and rejected identical after truncation_mode keep_end to the last {max_length} tokens",
+                    file=file,
+                    row=i,
+                    field="rejected",
+                )
+            if truncation_mode == "keep_start" and budget is not None and c_ids[:budget] == r_ids[:budget]:
                 raise DataValidationError(
                     f"chosen and rejected identical after truncation to {budget} tokens",
                     file=file,

@@ -300,7 +300,10 @@ def validate_rows(
         try:
             if isinstance(raw, InvalidRecord):
                 raise DataValidationError(raw.reason, file=file, row=row)
-            accepted.append(parse(raw, row))
+            try:
+                accepted.append(parse(raw, row))
+            except RecursionError:  # hostile nesting (e.g. 100,000 brackets): this row's error, with its location
+                raise DataValidationError("value nested too deeply to validate", file=file, row=row) from None
         except ValidationError as exc:
             err = DataValidationError.from_pydantic(exc, file=file, row=row)
             if mode == "strict":

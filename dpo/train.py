@@ -17,12 +17,14 @@ import sys
 from pathlib import Path
 
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 from trl import DPOTrainer, TrlParser
 
 from data.loaders import load_pairs
 from data.schemas import pair_to_trl
 from rlhf.lineage import content_hash
+from rlhf.rundir import install_failure_hook
+from rlhf.weights import load_checked
 from rlhf.manifest import read_manifest
 from rlhf.checkpoint import save_checkpoint, verify_hash
 from rlhf.config import peft_config
@@ -63,7 +65,9 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
 
 def main(argv: list[str] | None = None) -> dict:
     (args,) = TrlParser((DPOStageConfig,)).parse_args_and_config(argv)
+    install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     setup_stage("dpo", args)
+    set_seed(args.seed)  # before any module is built: a new head or LoRA adapter is seeded too
     out = Path(args.output_dir)
     if not args.sft_dir:
         raise SystemExit("dpo.train needs --sft_dir (the SFT stage's output directory)")
@@ -76,15 +80,22 @@ def main(argv: list[str] | None = None) -> dict:
         mode=args.data_mode,
         max_reject_rate=args.max_reject_rate,
         rejects_path=out / "rejects-data.jsonl",
-        limit=args.max_train_samples,
+        use_first=args.max_train_samples,
     )
     tokenizer = AutoTokenizer.from_pretrained(pi_ref_path)
-    prepared = prepare_pairs(pairs, tokenizer, args.max_length, file=args.train_data)
+    prepared = prepare_pairs(
+        pairs,
+        tokenizer,
+        args.max_length,
+        file=args.train_data,
+        truncation_mode=args.truncation_mode,
+        special_tokens=args.special_tokens_in_text,
+    )
     handle_rejects(prepared.rejects, len(pairs), args, "truncation")
     dataset = Dataset.from_list([pair_to_trl(p) for p in prepared.pairs])
     # The policy starts as a copy of pi_ref (it is the SFT model); pi_ref itself is a separate frozen instance.
-    policy = AutoModelForCausalLM.from_pretrained(pi_ref_path)
-    ref_model = AutoModelForCausalLM.from_pretrained(pi_ref_path)
+    policy = load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO policy (pi_ref)")
+    ref_model = load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO reference (pi_ref)")
     trainer = DPOTrainer(
         model=policy,
         ref_model=ref_model,
@@ -122,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         **step0,
         **{f"last_{k}": v for k, v in last.items()},
     }
-    log_summary(metrics)
+    log_summary(metrics, report_to=args.report_to)
     stage_manifest(
         "dpo",
         args,

@@ -43,7 +43,11 @@ def round_cmd(
     accelerate_config: Annotated[Optional[str], typer.Option(help="accelerate config file.")] = None,
     force: Annotated[Optional[list[str]], typer.Option(help="Rerun this stage even if cached (repeatable).")] = None,
 ) -> None:
-    """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed."""
+    """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed;
+    130: interrupted (Ctrl-C / SIGTERM: the running stage is stopped, nothing is left that looks finished)."""
+    from rlhf.rundir import RoundError
+
+    from flows.interrupt import INTERRUPTED_EXIT_CODE, install_signal_handlers
     from flows.round import RoundParameters, rlhf_round
     from rlhf.round_id import check_round_id
 
@@ -72,11 +76,15 @@ def round_cmd(
     )
     from flows.stages import StageFailed
 
+    install_signal_handlers()
     try:
         manifest = rlhf_round(params)
-    except (StageFailed, ValueError, FileNotFoundError) as err:  # one line with the reason, not a traceback
+    except (StageFailed, RoundError, ValueError, FileNotFoundError) as err:  # one line with the reason, not a traceback
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
+    except KeyboardInterrupt as err:
+        typer.echo(f"error: round interrupted ({err or 'SIGINT'}); the running stage was stopped", err=True)
+        raise typer.Exit(INTERRUPTED_EXIT_CODE)
     typer.echo(json.dumps({k: manifest[k] for k in ("round_id", "verdict", "candidate", "gate_report")}, indent=2))
     if manifest["verdict"] != "pass":
         typer.echo(f"release BLOCKED (exit {BLOCKED_EXIT_CODE}); see {manifest['gate_report']}", err=True)

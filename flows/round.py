@@ -29,6 +29,7 @@ from judging.unlock import decide_from_metrics
 from rlhf.manifest import atomic_write_text
 from rlhf.registry import STAGES
 from rlhf.round_id import artifact_key, check_round_id
+from rlhf.rundir import RoundLock
 
 from .stages import StageRun, check_stage_config, dump, run_stage, summarize
 
@@ -126,6 +127,7 @@ def stage_task(
         accelerate_config=params.accelerate_config,
         force=stage in params.force,
         log=logger.info,
+        runs_dir=params.runs_dir,
     )
 
 
@@ -141,11 +143,21 @@ def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
 
 @flow(name="rlhf-round", log_prints=True)
 def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
-    """One round; returns the round manifest (also written to ``<runs_dir>/<round_id>/round.json``)."""
-    logger = get_run_logger()
+    """One round; returns the round manifest (also written to ``<runs_dir>/<round_id>/round.json``).
+
+    Raises:
+        ValueError: an unsafe round id (rlhf.round_id); rlhf.rundir.RoundError: another round holds this round's
+            folder (named).
+    """
     round_id = check_round_id(params.round_id) if params.round_id else default_round_id(params.preset)
     round_dir = Path(params.runs_dir) / round_id
-    round_dir.mkdir(parents=True, exist_ok=True)
+    # One round per folder: the lock is held until this process exits (a second round fails at once, naming us).
+    with RoundLock(round_dir, round_id):
+        return _round(params, round_id, round_dir)
+
+
+def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
+    logger = get_run_logger()
     # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
     (round_dir / "round.json").unlink(missing_ok=True)
     unknown = set(params.overrides) - set(STAGES)

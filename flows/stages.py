@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -21,10 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from rlhf.checkpoint import make_writable
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 from rlhf.registry import STAGES, stage as registry_stage
+from rlhf.rundir import create_stage_dir, read_failure, remove_stage_dir
+
+from .interrupt import run_process_group
 
 CACHE_KEY_FILE = ".cache_key"
 
@@ -118,12 +118,16 @@ def run_stage(
     accelerate_config: str | None = None,
     force: bool = False,
     log=print,
+    runs_dir: str | Path | None = None,
 ) -> StageRun:
     """Run one stage unless a finished run with the same cache key is already in ``output_dir``.
 
-    The stage's stdout/stderr stream to ``log`` and to ``<output_dir>/stage.log``.
+    The stage's stdout/stderr stream to ``log`` and to ``<output_dir>/stage.log``. The stage runs in its own
+    process group (flows/interrupt.py): an interrupt stops all of it, and nothing of it outlives the launcher.
+    A stale ``output_dir`` is removed only if a stage created it (marker file) inside ``runs_dir`` (when given).
 
     Raises:
+        rlhf.rundir.RoundError: ``output_dir`` exists but was not created by a stage, or lies outside ``runs_dir``.
         RuntimeError: the process failed (non-zero exit) or wrote no manifest; the message
             holds the command, the exit code and the log's last lines.
     """
@@ -145,27 +149,26 @@ def run_stage(
             return StageRun(stage, str(output_dir), manifest, key, cached=True, seconds=0.0)
         log(f"[{stage}] inputs unchanged but {damage}: recomputing")
     if output_dir.exists():  # stale or unfinished: start clean, so nothing old can pass for new
-        make_writable(output_dir)
-        shutil.rmtree(output_dir)
-    output_dir.mkdir(parents=True)
+        remove_stage_dir(output_dir, runs_dir)
+    create_stage_dir(output_dir)
     cmd = launch_command(module, recipe, output_dir, list(extra_args), accelerate_config)
     log(f"[{stage}] $ {' '.join(cmd)}")
     t0 = time.perf_counter()
     tail: list[str] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with (
-        open(output_dir / "stage.log", "w", buffering=1) as logf,
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1) as proc,
-    ):
-        for line in proc.stdout:
+    with open(output_dir / "stage.log", "w", buffering=1) as logf:
+
+        def on_line(line: str) -> None:
+            nonlocal tail
             logf.write(line)
             if line.strip() and "it/s]" not in line and "s/it]" not in line:  # keep progress bars out of the flow log
                 log(f"[{stage}] {line.rstrip()}")
             tail = (tail + [line])[-40:]
-        rc = proc.wait()
+
+        rc = run_process_group(cmd, env=env, on_line=on_line)
     seconds = time.perf_counter() - t0
     if rc != 0 or not (output_dir / MANIFEST_NAME).is_file():
-        raise StageFailed(stage, rc, root_cause(tail), output_dir / "stage.log")
+        raise StageFailed(stage, rc, read_failure(output_dir) or root_cause(tail), output_dir / "stage.log")
     atomic_write_text(key_file, key)
     log(f"[{stage}] done in {seconds:.0f}s")
     return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=False, seconds=seconds)
@@ -176,7 +179,8 @@ class StageFailed(RuntimeError):
 
     def __init__(self, stage: str, returncode: int, cause: str, log_path: Path):
         self.stage, self.returncode, self.cause, self.log_path = stage, returncode, cause, log_path
-        super().__init__(f"stage {stage} failed (exit {returncode}): {cause}\nfull log: {log_path}")
+        note = " (rows are numbered from 0: row 0 is the first data row)" if " row " in cause else ""
+        super().__init__(f"stage {stage} failed (exit {returncode}): {cause}{note}\nfull log: {log_path}")
 
 
 def root_cause(lines: list[str]) -> str:

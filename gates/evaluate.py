@@ -36,6 +36,7 @@ from trl import TrlParser
 from rlhf.entrypoint import BLOCKED_EXIT_CODE
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import atomic_write_text, write_manifest
+from rlhf.rundir import check_output_dir, install_failure_hook
 from rlhf.tracking import log_summary, setup_wandb
 
 from .config import DATA_FIELDS, GateStageConfig
@@ -54,14 +55,16 @@ logger = logging.getLogger("gates.evaluate")
 
 def main(argv: list[str] | None = None) -> int:
     (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(argv)
+    install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.output_dir)
-    clear_previous_outputs(out)
+    check_output_dir(out, "gates")  # never clear another stage's folder
 
-    # 1. inputs: everything that can be checked without a model is checked before any generation
+    # 1. inputs: everything that can be checked without a model is checked before any generation or clearing
     traffic, previous, _ = check_inputs(args)
     ppo_unlock = read_ppo_unlock(args.ppo_unlock_json)
     models = resolve_models(args)
+    clear_previous_outputs(out)
     if "wandb" in (args.report_to or []):
         setup_wandb(run_name="gates", group=args.round_id, output_dir=out)
 
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}},
         table={"gates": table, **{f"gate_{r.name}": r.table for r in results if r.table}},
         images={k: str(v) for k, v in plots.items()},
+        report_to=args.report_to,
     )
 
     # 6. manifest

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.loaders import load_eval_prompts
 from rlhf.generation import generate_report
+from rlhf.weights import load_checked
 
 from .config import GateStageConfig
 from .suites import capability_questions, stratified, suggested_questions
@@ -125,7 +126,7 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     The flip probe's second turn depends on the model's own first answer, so it runs after the capability suite.
     """
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=torch.float32)
     out = {}
     for name, prompts in suites.items():
         cap = args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
@@ -146,7 +147,7 @@ def label_intents(prompts: list, model_path: str, args: GateStageConfig) -> tupl
 
     labelled = [p for p in load_eval_prompts(args.intent_training_data) if p.intent]
     tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = load_checked(AutoModelForCausalLM, model_path, what="intent-classifier model", dtype=torch.float32)
     clf = fit_intent_classifier(embed(model, tok, [p.prompt for p in labelled]), [p.intent for p in labelled])
     missing = [i for i, p in enumerate(prompts) if not p.intent]
     predicted = clf.predict(embed(model, tok, [prompts[i].prompt for i in missing]))

@@ -42,6 +42,7 @@ from judging.labels import FIRST, LABELS, NO_MAJORITY, SECOND, TIE, UNPARSED
 from judging.scoring import parse_judge_verdict, verdicts_from_scores
 from rlhf.serialization import to_jsonable
 
+MISSING = -2  # padding of ragged label lists: this annotator did not label this item
 
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_N_RESAMPLES = 2000
@@ -90,8 +91,20 @@ def _from_json(hint: Any, value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+def _pad_ragged(labels: Any) -> Any:
+    """A list of per-item label lists of different lengths -> (n_items, max_annotators) padded with MISSING."""
+    if isinstance(labels, np.ndarray) or not isinstance(labels, (list, tuple)):
+        return labels
+    rows = [list(r) if isinstance(r, (list, tuple, np.ndarray)) else r for r in labels]
+    if not rows or not all(isinstance(r, list) for r in rows) or len({len(r) for r in rows}) == 1:
+        return labels
+    width = max(len(r) for r in rows)
+    return [r + [MISSING] * (width - len(r)) for r in rows]
+
+
 def _check_labels(labels: Any) -> np.ndarray:
-    arr = np.asarray(labels)
+    """Validated (n_items, n_annotators) int64 labels; ragged lists are padded with MISSING (>= 2 real per item)."""
+    arr = np.asarray(_pad_ragged(labels))
     if arr.ndim != 2:
         raise ValueError(f"labels must have shape (n_items, n_annotators); got shape {arr.shape}")
     n_items, n_annotators = arr.shape
@@ -103,13 +116,17 @@ def _check_labels(labels: Any) -> np.ndarray:
         if not np.all(np.isfinite(arr.astype(float))) or np.any(arr != np.round(arr)):
             raise ValueError("labels must be integers in {0, 1, 2} (no NaN / missing labels)")
         arr = arr.astype(np.int64)
-    bad = ~np.isin(arr, LABELS)
+    bad = ~np.isin(arr, (*LABELS, MISSING))
     if bad.any():
         i, j = np.argwhere(bad)[0]
         raise ValueError(
             f"labels must be in {{0 tie, 1 first better, 2 second better}}; "
             f"item {i}, annotator {j} has {arr[i, j]!r}"
         )
+    n_present = (arr != MISSING).sum(axis=1)
+    if (n_present < 2).any():
+        i = int(np.argmax(n_present < 2))
+        raise ValueError(f"need at least 2 annotators per item; item {i} has {int(n_present[i])}")
     return arr.astype(np.int64)
 
 
@@ -158,7 +175,7 @@ def _strict_majority(arr: np.ndarray) -> np.ndarray:
     """``expert_labels`` without the input checks (2-D array of values in {0, 1, 2} assumed)."""
     counts = np.stack([(arr == k).sum(axis=1) for k in LABELS], axis=1)  # (n_items, 3)
     best = counts.argmax(axis=1)
-    has_majority = counts.max(axis=1) * 2 > arr.shape[1]
+    has_majority = counts.max(axis=1) * 2 > (arr != MISSING).sum(axis=1)  # of the annotators who labelled it
     return np.where(has_majority, np.asarray(LABELS)[best], NO_MAJORITY).astype(np.int64)
 
 
@@ -303,8 +320,10 @@ def inter_annotator_agreement(
     """Agreement among annotators who labelled the same pairs.
 
     Args:
-        labels: int array, shape (n_items, n_annotators), values in {0 tie, 1 first, 2 second};
-            every annotator labels every item (no missing values).
+        labels: int array, shape (n_items, n_annotators), values in {0 tie, 1 first, 2 second}; or a list of
+            per-item label lists of different lengths (2 annotators on some items, 3 on others). Then every
+            pooled rate counts the comparisons that exist, per-pair figures use the items both labelled, and
+            Fleiss' kappa (constant raters per item) is NaN.
         confidence: CI level (two-sided), default 0.95.
         n_resamples, seed: bootstrap settings (items resampled with replacement, fixed seed, so the
             CIs are reproducible).
@@ -318,7 +337,9 @@ def inter_annotator_agreement(
     arr = _check_labels(labels)
     n_items, n_annotators = arr.shape
     pairs = list(itertools.combinations(range(n_annotators), 2))
-    decisive = arr != TIE
+    present = arr != MISSING  # all True unless ragged lists were padded
+    decisive = (arr == FIRST) | (arr == SECOND)
+    n_pairs = np.zeros(n_items)
 
     # per item: number of agreeing pairs, of decisive pairs, of agreeing decisive pairs
     agree_all = np.zeros(n_items)
@@ -326,20 +347,23 @@ def inter_annotator_agreement(
     agree_dec = np.zeros(n_items)
     per_pair, per_pair_dec, per_pair_kappa = {}, {}, {}
     for i, j in pairs:
-        same = arr[:, i] == arr[:, j]
+        valid = present[:, i] & present[:, j]
+        same = (arr[:, i] == arr[:, j]) & valid
         both = decisive[:, i] & decisive[:, j]
         agree_all += same
+        n_pairs += valid
         comp_dec += both
         agree_dec += same & both
         key = f"a{i + 1}-a{j + 1}"
-        per_pair[key] = float(same.mean())
+        per_pair[key] = _ratio(same.sum(), valid.sum())
         per_pair_dec[key] = _ratio((same & both).sum(), both.sum())
         with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
             warnings.simplefilter("ignore")  # undefined kappa (one shared label) -> NaN
-            per_pair_kappa[key] = float(
-                cohen_kappa_score(arr[:, i], arr[:, j], labels=list(LABELS))
+            per_pair_kappa[key] = (
+                float(cohen_kappa_score(arr[valid, i], arr[valid, j], labels=list(LABELS)))
+                if valid.any()
+                else float("nan")
             )
-    n_pairs = np.full(n_items, float(len(pairs)))
 
     # leave-one-out: annotator i vs the strict majority of the others
     loo_agree = np.zeros(n_items)
@@ -348,11 +372,9 @@ def inter_annotator_agreement(
     loo_comp_dec = np.zeros(n_items)
     for i in range(n_annotators):
         others = np.delete(arr, i, axis=1)
-        if others.shape[1] == 1:
-            ref = others[:, 0]
-        else:
-            ref = expert_labels(others)
-        has_ref = ref != NO_MAJORITY
+        # strict majority of the others who labelled the item (one other: its label; none: no reference)
+        ref = np.where((others != MISSING).any(axis=1), _strict_majority(others), NO_MAJORITY)
+        has_ref = (ref != NO_MAJORITY) & present[:, i]
         same = arr[:, i] == ref
         loo_comp += has_ref
         loo_agree += has_ref & same
@@ -361,20 +383,24 @@ def inter_annotator_agreement(
         loo_agree_dec += dec & same
 
     kw = dict(confidence=confidence, n_resamples=n_resamples, seed=seed)
-    kappa = _fleiss(arr)
+    ragged = not present.all()
+    kappa = float("nan") if ragged else _fleiss(arr)  # Fleiss' kappa needs the same number of raters per item
     if n_items >= 2 and np.isfinite(kappa):
         kappa_ci = _percentile_bootstrap(
             (np.arange(n_items),), lambda idx: _fleiss(arr[np.asarray(idx, dtype=int)]),
             vectorized=False, **kw,
         )
     else:
-        kappa_ci = ConfidenceInterval(float("nan"), float("nan"), confidence, "undefined")
+        kappa_ci = ConfidenceInterval(
+            float("nan"), float("nan"), confidence, "undefined (items have different numbers of annotators)"
+            if ragged else "undefined"
+        )
 
     return InterAnnotatorAgreement(
         n_items=n_items,
         n_annotators=n_annotators,
-        tie_share=float((arr == TIE).mean()),
-        n_no_majority=int((expert_labels(arr) == NO_MAJORITY).sum()),
+        tie_share=float((arr == TIE).sum() / present.sum()),
+        n_no_majority=int((_strict_majority(arr) == NO_MAJORITY).sum()),
         pairwise_agreement=_ratio(agree_all.sum(), n_pairs.sum()),
         pairwise_agreement_ci=_bootstrap_ratio_ci(agree_all, n_pairs, **kw),
         pairwise_agreement_decisive=_ratio(agree_dec.sum(), comp_dec.sum()),
@@ -437,7 +463,7 @@ class RewardModelAgreement(_JsonMixin):
 
 
 def _expert_1d(expert: Any) -> np.ndarray:
-    arr = np.asarray(expert)
+    arr = np.asarray(_pad_ragged(expert))
     if arr.ndim == 2:
         return expert_labels(arr)
     return _check_1d("expert", arr, (NO_MAJORITY, TIE, FIRST, SECOND))

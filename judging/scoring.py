@@ -96,16 +96,30 @@ def score(
     return out
 
 
-def load_reward_model(path: str):
+def load_reward_model(path: str, new_head: bool = False):
     """Load a reward model (sequence classifier, 1 label) with its pad token set (pad == eos on SmolLM2).
+
+    ``new_head``: the checkpoint is a causal LM and the ``score`` head is created here (seed it first); any other
+    missing weight is refused (``rlhf.weights.load_checked``), and so is a missing head when ``new_head`` is off.
 
     Returns:
         (model, tokenizer).
+
+    Raises:
+        rlhf.weights.IncompleteCheckpoint: weights missing from the checkpoint, named.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from rlhf.weights import load_checked
+
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    model = load_checked(
+        AutoModelForSequenceClassification,
+        path,
+        what="reward model start" if new_head else "reward model",
+        new_heads=["score"] if new_head else [],
+        num_labels=1,
+    )
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 

@@ -57,6 +57,7 @@ from rlhf.checkpoint import verify_hash
 from rlhf.lineage import content_hash, data_fingerprint
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
 from rlhf.precision import accelerate_mixed_precision
+from rlhf.rundir import install_failure_hook
 from rlhf.tracking import log_summary, setup_wandb, wandb_mode
 
 logger = logging.getLogger("ppo.train")
@@ -301,6 +302,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     script_args, config = parse_args(argv)
+    install_failure_hook(config.output_dir)  # the flow reads the reason, whatever the exception
     started = time.time()
     output_dir = Path(config.output_dir)
     inputs = resolve_inputs(script_args)
@@ -363,7 +365,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
         if use_wandb:
-            log_summary({k: v for k, v in metrics.items() if k != "history"})
+            log_summary({k: v for k, v in metrics.items() if k != "history"}, report_to=config.report_to)
     _close(all_callbacks)
     accelerator.wait_for_everyone()
     return manifest

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from datasets import Dataset
+from transformers import set_seed
 from trl import RewardTrainer, TrlParser
 
 from data.loaders import load_pairs
@@ -32,6 +33,7 @@ from rlhf.config import peft_config
 from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import content_hash, data_fingerprint
 from rlhf.manifest import read_manifest, stage_manifest
+from rlhf.rundir import install_failure_hook
 from rlhf.tracking import log_summary
 
 from .config import RewardStageConfig
@@ -41,7 +43,9 @@ logger = logging.getLogger("reward_model.train")
 
 def main(argv: list[str] | None = None) -> dict:
     (args,) = TrlParser((RewardStageConfig,)).parse_args_and_config(argv)
+    install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     setup_stage("reward_model", args)
+    set_seed(args.seed)  # before any module is built: a new head or LoRA adapter is seeded too
     out = Path(args.output_dir)
     start = read_manifest(args.sft_dir)["outputs"]["checkpoint"] if args.sft_dir else args.model_name_or_path
 
@@ -50,17 +54,21 @@ def main(argv: list[str] | None = None) -> dict:
         mode=args.data_mode,
         max_reject_rate=args.max_reject_rate,
         rejects_path=out / "rejects-data.jsonl",
-        limit=args.max_train_samples,
+        use_first=args.max_train_samples,
     )
     held_out = load_pairs(
         args.agreement_data,
         mode=args.agreement_data_mode,
         max_reject_rate=args.agreement_max_reject_rate,
         rejects_path=out / "rejects-agreement.jsonl",
+        min_labels=2,  # checked before training: a pair without 2+ annotator labels cannot measure agreement
     )
     scored = held_out[: args.max_agreement_pairs] if args.max_agreement_pairs else held_out
-    model, tokenizer = load_reward_model(start)
-    prepared = prepare_pairs(pairs, tokenizer, args.max_length, file=args.train_data, require_fit=True)
+    model, tokenizer = load_reward_model(start, new_head=True)
+    prepared = prepare_pairs(
+        pairs, tokenizer, args.max_length, file=args.train_data, require_fit=True,
+        special_tokens=args.special_tokens_in_text,
+    )
     handle_rejects(prepared.rejects, len(pairs), args, "truncation")
     trainer = RewardTrainer(
         model=model,
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     reload_dev = check_reload_scores(str(checkpoint), tokenizer, first, second, scored, args.scoring_batch_size, max_len)
 
     # Inter-annotator agreement on every held-out pair; the RM on the (possibly smaller) scored subset.
-    labels = np.array([[lab.preference for lab in p.labels] for p in held_out])
+    labels = [[lab.preference for lab in p.labels] for p in held_out]  # ragged: annotators per pair may differ
     iaa = inter_annotator_agreement(labels)
     rm = rm_agreement(first, second, expert_labels(labels[: len(scored)]))
     # Per-pair judgments, so the gate stage can measure this judge's agreement with the humans item by item.
@@ -121,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
             "train_loss": result.training_loss,
             "rm_agreement": rm.agreement,
             "inter_annotator_agreement": iaa.pairwise_agreement_decisive,
-        }
+        },
+        report_to=args.report_to,
     )
     stage_manifest(
         "reward_model",

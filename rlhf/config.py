@@ -56,7 +56,17 @@ class PipelineArguments(CommonArguments):
             "choices": ["auto", "fp32", "bf16", "fp16"],
         },
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use the first N training rows."})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Use the first N valid training rows (every row is still validated)."}
+    )
+    special_tokens_in_text: str = field(
+        default="refuse",
+        metadata={
+            "help": "Chat special tokens (<|im_end|>, <|im_start|>, ...) inside message text: refuse (a bad row) "
+            "or escape (a zero-width space breaks the token).",
+            "choices": ["refuse", "escape"],
+        },
+    )
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})

@@ -13,6 +13,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROJECT = "rlhf-flywheel"
+_requested = False  # setup_wandb ran in this process
 
 
 def wandb_mode() -> str:
@@ -35,6 +36,8 @@ def setup_wandb(*, run_name: str, group: str | None, output_dir: str | os.PathLi
         output_dir: the stage's output directory; runs go to ``<output_dir>/wandb``.
         project: W&B project (default ``$WANDB_PROJECT`` or ``rlhf-flywheel``).
     """
+    global _requested
+    _requested = True
     mode = wandb_mode()
     os.environ["WANDB_MODE"] = mode
     os.environ.setdefault("WANDB_PROJECT", project or DEFAULT_PROJECT)
@@ -54,9 +57,21 @@ def setup_wandb(*, run_name: str, group: str | None, output_dir: str | os.PathLi
 
 
 def log_summary(
-    metrics: dict, *, table: dict[str, list[dict]] | None = None, images: dict[str, str] | None = None
+    metrics: dict,
+    *,
+    table: dict[str, list[dict]] | None = None,
+    images: dict[str, str] | None = None,
+    report_to: list[str] | str | None = None,
 ) -> None:
-    """Log final metrics, optional tables (name -> rows) and images (name -> PNG path) to W&B, then finish."""
+    """Log final metrics, optional tables (name -> rows) and images (name -> PNG path) to W&B, then finish.
+
+    Does nothing unless W&B was asked for: ``report_to`` (the stage's ``--report_to``) names ``wandb``, or, when
+    ``report_to`` is not given, ``setup_wandb`` ran in this process. So ``--report_to none`` writes no W&B run,
+    neither in the stage folder nor in ``./wandb``.
+    """
+    wanted = _requested if report_to is None else "wandb" in ([report_to] if isinstance(report_to, str) else report_to)
+    if not wanted:
+        return
     try:
         import wandb
     except ImportError:  # pragma: no cover - wandb is a dependency

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from data.special_tokens import guard_messages
 from data.validation import DataValidationError
 
 
@@ -71,16 +72,24 @@ def check_row(
     return len(completion_ids)
 
 
-def prepare_sft_rows(conversations, tokenizer, max_length: int | None, *, file: str) -> PreparedSFT:
+def prepare_sft_rows(
+    conversations, tokenizer, max_length: int | None, *, file: str, special_tokens: str = "refuse"
+) -> PreparedSFT:
     """Conversations -> ``{"id", "prompt", "completion"}`` rows (conversational, TRL format).
 
     The completion is the final assistant turn; earlier turns are the prompt. Rows over ``max_length`` lose their
     oldest (user, assistant) turn pairs until they fit. Bad rows are returned in ``rejects`` (never dropped
-    silently); the caller decides between strict and lenient handling.
+    silently); the caller decides between strict and lenient handling. Chat special tokens inside message text
+    are refused or escaped per ``special_tokens`` (data/special_tokens.py).
     """
     out = PreparedSFT(rows=[])
     for i, conv in enumerate(conversations):
         msgs = [{"role": m.role, "content": m.content} for m in conv.messages]
+        try:
+            msgs = guard_messages(msgs, tokenizer, special_tokens, file=file, row=i, field="messages")
+        except DataValidationError as err:
+            out.rejects.append(DataValidationError(f"{err.reason} (id {conv.id})", file=file, row=i, field=err.field))
+            continue
         prompt, completion = msgs[:-1], msgs[-1:]
         system = [m for m in prompt[:1] if m["role"] == "system"]
         turns = prompt[len(system) :]

@@ -10,23 +10,24 @@ DPO and PPO verify) and ``<output_dir>/manifest.json``.
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 from pathlib import Path
 
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 from trl import SFTTrainer, TrlParser
 
 from data.loaders import load_sft
 from data.validation import DataValidationError
 from rlhf.lineage import content_hash
 from rlhf.models import model_fingerprint, resolve_base_model
-from rlhf.checkpoint import freeze_dir, make_writable, save_checkpoint
+from rlhf.checkpoint import freeze_dir, save_checkpoint
 from rlhf.config import peft_config
 from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import data_fingerprint
 from rlhf.manifest import stage_manifest
+from rlhf.rundir import install_failure_hook
+from rlhf.weights import atomic_copytree, load_checked
 from rlhf.tracking import log_summary
 
 from .config import SFTStageConfig
@@ -38,7 +39,9 @@ logger = logging.getLogger("sft.train")
 
 def main(argv: list[str] | None = None) -> dict:
     (args,) = TrlParser((SFTStageConfig,)).parse_args_and_config(argv)
+    install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     setup_stage("sft", args)
+    set_seed(args.seed)  # before any module is built: a new head or LoRA adapter is seeded too
     out = Path(args.output_dir)
     base = resolve_base_model(args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(base)
@@ -48,9 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
         mode=args.data_mode,
         max_reject_rate=args.max_reject_rate,
         rejects_path=out / "rejects-data.jsonl",
-        limit=args.max_train_samples,
+        use_first=args.max_train_samples,
     )
-    prepared = prepare_sft_rows(conversations, tokenizer, args.max_length, file=args.train_data)
+    prepared = prepare_sft_rows(
+        conversations, tokenizer, args.max_length, file=args.train_data, special_tokens=args.special_tokens_in_text
+    )
     handle_rejects(prepared.rejects, len(conversations), args, "tokenization")
     audit = audit_style(
         [r["completion"][0]["content"] for r in prepared.rows], max_opener_share=args.style_audit_max_opener_share
@@ -59,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not audit.passed and args.style_audit_action == "fail":
         raise SystemExit(f"style audit failed: {audit.message}")
 
-    model = AutoModelForCausalLM.from_pretrained(base)
+    model = load_checked(AutoModelForCausalLM, base, what="SFT base model")
     train_dataset = Dataset.from_list(prepared.rows)
     trainer = SFTTrainer(
         model=model,
@@ -87,11 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         model = model.merge_and_unload()
     checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
     # pi_ref: a frozen, content-hashed copy of the SFT output (DESIGN.md principle 3).
-    pi_ref = out / "pi_ref"
-    if pi_ref.exists():
-        make_writable(pi_ref)
-        shutil.rmtree(pi_ref)
-    shutil.copytree(checkpoint, pi_ref)
+    pi_ref = atomic_copytree(checkpoint, out / "pi_ref")  # temp folder, then rename: never half-copied
     pi_ref_hash = freeze_dir(pi_ref)
 
     metrics = {
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     log_summary(
         {k: v for k, v in metrics.items() if not isinstance(v, dict)},
         table={"style_audit_openers": [dict(opener=o, count=c, share=s) for o, c, s in audit.top_openers]},
+        report_to=args.report_to,
     )
     stage_manifest(
         "sft",

@@ -1,0 +1,177 @@
+"""Round and stage folders: safe round ids, the stage-folder marker, the round lock, a stage's failure reason.
+
+Nothing here trains; it keeps a round from deleting, mixing or hiding work (issue 9):
+
+* Round ids are checked by ``rlhf.round_id.check_round_id`` (one safe folder name, never a path: ``..``,
+  ``/abs`` or ``a/b`` would put stage folders outside the runs folder, where a rerun would remove them).
+* ``STAGE_MARKER``: the file the flow writes into every stage folder it creates. ``remove_stage_dir`` removes only
+  folders that carry it and lie inside the runs folder, so a user's folder at a stage path survives.
+* ``RoundLock``: an OS file lock (``filelock``, which uses ``fcntl.flock`` on POSIX) on ``<round>/.round.lock``,
+  held for the whole round and released by the kernel when the process dies. A second round on the same folder
+  fails at once with the holder's pid, host and start time (written next to the lock).
+* ``install_failure_hook`` / ``read_failure``: a stage writes ``<output_dir>/failure.json`` (exception type and
+  message) when it dies on an uncaught exception; the flow reads it, whatever the exception is called.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import socket
+import stat
+import sys
+from pathlib import Path
+
+STAGE_MARKER = ".rlhf-stage"
+LOCK_NAME = ".round.lock"
+HOLDER_NAME = ".round.lock.holder.json"
+FAILURE_NAME = "failure.json"
+
+
+class RoundError(RuntimeError):
+    """A round cannot start or a folder cannot be touched; the message says which and why."""
+
+
+def _inside(path: Path, root: Path) -> bool:
+    path, root = path.resolve(), root.resolve()
+    return path != root and root in path.parents
+
+
+def create_stage_dir(path: str | os.PathLike) -> Path:
+    """Create a fresh stage folder and mark it as created by the pipeline (``STAGE_MARKER``)."""
+    path = Path(path)
+    path.mkdir(parents=True)
+    (path / STAGE_MARKER).write_text(
+        json.dumps({"created_by": "rlhf-flywheel", "created_at": _now(), "pid": os.getpid()}) + "\n"
+    )
+    return path
+
+
+def remove_stage_dir(path: str | os.PathLike, runs_dir: str | os.PathLike | None = None) -> None:
+    """Remove a stage folder the pipeline created, refusing anything else.
+
+    Raises:
+        RoundError: ``path`` lies outside ``runs_dir`` (when given), or holds no ``STAGE_MARKER`` (a folder the
+            pipeline did not create: a user's folder, or one written by an older version); nothing is removed.
+    """
+    path = Path(path)
+    if runs_dir is not None and not _inside(path, Path(runs_dir)):
+        raise RoundError(f"refusing to remove {path}: it is not inside the runs folder {runs_dir}")
+    if not (path / STAGE_MARKER).is_file():
+        raise RoundError(
+            f"refusing to remove {path}: it was not created by a pipeline stage (no {STAGE_MARKER} marker). "
+            "Move it away or choose another round id / runs folder."
+        )
+    for p in [path, *path.rglob("*")]:  # frozen checkpoints (pi_ref) are read-only
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    shutil.rmtree(path)
+
+
+def check_output_dir(path: str | os.PathLike, stage: str) -> None:
+    """Refuse to write stage ``stage``'s outputs into a folder that holds another stage's manifest.
+
+    Raises:
+        RoundError: ``<path>/manifest.json`` records a different ``stage``; nothing is touched.
+    """
+    manifest = Path(path) / "manifest.json"
+    if not manifest.is_file():
+        return
+    try:
+        other = json.loads(manifest.read_text()).get("stage")
+    except (ValueError, AttributeError):
+        other = "<unreadable>"
+    if other != stage:
+        raise RoundError(
+            f"--output_dir {path}: holds the manifest of stage {other!r}, not {stage!r}; "
+            "refusing to overwrite another stage's outputs (choose an empty or a gates folder)"
+        )
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class RoundLock:
+    """Exclusive lock on a round folder for as long as the round runs (context manager).
+
+    The lock is ``filelock.FileLock`` (``fcntl.flock``): the kernel drops it when the holding process exits or is
+    killed, so a crashed round never blocks the next one. Who holds it (pid, host, start time, round id) is written
+    to ``.round.lock.holder.json`` so the refusal can name the holder.
+
+    Raises (on enter):
+        RoundError: another process holds the lock; the message names it.
+    """
+
+    def __init__(self, round_dir: str | os.PathLike, round_id: str | None = None):
+        from filelock import FileLock
+
+        self.round_dir = Path(round_dir)
+        self.round_id = round_id or self.round_dir.name
+        self._lock = FileLock(str(self.round_dir / LOCK_NAME), timeout=0)
+
+    def __enter__(self) -> RoundLock:
+        from filelock import Timeout
+
+        self.round_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            raise RoundError(
+                f"round folder {self.round_dir} is in use by another round ({self.holder()}); "
+                "wait for it to finish or use another --round-id"
+            ) from None
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": _now(), "round_id": self.round_id}
+        (self.round_dir / HOLDER_NAME).write_text(json.dumps(holder) + "\n")
+        return self
+
+    def holder(self) -> str:
+        try:
+            h = json.loads((self.round_dir / HOLDER_NAME).read_text())
+            return f"pid {h['pid']} on {h['host']}, started {h['started_at']}"
+        except (OSError, ValueError, KeyError):
+            return "holder unknown"
+
+    def __exit__(self, *exc) -> None:
+        (self.round_dir / HOLDER_NAME).unlink(missing_ok=True)
+        self._lock.release()
+
+
+_failure_path: Path | None = None
+
+
+def install_failure_hook(output_dir: str | os.PathLike) -> None:
+    """On an uncaught exception, write ``<output_dir>/failure.json`` (``{"type", "message"}``) before exiting.
+
+    Call at the start of a stage's ``main()``; the flow reads the file with ``read_failure``. Written only into a
+    folder that carries ``STAGE_MARKER`` (one the flow created). KeyboardInterrupt
+    is recorded too (``type`` ``KeyboardInterrupt``), so an interrupted stage says so. Installed once per process;
+    a later call only moves the target folder.
+    """
+    global _failure_path
+    first = _failure_path is None
+    _failure_path = Path(output_dir) / FAILURE_NAME
+    if not first:
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        try:  # only into a folder the flow created for this stage: never into a user's or another stage's folder
+            if (_failure_path.parent / STAGE_MARKER).is_file():
+                _failure_path.write_text(json.dumps({"type": kind.__name__, "message": str(value)}) + "\n")
+        except OSError:
+            pass
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def read_failure(output_dir: str | os.PathLike) -> str | None:
+    """``"<Type>: <message>"`` from a stage's ``failure.json``, or None when it wrote none."""
+    try:
+        f = json.loads((Path(output_dir) / FAILURE_NAME).read_text())
+        return f"{f['type']}: {f['message']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,111 @@
+"""Issue 9, point 11: Ctrl-C on ``rlhf round`` stops the stage's whole process group and exits 130; a killed
+launcher leaves no trainer running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.interrupt import INTERRUPTED_EXIT_CODE, run_process_group
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except ImportError:  # pragma: no cover - psutil ships with the dev environment
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+    except Exception:  # NoSuchProcess between the two calls
+        return False
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return [p for p in found if _alive(p)]
+
+
+def test_a_killed_launcher_leaves_no_child_running(tmp_path):
+    """The launcher (like accelerate launch) starts a child; SIGKILL on the launcher alone stops the child too."""
+    child_pid_file = tmp_path / "child.pid"
+    launcher = textwrap.dedent(f"""
+        import os, subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(child_pid_file)!r}, "w").write(str(child.pid))
+        print("launched", os.getpid(), flush=True)
+        child.wait()
+    """)
+    lines: list[str] = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        if line.startswith("launched"):
+            os.kill(int(line.split()[1]), signal.SIGKILL)  # the launcher only, as a user's `kill -9` would
+
+    t0 = time.monotonic()
+    rc = run_process_group([sys.executable, "-c", launcher], env=dict(os.environ), on_line=on_line)
+    assert rc == -signal.SIGKILL and len(lines) == 1
+    assert time.monotonic() - t0 < 30
+    child = int(child_pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def test_ctrl_c_on_a_round_stops_the_stage_and_exits_130(tmp_path):
+    runs = tmp_path / "runs"
+    sft_dir = runs / "intr" / "sft"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "WANDB_MODE": "disabled",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
+    log = open(tmp_path / "round.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "round", "--preset", "smoke", "--round-id", "intr", "--runs-dir", str(runs),
+         "--set", "sft.max_steps=100000", "--set", "sft.report_to=none"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:  # wait until SFT is training (it logs a loss)
+            stage_log = sft_dir / "stage.log"
+            if stage_log.is_file() and "'loss'" in stage_log.read_text(errors="replace"):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"SFT never started training: {(tmp_path / 'round.log').read_text()[-3000:]}")
+        assert _processes_mentioning(str(sft_dir)), "no stage process found while SFT trains"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    out = (tmp_path / "round.log").read_text()
+    assert rc == INTERRUPTED_EXIT_CODE, out[-3000:]
+    assert elapsed < 20, f"took {elapsed:.1f}s to stop"
+    assert "round interrupted" in out
+    assert not (sft_dir / "manifest.json").exists() and not (runs / "intr" / "round.json").exists()
+    time.sleep(1)
+    assert _processes_mentioning(str(sft_dir)) == []  # neither the launcher nor the trainer runs on
