@@ -45,17 +45,16 @@ def round_cmd(
 ) -> None:
     """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed;
     130: interrupted (Ctrl-C / SIGTERM: the running stage is stopped, nothing is left that looks finished)."""
+    from rlhf.round_id import check_round_id
     from rlhf.rundir import RoundError
 
-    from flows.interrupt import INTERRUPTED_EXIT_CODE, install_signal_handlers
-    from flows.round import RoundParameters, rlhf_round
-    from rlhf.round_id import check_round_id
-
     if round_id is not None:
-        try:  # before anything trains: a bad id is a usage error (exit 2), not a failed stage
+        try:  # before anything trains (and before Prefect is imported): a bad id is a usage error (exit 2)
             check_round_id(round_id)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--round-id") from None
+    from flows.interrupt import INTERRUPTED_EXIT_CODE, install_signal_handlers
+    from flows.round import RoundParameters, rlhf_round
     overrides: dict[str, list[str]] = {}
     for item in set_ or []:
         key, sep, value = item.partition("=")
