@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from judging.judges import JudgeConfig
+
 #: Config fields that name a data file; each is recorded with its content fingerprint in the manifest.
 DATA_FIELDS = (
     "winrate_data",
@@ -26,6 +28,16 @@ class GateStageConfig:
         default="", metadata={"help": "Candidate: a stage dir with a manifest, or a checkpoint."}
     )
     reward_model_dir: str = field(default="", metadata={"help": "The judge: reward-model stage dir or checkpoint."})
+    # dict | str | None: HfArgumentParser then parses it as a string (JSON on the command line) while a recipe's YAML
+    # mapping arrives as a dict; __post_init__ turns either into a checked dict (judging.judges.JudgeConfig).
+    judge: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "The pairwise judge (judging.judges.JudgeConfig), a mapping in the recipe or JSON on the command "
+            "line: {backend: reward_model | sequence_classifier | openai | labels, model, base_url, template, ...}. "
+            "Default: the round's reward model (--reward_model_dir)."
+        },
+    )
     previous_round_dir: str = field(
         default="",
         metadata={"help": "Previous round's gates dir (drift baseline); default: the baseline model's own counters."},
@@ -122,3 +134,16 @@ class GateStageConfig:
         },
     )
     report_to: list[str] = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers (wandb or none)."})
+
+    def __post_init__(self) -> None:
+        self.judge = self.judge_config().to_dict()
+
+    def judge_config(self) -> JudgeConfig:
+        """The judge as a ``JudgeConfig`` (raises ValueError naming ``--judge`` and the bad key).
+
+        ``to_dict`` redacts an API key, so the key is kept aside for the judge itself."""
+        if isinstance(self.judge, dict) and self.judge.get("api_key") == "<redacted>":
+            return JudgeConfig.from_dict({**self.judge, "api_key": getattr(self, "_judge_api_key", "")}, where="--judge")
+        cfg = JudgeConfig.from_dict(self.judge, where="--judge")
+        object.__setattr__(self, "_judge_api_key", cfg.api_key)
+        return cfg

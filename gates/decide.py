@@ -9,16 +9,20 @@ averaged; ``gates.result.release_verdict`` combines the verdicts.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .capability import capability_gate_on_parsed
 from .citations import citation_gate
 from .config import GateStageConfig
 from .drift import drift_gate
 from .intent import intent_matrix_gate
-from .judge import judge_gate
+from .judge import named_judge_gate, unparsed_judge_gates
 from .measure import Measurements
 from .refusal import RefusalThresholds, two_sided_refusal_gate
 from .result import GateResult
 from .sycophancy import sycophancy_gate
+from . import intent as _intent
+from . import winrate as _winrate
 from .winrate import win_rate_gate, without_measured_judge
 
 def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
@@ -35,19 +39,30 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
         sycophancy, drift, citations.
     """
     a = None if m.judge is None else m.judge.agreement
-    winrate = without_measured_judge(
-        [
-            win_rate_gate(m.preferences, m.len_candidate, m.len_baseline, bar=config.lc_bar, judge_agreement=a,
-                          judge_floor=config.judge_floor, glm_prior=m.glm_prior),
-            intent_matrix_gate(m.preferences, m.intents, m.traffic, min_share=config.intent_min_share,
-                               bar=config.lc_bar, min_items=config.intent_min_items, judge_agreement=a,
-                               judge_floor=config.judge_floor),
-        ],
-        a,
-    )
+    # Pairs whose judge answer was unparsable (NaN preference) are left out of the win rates and counted apart.
+    parsed = np.isfinite(m.preferences)
+    prefs = m.preferences[parsed]
+    len_c, len_b = np.asarray(m.len_candidate)[parsed], np.asarray(m.len_baseline)[parsed]
+    intents = [x for x, ok in zip(m.intents, parsed) if ok]
+    if parsed.any():
+        winrate = without_measured_judge(
+            [
+                win_rate_gate(prefs, len_c, len_b, bar=config.lc_bar, judge_agreement=a,
+                              judge_floor=config.judge_floor, glm_prior=m.glm_prior),
+                intent_matrix_gate(prefs, intents, m.traffic, min_share=config.intent_min_share,
+                                   bar=config.lc_bar, min_items=config.intent_min_items, judge_agreement=a,
+                                   judge_floor=config.judge_floor),
+            ],
+            a,
+        )
+    else:
+        judge_name = (m.judge_info or {}).get("name", m.judge_source)
+        winrate = unparsed_judge_gates([(_winrate.GATE_NAME, _winrate.GATE_VERSION),
+                                        (_intent.GATE_NAME, _intent.GATE_VERSION)], len(m.preferences), judge_name)
+    win_rate = float(np.mean(prefs - 1.0) * 100) if parsed.any() else float("nan")
     thresholds = RefusalThresholds(config.max_violation_increase_pp, config.max_false_refusal_increase_pp)
     return [
-        judge_gate(m.judge, m.measured_win_rate, source=m.judge_source, floor=config.judge_floor),
+        named_judge_gate(m.judge, win_rate, source=m.judge_source, floor=config.judge_floor, info=m.judge_info),
         *winrate,
         two_sided_refusal_gate(
             m.refusal["candidate"], m.refusal["baseline"], thresholds, classifier=m.refusal_quality,

@@ -43,8 +43,8 @@ from .config import DATA_FIELDS, GateStageConfig
 from .decide import decide
 from .generation import answer_suites, label_intents, load_suites, truncation_counts, write_generations
 from .inputs import check_inputs, clear_previous_outputs, read_ppo_unlock, resolve_models
-from .measure import judge_preferences, measure, measured_judge_agreement
-from .render import compared_context, gate_table, make_plots, render_report
+from .measure import measure, run_judge, write_judgments
+from .render import compared_context, gate_table, judge_row, make_plots, render_report
 from .report import write_reports
 from .result import GateResult, release_verdict
 
@@ -75,10 +75,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. judge and measure
     intents, intent_classifier = label_intents(suites.winrate, models["baseline"], args)
+    judged = run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir)
+    write_judgments(out / "judgments.jsonl", judged.rows)
+    models = {**models, "reward_model": models["judge"], "judge": judged.info["judge"]}
     m = measure(
-        suites, answers, preferences=judge_preferences(models["judge"], suites, answers),
-        judge=measured_judge_agreement(models["judge_manifest"]), judge_source=args.reward_model_dir,
+        suites, answers, preferences=judged.preferences, judge=judged.agreement, judge_source=judged.source,
         intents=intents, traffic=traffic, previous=previous, refusal_classifier=args.refusal_classifier,
+        judge_info=judged.info,
     )
 
     # 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     plots = make_plots(m, out / "plots", reference="previous round" if previous is not None else "baseline (SFT)")
     metadata = {
         "round_id": args.round_id, "baseline": models["baseline"], "candidate": models["candidate"],
-        "judge": models["judge"], "drift_previous": drift_label, "intent_classifier": intent_classifier,
+        "judge": models["judge"], "judge_info": m.judge_info, "drift_previous": drift_label,
+        "intent_classifier": intent_classifier,
         "ppo_unlock": ppo_unlock, "plots": {k: str(v) for k, v in plots.items()},
         "prompts_truncated": truncation_counts(answers), "max_prompt_tokens": args.max_prompt_tokens,
     }
@@ -101,17 +105,19 @@ def main(argv: list[str] | None = None) -> int:
                                intent_classifier=intent_classifier, ppo_unlock=ppo_unlock)
     title = f"Release gates: {args.round_id or out.name}"
     atomic_write_text(reports["markdown"], render_report(results, verdict, title=title, context=context, plots=plots))
-    table = gate_table(results)
+    judge = judge_row(m, results)
+    table = gate_table(results, judge)
     log_summary(
-        {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}},
-        table={"gates": table, **{f"gate_{r.name}": r.table for r in results if r.table}},
+        {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results},
+         **{f"judge/{k}": v for k, v in judge.items() if v is None or isinstance(v, (int, float, str))}},
+        table={"gates": table, "judge": [judge], **{f"gate_{r.name}": r.table for r in results if r.table}},
         images={k: str(v) for k, v in plots.items()},
         report_to=args.report_to,
     )
 
     # 6. manifest
     write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots, m.drift["candidate"],
-                         prompts_truncated=metadata["prompts_truncated"])
+                         prompts_truncated=metadata["prompts_truncated"], judge=judge)
     logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))
     return 0 if verdict == "pass" or not args.fail_on_block else BLOCKED_EXIT_CODE
 
@@ -128,12 +134,16 @@ def write_gates_manifest(
     drift_counters: Any,
     *,
     prompts_truncated: dict | None = None,
+    judge: dict | None = None,
 ) -> Path:
     """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, plots, this
     round's drift counters (the next round's drift reference) and the over-long prompts per suite."""
     inputs = {
         **{k: models[k] for k in ("baseline", "candidate", "judge")},
-        **{f"{k}_hash": content_hash(models[k]) for k in ("baseline", "candidate", "judge")},
+        **{f"{k}_hash": content_hash(models[k]) for k in ("baseline", "candidate")},
+        # the judge's identity: its checkpoint's content (reward models) or backend, model and template (others)
+        "judge_hash": content_hash(models["judge"]) if Path(models["judge"]).exists() else (
+            (judge or {}).get("identity_hash") or json_hash(models["judge"])),
         "ppo_unlock": ppo_unlock,
         **{k: getattr(args, k) for k in DATA_FIELDS},
         **{f"{k}_hash": data_fingerprint(getattr(args, k)) for k in DATA_FIELDS},
@@ -153,6 +163,7 @@ def write_gates_manifest(
                 "report_md": str(reports["markdown"]),
                 "junit": str(reports["junit"]),
                 "gate_table": table,
+                "judge": judge,
                 "gate_tables": {r.name: r.table for r in results},
                 "plots": {k: str(v) for k, v in plots.items()},
                 "drift_counters": dict(asdict(drift_counters)),

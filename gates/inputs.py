@@ -48,7 +48,8 @@ def resolve_checkpoint(path: str) -> tuple[str, dict]:
 def clear_previous_outputs(out: Path) -> None:
     """Remove an earlier run's reports from ``out``: a failed run must not leave an old verdict looking current."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("manifest.json", "report.json", "report.md", "report.junit.xml", "generations.jsonl"):
+    for name in ("manifest.json", "report.json", "report.md", "report.junit.xml", "generations.jsonl",
+                 "judgments.jsonl"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "plots", ignore_errors=True)
 
@@ -123,7 +124,9 @@ def resolve_models(args: GateStageConfig) -> dict[str, Any]:
     """The baseline, candidate and judge checkpoints, and the judge's reward-model manifest.
 
     Returns:
-        ``{"baseline": path, "candidate": path, "judge": path, "judge_manifest": dict ({} for a bare checkpoint)}``.
+        ``{"baseline": path, "candidate": path, "judge": path, "judge_manifest": dict ({} for a bare checkpoint)}``;
+        with a judge other than the round's reward model (``--judge``) and no ``--reward_model_dir``, "judge" is ""
+        (``gates.measure.run_judge`` names the judge then).
 
     Raises:
         FileNotFoundError: a directory is neither a stage directory nor a checkpoint.
@@ -131,6 +134,9 @@ def resolve_models(args: GateStageConfig) -> dict[str, Any]:
     """
     baseline, _ = resolve_checkpoint(args.baseline_dir)
     candidate, _ = resolve_checkpoint(args.candidate_dir)
+    backend = args.judge_config().backend
+    if backend != "reward_model" and not args.reward_model_dir:  # another judge; no reward model in this run
+        return {"baseline": baseline, "candidate": candidate, "judge": "", "judge_manifest": {}}
     judge, judge_manifest = resolve_checkpoint(args.reward_model_dir)
     check_score_head(judge)
     return {"baseline": baseline, "candidate": candidate, "judge": judge, "judge_manifest": judge_manifest}

@@ -346,3 +346,69 @@ def judge_agreement_gate_with_effect(
                "(the judge is no better than chance).")
     return GateResult(name=base.name, version=base.version, verdict=base.verdict, metrics=metrics,
                       reason=base.reason + txt, table=base.table)
+
+
+# --------------------------------------------------------------------------------------------
+# the judge is visible (pluggable judges, judging.judges): which judge, its position consistency and unparsed answers
+# --------------------------------------------------------------------------------------------
+
+#: Gates whose verdict rests on the pairwise judge (their table rows name it).
+JUDGED_GATES = (GATE_NAME, "length_controlled_win_rate", "intent_matrix")
+
+
+def named_judge_gate(
+    agreement: JudgeExpertAgreement | None,
+    measured_win_rate: float,
+    *,
+    source: str,
+    floor: float = DEFAULT_FLOOR,
+    info: dict | None = None,
+) -> GateResult:
+    """``judge_gate`` for a round whose judge is described by ``info`` (``gates.measure.run_judge``).
+
+    ``info`` None: exactly ``judge_gate``. Else the reason starts with the judge's name and backend; metrics add
+    ``position_consistency`` (share of items whose two orders agreed, when asked in both orders; n = items with both
+    orders parsed) and ``unparsed_judgments`` (win-rate pairs whose judge answer could not be parsed, counted apart,
+    never as ties; n = pairs judged); the table row adds the judge, backend, identity hash and those counts. A NaN
+    ``measured_win_rate`` (every answer unparsable) gives the agreement gate without the corrected effect.
+    """
+    if agreement is not None and not math.isfinite(measured_win_rate):
+        base = judge_agreement_gate(agreement, floor=floor)
+    else:
+        base = judge_gate(agreement, measured_win_rate if math.isfinite(measured_win_rate) else 50.0, source=source,
+                          floor=floor)
+    if info is None:
+        return base
+    name, backend = info["name"], info["backend"]
+    reason = base.reason
+    if agreement is None and backend != "reward_model":
+        reason = (f"judge agreement not measured: no pair of {source} could be judged by {name} (a labels file must "
+                  "label agreement pairs), so win-rate gates cannot decide")
+    pc, n_pc = info.get("position_consistency"), int(info.get("n_position_checked") or 0)
+    metrics = dict(base.metrics)
+    extra = ""
+    if n_pc:
+        metrics["position_consistency"] = Metric(value=pc, n=n_pc, direction="higher_is_better", unit="fraction")
+        extra += f" Position consistency on the win-rate pairs {pc:.3f} (n={n_pc} asked in both orders)."
+    metrics["unparsed_judgments"] = Metric(value=float(info["n_unparsed"]), n=int(info["n_judged"]),
+                                           direction="lower_is_better", unit="count")
+    if info["n_unparsed"]:
+        extra += (f" {info['n_unparsed']} of {info['n_judged']} win-rate judge answers were unparsable (excluded "
+                  "from the win rate, not counted as ties).")
+    row = {"judge": name, "backend": backend, "judge_identity": str(info.get("identity_hash", ""))[:16],
+           "position_consistency": pc if n_pc else None, "n_position_checked": n_pc,
+           "n_unparsed_winrate": info["n_unparsed"], "n_judged_winrate": info["n_judged"]}
+    table = [{**row, **r} for r in base.table] or [row]
+    return base.model_copy(update={"reason": f"Judge {name} ({backend}). {reason}{extra}", "metrics": metrics,
+                                   "table": table})
+
+
+def unparsed_judge_gates(names_versions: list[tuple[str, str]], n_judged: int, judge: str) -> list[GateResult]:
+    """Win-rate gates when none of the ``n_judged`` judge answers could be parsed: "inconclusive" (nothing to
+    decide on), one per (gate name, version)."""
+    return [
+        GateResult(name=n, version=v, verdict="inconclusive", metrics={},
+                   reason=f"Inconclusive: none of the {n_judged} judge answers of {judge} could be parsed, so there is "
+                   "no win rate to decide on (unparsable answers are counted apart, never as ties).")
+        for n, v in names_versions
+    ]

@@ -10,8 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from judging.judges import JudgeConfig, make_judge, n_unparsed, pair_id, position_consistency
+from judging.judges import preferences as judgment_preferences
 from judging.labels import scores_to_preference
+from judging.qualify import qualify_judge
 from judging.scoring import load_reward_model, score, verdicts_from_scores
+from rlhf.serialization import to_jsonable
 
 from .capability import grade_mc
 from .drift import DriftCounters, drift_counters
@@ -46,6 +50,8 @@ class Measurements:
         citation_turns: the candidate's win-rate answers as citation-gate turns (no retrieval in this suite).
         refusal_quality: the refusal classifier's measured agreement with humans (``gates.refusal_eval``).
         glm_prior: priors of the AlpacaEval-style GLM from the published weights (``gates.glm_winrate``).
+        judge_info: who judged (``run_judge``'s info: name, backend, position consistency, unparsable answers, the
+            agreement's source); None: the round's reward model, described by ``judge_source`` alone.
     """
 
     preferences: np.ndarray
@@ -66,6 +72,7 @@ class Measurements:
     citation_turns: list[dict]
     refusal_quality: RefusalClassifierQuality | None = None
     glm_prior: GlmPrior | None = None
+    judge_info: dict | None = None
 
     @property
     def measured_win_rate(self) -> float:
@@ -110,6 +117,7 @@ def measure(
     traffic: dict[str, float],
     previous: DriftCounters | None,
     refusal_classifier: str = "learned",
+    judge_info: dict | None = None,
 ) -> Measurements:
     """Grade every answer (multiple-choice letters, refusals, drift counters) and gather the measurements."""
     questions, suggested = suites.questions, suites.suggested
@@ -163,4 +171,86 @@ def measure(
         citation_turns=[{"response": t, "retrieved_ids": []} for t in answers["candidate"]["winrate"]["text"]],
         refusal_quality=measured_quality(refusal_classifier),
         glm_prior=GlmPrior.from_weights(load_glm_weights(), source=DEFAULT_WEIGHTS),
+        judge_info=judge_info,
     )
+
+
+@dataclass(frozen=True)
+class JudgeRun:
+    """What the round's judge measured (``run_judge``).
+
+    Fields:
+        preferences: AlpacaEval preferences of the candidate (B) over the baseline (A) per win-rate prompt, shape
+            (n_winrate,); NaN where the judge's answer was unparsable.
+        agreement: the judge's agreement with expert labels (None: not measured).
+        source: where the agreement comes from (for the reason of an unmeasured judge).
+        info: JSON-able description for the report, the manifest and the trackers (``Measurements.judge_info``).
+        rows: one row per win-rate pair (``judgments.jsonl``).
+    """
+
+    preferences: np.ndarray
+    agreement: JudgeExpertAgreement | None
+    source: str
+    info: dict
+    rows: list[dict]
+
+
+def run_judge(config: JudgeConfig, models: dict[str, Any], suites: Suites, answers: dict[str, dict], *,
+              reward_model_dir: str) -> JudgeRun:
+    """The configured judge (``--judge``; default the round's reward model) judges every win-rate pair (A the
+    baseline's answer, B the candidate's), and its agreement with expert labels is taken where it was measured.
+
+    Agreement: the ``reward_model`` backend's comes from the reward-model stage's held-out judgments
+    (``measured_judge_agreement``, as before); any other judge is qualified on ``config.agreement_data``
+    (PandaLM's three annotators by default) through ``judging.qualify.qualify_judge``, cached per judge identity,
+    so a changed judge is re-measured and an unchanged one is not asked again.
+    """
+    judge = make_judge(config, reward_model=models["judge"] or None)
+    prompts = suites.prompts["winrate"]
+    base, cand = answers["baseline"]["winrate"]["text"], answers["candidate"]["winrate"]["text"]
+    before = judge.requests_sent
+    judgments = judge.judge(prompts, base, cand)
+    qualification = None
+    if config.backend == "reward_model":
+        agreement = measured_judge_agreement(models["judge_manifest"])
+        source = reward_model_dir
+        agreement_source = f"the reward-model stage's held-out judgments ({reward_model_dir})"
+    else:
+        qualification = qualify_judge(judge, config)
+        agreement = None if qualification is None else judge_expert_agreement(
+            np.array(qualification.judge_labels), np.array(qualification.expert_labels))
+        source = config.agreement_data
+        agreement_source = f"{config.agreement_data} ({'cached' if qualification and qualification.cached else 'measured now'})"
+    pc, n_pc = position_consistency(judgments)
+    info = {
+        "judge": models["judge"] if config.backend == "reward_model" else judge.name,
+        "name": judge.name,
+        "backend": config.backend,
+        "identity": judge.identity(),
+        "identity_hash": judge.identity_hash(),
+        "config": config.to_dict(),
+        "agreement_source": agreement_source,
+        "qualification": None if qualification is None else qualification.summary(),
+        "position_consistency": pc,
+        "n_position_checked": n_pc,
+        "position_consistency_agreement_data": None if qualification is None else qualification.position_consistency,
+        "n_judged": len(judgments),
+        "n_unparsed": n_unparsed(judgments),
+        "requests_sent": judge.requests_sent - before,  # win-rate pairs and (uncached) agreement pairs
+    }
+    ids = suites.ids["winrate"]
+    rows = [
+        {"id": i, "pair_id": pair_id(p, a, b), "prompt": p, "response_a": a, "response_b": b,
+         "preference": j.preference, "raw": j.raw, "consistent": j.consistent}
+        for i, p, a, b, j in zip(ids, prompts, base, cand, judgments)
+    ]
+    return JudgeRun(judgment_preferences(judgments), agreement, source, to_jsonable(info), rows)
+
+
+def write_judgments(path: Path, rows: list[dict]) -> None:
+    """``judgments.jsonl``: one row per win-rate pair (suite id, ``pair_id`` (the id the ``labels`` backend looks
+    up), prompt, response A = baseline, response B = candidate, preference, raw verdict, both-orders consistency).
+    A team judging with people labels these ``pair_id``s (``judging.imported_labels``)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(to_jsonable(r)) + "\n")

@@ -10,6 +10,8 @@ from .config import DATA_FIELDS, GateStageConfig
 from .drift import drift_table
 from .generation import truncation_counts
 from .intent import intent_win_rates
+from .judge import GATE_NAME as JUDGE_GATE
+from .judge import JUDGED_GATES
 from .measure import Measurements
 from .plots import drift_plot, intent_heatmap, length_bucket_plot
 from .report import render_markdown
@@ -23,6 +25,7 @@ def make_plots(m: Measurements, plots_dir: Path, *, reference: str) -> dict[str,
     ``reference``: the drift reference's label ("previous round" or "baseline (SFT)").
     """
     plots: dict[str, Path] = {}
+    m = parsed_only(m)
     rates = intent_win_rates(m.preferences, m.intents)
     if len(rates):
         plots["per-intent win rate"] = intent_heatmap(
@@ -100,8 +103,7 @@ def compared_context(
         "",
         f"- candidate: `{models['candidate']}`",
         f"- baseline: `{models['baseline']}`",
-        f"- judge (the round's reward model): `{models['judge']}`; its agreement is measured on the reward-model "
-        "stage's held-out human-labelled pairs (PandaLM's 3 annotators in the demo)",
+        *judge_lines(models, m),
         ppo_unlock_line(ppo_unlock),
         f"- drift reference: {drift_label}",
         *refusal_classifier_line(m, args),
@@ -125,14 +127,87 @@ def render_report(results: list[GateResult], verdict: str, *, title: str, contex
     return md + "\n## Plots\n\n" + "".join(f"### {k}\n\n![{k}](plots/{Path(v).name})\n\n" for k, v in plots.items())
 
 
-def gate_table(results: list[GateResult]) -> list[dict[str, Any]]:
-    """One row per gate: name, verdict, each metric's value (4 decimals), reason."""
-    return [
-        {
+def gate_table(results: list[GateResult], judge: dict | None = None) -> list[dict[str, Any]]:
+    """One row per gate: name, verdict, each metric's value (4 decimals), reason; with ``judge`` (``judge_row``), the
+    rows of the gates that rest on the judge (``gates.judge.JUDGED_GATES``) also name the judge and carry its
+    agreement, attenuation 2a-1, position consistency and the corrected effect."""
+    rows = []
+    for r in results:
+        row = {
             "gate": r.name,
             "verdict": r.verdict,
             **{k: None if mt.value is None else round(float(mt.value), 4) for k, mt in r.metrics.items()},
             "reason": r.reason,
         }
-        for r in results
-    ]
+        if judge is not None and r.name in JUDGED_GATES:
+            row = {"gate": r.name, "verdict": r.verdict, **{f"judge_{k}" if k != "judge" else k: v
+                                                            for k, v in judge.items()}, **row}
+        rows.append(row)
+    return rows
+
+
+def parsed_only(m: Measurements) -> Measurements:
+    """``m`` without the win-rate pairs whose judge answer was unparsable (NaN preference)."""
+    import dataclasses
+
+    import numpy as np
+
+    keep = np.isfinite(m.preferences)
+    if keep.all():
+        return m
+    return dataclasses.replace(m, preferences=m.preferences[keep], len_candidate=np.asarray(m.len_candidate)[keep],
+                               len_baseline=np.asarray(m.len_baseline)[keep],
+                               intents=[x for x, ok in zip(m.intents, keep) if ok])
+
+
+def judge_row(m: Measurements, results: list[GateResult]) -> dict[str, Any]:
+    """The judge in one row (report, Prefect and W&B tables): name, backend, agreement a with its CI and n,
+    attenuation 2a-1, position consistency (openai backend; on the win-rate pairs and on the agreement pairs),
+    unparsable answers, the measured and corrected win-rate gap (``gates.judge.corrected_effect_size``)."""
+    info = m.judge_info or {"name": m.judge_source, "backend": "reward_model"}
+    gate = next((r for r in results if r.name == JUDGE_GATE), None)
+    metric = (lambda k: None if gate is None or k not in gate.metrics else gate.metrics[k].value)
+    ag = m.judge
+    q = info.get("qualification") or {}
+    return {
+        "judge": info.get("judge", info["name"]),
+        "backend": info["backend"],
+        "identity_hash": info.get("identity_hash"),
+        "agreement": None if ag is None else ag.agreement,
+        "agreement_ci_low": None if ag is None else ag.ci_low,
+        "agreement_ci_high": None if ag is None else ag.ci_high,
+        "agreement_n": None if ag is None else ag.n_decisive,
+        "attenuation": None if ag is None else ag.attenuation,
+        "agreement_source": info.get("agreement_source", m.judge_source),
+        "position_consistency": info.get("position_consistency") if info.get("n_position_checked") else None,
+        "n_position_checked": info.get("n_position_checked", 0),
+        "position_consistency_agreement_data": q.get("position_consistency") if q.get("n_position_checked") else None,
+        "n_unparsed": info.get("n_unparsed", 0),
+        "n_judged": info.get("n_judged", len(m.preferences)),
+        "measured_gap": metric("measured_gap"),
+        "corrected_gap": metric("corrected_gap"),
+        "requests_sent": info.get("requests_sent", 0),
+    }
+
+
+def judge_lines(models: dict[str, Any], m: Measurements) -> list[str]:
+    """The report's judge lines: which judge, where its agreement was measured, and (pluggable judges) its
+    agreement, attenuation, position consistency and unparsable answers."""
+    info = m.judge_info
+    if info is None or info["backend"] == "reward_model":
+        head = [f"- judge (the round's reward model): `{models['judge']}`; its agreement is measured on the "
+                "reward-model stage's held-out human-labelled pairs (PandaLM's 3 annotators in the demo)"]
+    else:
+        head = [f"- judge: `{info['name']}` (backend {info['backend']}, identity {info['identity_hash'][:16]}); its "
+                f"agreement is measured on {info['agreement_source']}, cached per judge identity"]
+    if info is None:
+        return head
+    ag = m.judge
+    a = "not measured" if ag is None else (
+        f"a = {ag.agreement:.3f} (CI {ag.ci_low:.3f}-{ag.ci_high:.3f}, n={ag.n_decisive}), attenuation 2a-1 = "
+        f"{ag.attenuation:.3f}")
+    pc = ("not asked in both orders" if not info["n_position_checked"] else
+          f"{info['position_consistency']:.3f} (n={info['n_position_checked']})")
+    return head + [f"  - agreement with expert labels: {a}; position consistency on the win-rate pairs: {pc}; "
+                   f"unparsable judge answers: {info['n_unparsed']} of {info['n_judged']} (left out of the win "
+                   f"rates); requests sent: {info['requests_sent']}"]

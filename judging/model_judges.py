@@ -1,0 +1,76 @@
+"""Reward-model judges: the round's reward model (``reward_model`` backend) or any checkpoint with a score head
+(``sequence_classifier``). Both responses are scored (``judging.scoring.score``); the higher score wins, equal
+scores are a draw (``judging.labels.scores_to_preference``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from judging.labels import scores_to_preference
+from judging.scoring import check_score_head, load_reward_model, score
+
+from .judges import Judge, Judgment, check_lengths
+
+
+class RewardModelJudge(Judge):
+    """A Bradley-Terry reward model as a pairwise judge.
+
+    Args:
+        model, tokenizer: a loaded ``AutoModelForSequenceClassification`` (num_labels=1) and its tokenizer.
+        path: where it was loaded from (its identity; a local directory is also content-hashed).
+        backend: ``reward_model`` or ``sequence_classifier`` (reported only).
+        batch_size, max_length: scoring batch and token cap (``judging.scoring.score``).
+    """
+
+    def __init__(self, model, tokenizer, *, path: str, backend: str = "reward_model", batch_size: int = 8,
+                 max_length: int = 512, content: str | None = None):
+        self.model, self.tokenizer, self.path = model, tokenizer, str(path)
+        self.backend, self.batch_size, self.max_length = backend, batch_size, max_length
+        self._content = content
+
+    @classmethod
+    def from_checkpoint(cls, path: str, *, backend: str = "reward_model", batch_size: int = 8,
+                        max_length: int = 512) -> "RewardModelJudge":
+        """Load ``path`` (a local checkpoint directory or a hub id).
+
+        Raises:
+            ValueError: a local checkpoint without a trained score head (``check_score_head``).
+        """
+        if Path(path).is_dir():
+            check_score_head(path)
+        model, tok = load_reward_model(path)
+        return cls(model, tok, path=path, backend=backend, batch_size=batch_size, max_length=max_length)
+
+    def identity(self) -> dict[str, Any]:
+        if self._content is None:
+            from rlhf.lineage import content_hash
+
+            self._content = content_hash(self.path) if Path(self.path).exists() else ""
+        return {"backend": self.backend, "model": self.path, "content_hash": self._content,
+                "max_length": self.max_length}
+
+    def scores(self, prompts: Sequence[Any], responses_a: Sequence[str], responses_b: Sequence[str]):
+        """(scores of A, scores of B), two float64 arrays of shape (n,)."""
+        a = score(self.model, self.tokenizer, list(prompts), list(responses_a), batch_size=self.batch_size,
+                  max_length=self.max_length, desc="judging A")
+        b = score(self.model, self.tokenizer, list(prompts), list(responses_b), batch_size=self.batch_size,
+                  max_length=self.max_length, desc="judging B")
+        return a, b
+
+    def judge(self, prompts, responses_a, responses_b, ids=None) -> list[Judgment]:
+        """Score both responses; raw = {"score_a", "score_b"}; preference 2.0 when B scores higher, 1.0 when A
+        does, 1.5 when equal."""
+        check_lengths(prompts, responses_a, responses_b, ids)
+        a, b = self.scores(prompts, responses_a, responses_b)
+        prefs = scores_to_preference(a, b)
+        return [Judgment(float(p), {"score_a": float(x), "score_b": float(y)}) for p, x, y in zip(prefs, a, b)]
+
+
+def judgment_scores(judgments: Sequence[Judgment]) -> tuple[np.ndarray, np.ndarray]:
+    """The (A, B) scores a reward-model judge recorded in ``Judgment.raw``; two float64 arrays (n,)."""
+    return (np.array([j.raw["score_a"] for j in judgments], dtype=np.float64),
+            np.array([j.raw["score_b"] for j in judgments], dtype=np.float64))

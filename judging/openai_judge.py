@@ -1,0 +1,253 @@
+"""A pairwise judge behind any OpenAI-compatible chat endpoint (``vllm serve``, ``transformers serve``, a hosted
+API), asked in both orders to cancel position bias, every judgment cached on disk.
+
+The template
+------------
+The built-in template follows AlpacaEval 2's pairwise annotator prompt (``weighted_alpaca_eval_gpt4_turbo``,
+tatsu-lab/alpaca_eval, Apache-2.0): a system message casting the judge as a leaderboard annotator, and a user
+message holding the instruction and the two outputs under the identifiers ``m`` (output 1) and ``M`` (output 2);
+the judge answers with one identifier and nothing else. Override it with ``judge.template: <file>``: the file is
+the user message, with the placeholders ``{instruction}``, ``{output_1}`` and ``{output_2}`` (filled by plain
+replacement, so braces elsewhere are kept), and answers ``m`` / ``M``; ``judge.system_prompt`` replaces the system
+message. The template's text is part of the judge's identity.
+
+Both orders
+-----------
+Each item is asked twice: (A as output 1, B as output 2) and swapped. An answer is parsed by
+:func:`parse_answer` (the identifier alone, whitespace and one pair of quotes stripped; anything else is
+unparsable). Both orders parsed: the preference is the mean of the two orders' preferences (AlpacaEval
+convention: 2.0 both picked B, 1.0 both picked A, 1.5 the orders disagree, i.e. position bias), and the item
+counts toward the position-consistency rate (share of items whose two orders agree). Either order unparsable:
+preference NaN, counted apart (``judging.judges.n_unparsed``), never a tie.
+
+I/O
+---
+Requests go through the ``openai`` client library with ``max_retries`` retries on I/O errors only (connection
+errors, timeouts, HTTP 408/409/429/5xx; exponential backoff with jitter, the client's own), at most
+``max_concurrency`` in flight (a thread pool). An answer that does not parse is not retried: it is the judge's
+answer. Each item's two answers are cached under the sha256 of (identity, system message, template, prompt,
+both responses) as soon as both arrive, so an unchanged rerun sends zero requests (``requests_sent`` counts every
+HTTP attempt, retries included).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from judging.labels import BASELINE_WINS, CANDIDATE_WINS
+from rlhf.lineage import json_hash
+
+from .cache import JudgmentCache
+from .judges import Judge, JudgeConfig, Judgment, check_lengths, env_default, prompt_text
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = (
+    "You are a highly efficient assistant, who evaluates and selects the best large language model (LLMs) based "
+    "on the quality of their responses to a given instruction. This process will be used to create a leaderboard "
+    "reflecting the most accurate and human-preferred answers."
+)
+
+TEMPLATE = '''I require a leaderboard for various large language models. I'll provide you with prompts given to these models and their corresponding outputs. Your task is to assess these responses, and select the model that produces the best output from a human perspective.
+
+## Instruction
+
+{
+    "instruction": """{instruction}""",
+}
+
+## Model Outputs
+
+Here are the unordered outputs from the models. Each output is associated with a specific model, identified by a unique model identifier.
+
+{
+    {
+        "model_identifier": "m",
+        "output": """{output_1}"""
+    },
+    {
+        "model_identifier": "M",
+        "output": """{output_2}"""
+    }
+}
+
+## Task
+
+Evaluate the models based on the quality and relevance of their outputs, and select the model that generated the best output. Answer by providing the model identifier of the best model. We will use your output as the name of the best model, so make sure your output only contains one of the following model identifiers and nothing else (no quotes, no spaces, no new lines, ...): m or M.
+
+## Best Model Identifier
+'''
+
+PLACEHOLDERS = ("{instruction}", "{output_1}", "{output_2}")
+#: The identifiers of output 1 and output 2 in the template.
+FIRST_ID, SECOND_ID = "m", "M"
+
+
+def load_template(path: str) -> str:
+    """The user-message template: the built-in ``TEMPLATE`` when ``path`` is empty, else the file's text.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a placeholder of ``PLACEHOLDERS`` is missing (named).
+    """
+    if not path:
+        return TEMPLATE
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"judge.template {path}: no such file")
+    text = p.read_text(encoding="utf-8")
+    missing = [ph for ph in PLACEHOLDERS if ph not in text]
+    if missing:
+        raise ValueError(f"judge.template {path}: missing placeholder(s) {missing} (needs {list(PLACEHOLDERS)})")
+    return text
+
+
+def fill(template: str, instruction: str, output_1: str, output_2: str) -> str:
+    """The user message: placeholders replaced literally (responses may hold braces)."""
+    return (template.replace("{instruction}", instruction).replace("{output_1}", output_1)
+            .replace("{output_2}", output_2))
+
+
+def parse_answer(text: str | None) -> int | None:
+    """The judge's answer -> 1 (output 1 better), 2 (output 2 better) or None (unparsable).
+
+    Accepted: exactly ``m`` or ``M`` after stripping whitespace and one pair of matching quotes or backticks.
+    """
+    if text is None:
+        return None
+    t = text.strip()
+    if len(t) >= 2 and t[0] == t[-1] and t[0] in "\"'`":
+        t = t[1:-1].strip()
+    return {FIRST_ID: 1, SECOND_ID: 2}.get(t)
+
+
+def combine(answer_ab: str | None, answer_ba: str | None) -> Judgment:
+    """Both orders' answers -> one Judgment (module docstring, "Both orders").
+
+    ``answer_ab``: A shown as output 1; ``answer_ba``: B shown as output 1.
+    """
+    raw = {"ab": answer_ab, "ba": answer_ba}
+    ab, ba = parse_answer(answer_ab), parse_answer(answer_ba)
+    if ab is None or ba is None:
+        return Judgment(math.nan, raw, None)
+    pref_ab = BASELINE_WINS if ab == 1 else CANDIDATE_WINS  # output 1 is A
+    pref_ba = CANDIDATE_WINS if ba == 1 else BASELINE_WINS  # output 1 is B
+    return Judgment((pref_ab + pref_ba) / 2, raw, pref_ab == pref_ba)
+
+
+class _CountingTransport(httpx.BaseTransport):
+    """An httpx transport that counts the requests it sends (every attempt, retries included)."""
+
+    def __init__(self, inner: httpx.BaseTransport):
+        import threading
+
+        self.inner, self.count, self._lock = inner, 0, threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            self.count += 1
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class OpenAIJudge(Judge):
+    """Pairwise judge over an OpenAI-compatible ``/chat/completions`` endpoint (see the module docstring).
+
+    Args:
+        config: ``base_url`` (or ``$OPENAI_BASE_URL``), ``model`` (or ``$OPENAI_MODEL``), ``api_key`` (or
+            ``$<api_key_env>``; local servers accept any), ``template``, ``system_prompt``, ``max_tokens``,
+            ``temperature``, ``max_concurrency``, ``max_retries``, ``timeout_s``, ``cache_dir``.
+
+    Raises:
+        ValueError: no base URL or no model (names the config key and the environment variable).
+    """
+
+    backend = "openai"
+
+    def __init__(self, config: JudgeConfig):
+        import openai
+
+        self.config = config
+        self.base_url = env_default(config.base_url, "OPENAI_BASE_URL")
+        self.model = env_default(config.model, "OPENAI_MODEL")
+        if not self.base_url:
+            raise ValueError("judge.base_url: the openai backend needs an endpoint (or set OPENAI_BASE_URL)")
+        if not self.model:
+            raise ValueError("judge.model: the openai backend needs a model name (or set OPENAI_MODEL)")
+        key = config.api_key or env_default("", config.api_key_env) or "EMPTY"  # local servers take any key
+        self.template = load_template(config.template)
+        self.system_prompt = SYSTEM_PROMPT if config.system_prompt is None else config.system_prompt
+        self.cache = JudgmentCache(config.resolved_cache_dir() / "pairwise")
+        self._transport = _CountingTransport(httpx.HTTPTransport())
+        self.client = openai.OpenAI(
+            base_url=self.base_url, api_key=key, max_retries=config.max_retries, timeout=config.timeout_s,
+            http_client=httpx.Client(transport=self._transport, timeout=config.timeout_s),
+        )
+
+    @property
+    def requests_sent(self) -> int:  # type: ignore[override]
+        return self._transport.count
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "backend": "openai", "model": self.model,
+            "template_sha256": json_hash({"system": self.system_prompt, "user": self.template}),
+            "max_tokens": self.config.max_tokens, "temperature": self.config.temperature,
+        }
+
+    def ask(self, instruction: str, output_1: str, output_2: str) -> str:
+        """One chat completion; returns the answer text ('' when the server sends no content).
+
+        Raises:
+            RuntimeError: the request failed after the client's retries (names the endpoint and model).
+        """
+        import openai
+
+        messages = [{"role": "user", "content": fill(self.template, instruction, output_1, output_2)}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        try:
+            resp = self.client.chat.completions.create(
+                model=self.model, messages=messages, max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
+            )
+        except openai.APIError as err:
+            raise RuntimeError(
+                f"judge {self.base_url} model {self.model}: request failed after {self.config.max_retries} "
+                f"retries: {err}"
+            ) from err
+        return resp.choices[0].message.content or ""
+
+    def _key(self, prompt: Any, a: str, b: str) -> str:
+        return JudgmentCache.key({"identity": self.identity(), "system": self.system_prompt, "user": self.template,
+                                  "prompt": prompt_text(prompt), "a": a, "b": b})
+
+    def judge(self, prompts, responses_a, responses_b, ids=None) -> list[Judgment]:
+        """Both orders per item, cached answers reused; returns n Judgments (see ``combine``)."""
+        check_lengths(prompts, responses_a, responses_b, ids)
+        keys = [self._key(p, a, b) for p, a, b in zip(prompts, responses_a, responses_b)]
+        answers: list[dict | None] = [self.cache.get(k) for k in keys]
+        todo = [i for i, v in enumerate(answers) if v is None]
+        if todo:
+            logger.info("judge %s: %d of %d items not cached; asking %d requests (%d at a time)", self.name,
+                        len(todo), len(keys), 2 * len(todo), self.config.max_concurrency)
+
+            def run(i: int) -> tuple[int, dict]:
+                text = prompt_text(prompts[i])
+                value = {"ab": self.ask(text, responses_a[i], responses_b[i]),
+                         "ba": self.ask(text, responses_b[i], responses_a[i])}
+                self.cache.put(keys[i], value)
+                return i, value
+
+            with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
+                for i, value in pool.map(run, todo):
+                    answers[i] = value
+        return [combine(v["ab"], v["ba"]) for v in answers]  # type: ignore[index]
