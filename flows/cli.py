@@ -4,6 +4,8 @@ rlhf round --preset demo                 # a full round (Prefect flow) on the em
 rlhf sft --config recipes/demo/sft.yaml  # one stage, in this process (same as accelerate launch -m sft.train)
 rlhf gates --candidate runs/r/dpo --baseline runs/r/sft --reward-model runs/r/reward_model
                                          # exits non-zero when the release is blocked
+rlhf judge agreement --judge openai --model M --base-url http://127.0.0.1:8000/v1 -n 200
+                                         # a judge's agreement with PandaLM's annotators
 """
 
 from __future__ import annotations
@@ -162,6 +164,51 @@ def gates_cmd(
         ]
     )
     raise typer.Exit(code)
+
+
+judge_app = typer.Typer(help="Pairwise judges: qualify one against expert labels before trusting it.",
+                        no_args_is_help=True)
+app.add_typer(judge_app, name="judge")
+
+
+@judge_app.command("agreement")
+def judge_agreement_cmd(
+    judge: Annotated[str, typer.Option(help="Backend: reward_model | sequence_classifier | openai | labels.")],
+    model: Annotated[Optional[str], typer.Option(help="Checkpoint (reward models) or model name (openai).")] = None,
+    base_url: Annotated[Optional[str], typer.Option(help="openai: endpoint (default $OPENAI_BASE_URL).")] = None,
+    labels: Annotated[Optional[str], typer.Option(help="labels: JSONL/CSV file of ids -> verdicts.")] = None,
+    template: Annotated[Optional[str], typer.Option(help="openai: pairwise template file.")] = None,
+    n: Annotated[int, typer.Option("-n", "--n", help="Judge the first N agreement pairs (0: all).")] = 0,
+    data: Annotated[Optional[str], typer.Option(help="Agreement pairs (PandaLM format).")] = None,
+    cache_dir: Annotated[Optional[str], typer.Option(help="Judgment cache (default $RLHF_CACHE/judgments).")] = None,
+    max_concurrency: Annotated[int, typer.Option(help="openai: requests in flight.")] = 4,
+    floor: Annotated[float, typer.Option(help="The agreement floor the gates apply.")] = 0.85,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the measurement as JSON.")] = False,
+) -> None:
+    """Print a judge's agreement with PandaLM's three human annotators (a, CI, n, 2a-1, position consistency);
+    measured once per judge identity and cached."""
+    from judging.judges import JudgeConfig
+    from judging.qualify import format_qualification, judge_agreement_report
+
+    settings = {"backend": judge, "agreement_n": n, "max_concurrency": max_concurrency}
+    for key, value in (("model", model), ("base_url", base_url), ("labels", labels), ("template", template),
+                       ("agreement_data", data), ("cache_dir", cache_dir)):
+        if value:
+            settings[key] = value
+    reward_model = None
+    if judge == "reward_model":
+        if not model:
+            raise typer.BadParameter("--judge reward_model needs --model <reward-model stage dir or checkpoint>")
+        from gates.inputs import resolve_checkpoint
+
+        reward_model = resolve_checkpoint(model)[0]
+    try:
+        config = JudgeConfig.from_dict(settings, where="--judge")
+        q = judge_agreement_report(config, reward_model=reward_model)
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
+    typer.echo(json.dumps(q.summary() if q else None, indent=2) if as_json else format_qualification(q, floor=floor))
 
 
 if __name__ == "__main__":  # pragma: no cover

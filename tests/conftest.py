@@ -22,3 +22,47 @@ def tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def openai_server(tiny_model_dir, tmp_path_factory):
+    """A real OpenAI-compatible endpoint: ``transformers serve`` on a free loopback port, serving the tiny model
+    (preloaded with the positional FORCE_MODEL argument, on CPU). Yields ``{"base_url", "model", "log"}``; the log
+    holds uvicorn's access lines (one ``POST /v1/chat/completions`` per request). Stopped at the end."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = Path(tmp_path_factory.mktemp("serve")) / "serve.log"
+    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", tiny_model_dir, "--host", "127.0.0.1",
+           "--port", str(port), "--device", "cpu", "--log-level", "info"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"transformers serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"transformers serve not healthy after 120 s: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield {"base_url": f"http://127.0.0.1:{port}/v1", "model": tiny_model_dir, "log": log}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

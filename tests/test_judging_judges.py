@@ -1,0 +1,312 @@
+"""The one pairwise judge interface (judging.judges) and its backends: both-orders combination and parsing
+(hand-worked), config parsing (TrlParser takes a YAML mapping and JSON), the on-disk cache, imported labels, the
+reward-model judge, the agreement measured per judge identity, and the openai backend against a real
+``transformers serve`` (zero requests on an unchanged rerun, counted by the client's transport and the server's
+access log)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from judging.judges import Judgment, JudgeConfig, n_unparsed, pair_id, position_consistency, preferences
+from judging.openai_judge import combine, parse_answer
+
+PANDALM = "demo:pandalm/testset-v1.jsonl.gz"
+
+
+def _pandalm(n: int):
+    import tempfile
+    from pathlib import Path
+
+    from data.loaders import load_pairs
+
+    with tempfile.TemporaryDirectory() as d:
+        return list(load_pairs(PANDALM, mode="lenient", max_reject_rate=0.07, rejects_path=Path(d) / "r.jsonl"))[:n]
+
+
+def _posts(log) -> int:
+    return log.read_text().count('"POST /v1/chat/completions')
+
+
+# ------------------------------------------------------------------------------------------- pure
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("m", 1), ("M", 2), (" M\n", 2), ("'m'", 1), ("`M`", 2), ("mM", None), ("", None), (None, None),
+     ("\n\n\n", None), ("Output (a)", None), ("m.", None)],
+)
+def test_parse_answer_takes_the_identifier_alone(text, expected):
+    assert parse_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "ab, ba, pref, consistent",
+    [
+        ("m", "M", 1.0, True),   # A shown first and chosen; swapped, A (now output 2) chosen again
+        ("M", "m", 2.0, True),   # B chosen in both orders
+        ("m", "m", 1.5, False),  # output 1 chosen in both orders: position bias, a draw
+        ("M", "M", 1.5, False),  # output 2 both times
+    ],
+)
+def test_both_orders_combine_to_alpaca_eval_preferences(ab, ba, pref, consistent):
+    j = combine(ab, ba)
+    assert j.preference == pref and j.consistent is consistent and j.raw == {"ab": ab, "ba": ba}
+
+
+def test_an_unparsable_order_makes_the_item_unparsed_not_a_tie():
+    for ab, ba in (("m", "garbage"), ("", "M"), ("x", "y")):
+        j = combine(ab, ba)
+        assert math.isnan(j.preference) and j.consistent is None and not j.parsed
+
+
+def test_position_consistency_and_unparsed_counts_hand_worked():
+    js = [combine("m", "M"), combine("m", "m"), combine("M", "m"), combine("x", "M"), combine("M", "M")]
+    # parsed in both orders: items 0, 1, 2, 4; consistent: 0 and 2 -> 2 / 4
+    assert position_consistency(js) == (0.5, 4)
+    assert n_unparsed(js) == 1
+    np.testing.assert_array_equal(preferences(js)[[0, 1, 2, 4]], [1.0, 1.5, 2.0, 1.5])
+    assert math.isnan(preferences(js)[3])
+    assert math.isnan(position_consistency([Judgment(2.0, None)])[0])
+
+
+def test_judge_config_names_the_bad_key():
+    with pytest.raises(ValueError, match=r"judge: unknown key\(s\) \['modle'\]"):
+        JudgeConfig.from_dict({"backend": "openai", "modle": "x"})
+    with pytest.raises(ValueError, match=r"judge.backend: 'gpt' is not one of"):
+        JudgeConfig.from_dict({"backend": "gpt"})
+    with pytest.raises(ValueError, match="judge.model: the sequence_classifier backend needs a checkpoint"):
+        JudgeConfig.from_dict({"backend": "sequence_classifier"})
+    with pytest.raises(ValueError, match="judge.max_concurrency must be at least 1"):
+        JudgeConfig.from_dict('{"backend": "openai", "max_concurrency": 0}')
+    assert JudgeConfig.from_dict(None).backend == "reward_model"
+    assert JudgeConfig.from_dict({"backend": "openai", "api_key": "sk-secret"}).to_dict()["api_key"] == "<redacted>"
+
+
+def test_gate_recipe_takes_a_judge_mapping_and_the_command_line_json(tmp_path):
+    from trl import TrlParser
+
+    from gates.config import GateStageConfig
+
+    recipe = tmp_path / "gates.yaml"
+    recipe.write_text("judge:\n  backend: openai\n  model: judge-7b\n  max_concurrency: 2\nn_winrate: 3\n")
+    (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(["--config", str(recipe)])
+    assert args.judge["backend"] == "openai" and args.judge["model"] == "judge-7b"
+    assert args.judge_config().max_concurrency == 2
+    (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(
+        ["--config", str(recipe), "--judge", '{"backend": "labels", "labels": "l.jsonl"}'])
+    assert args.judge_config().backend == "labels" and args.judge["labels"] == "l.jsonl"
+    (args,) = TrlParser((GateStageConfig,)).parse_args_and_config([])
+    assert args.judge_config() == JudgeConfig()
+    with pytest.raises(ValueError, match=r"--judge: unknown key\(s\) \['bakend'\]"):
+        TrlParser((GateStageConfig,)).parse_args_and_config(["--judge", '{"bakend": "openai"}'])
+
+
+def test_judgment_cache_round_trip_and_a_corrupt_entry_is_named(tmp_path):
+    from judging.cache import JudgmentCache
+
+    c = JudgmentCache(tmp_path)
+    k = c.key({"prompt": "p", "a": "x", "b": "y"})
+    assert c.get(k) is None
+    c.put(k, {"ab": "m", "ba": "M"})
+    assert JudgmentCache(tmp_path).get(k) == {"ab": "m", "ba": "M"}
+    c.path(k).write_text("{not json")
+    with pytest.raises(ValueError, match=f"{c.path(k)}: corrupt judgment cache entry"):
+        c.get(k)
+
+
+# ------------------------------------------------------------------------------------------- labels
+
+
+def test_imported_labels_jsonl_and_csv(tmp_path):
+    from judging.imported_labels import LabelsJudge, read_label_file
+
+    items = [("p1", "a1", "b1"), ("p2", "a2", "b2"), ("p3", "a3", "b3")]
+    ids = [pair_id(*it) for it in items]
+    jl = tmp_path / "l.jsonl"
+    jl.write_text("".join(json.dumps({"id": i, "verdict": v}) + "\n" for i, v in zip(ids, ["1", 2, "Tie"])))
+    judge = LabelsJudge(str(jl))
+    js = judge.judge(*map(list, zip(*items)))
+    assert [j.preference for j in js] == [1.0, 2.0, 1.5] and [j.raw for j in js] == [1, 2, 0]
+    csv = tmp_path / "l.csv"
+    csv.write_text("id,verdict\nx,2\ny,0\n")
+    assert read_label_file(csv) == {"x": 2, "y": 0}
+    with pytest.raises(KeyError, match="no label for 1 of 1 pairs"):
+        judge.judge(["p9"], ["a"], ["b"])
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ('{"id": "a", "verdict": "3"}\n', r"row 1: field 'verdict' is '3'; expected 1, 2, 0 or tie"),
+        ('{"id": "a", "verdict": 1}\n{"verdict": 2}\n', r"row 2: field 'id' is missing or empty"),
+        ('{"id": "a", "verdict": 1}\n{"id": "a", "verdict": 2}\n', r"row 2: field 'id' 'a' appears twice"),
+        ('{"id": "a", "verdict": 1}\nnope\n', r"row 2: not JSON"),
+    ],
+)
+def test_a_bad_label_file_names_the_row_and_field(tmp_path, body, match):
+    from judging.imported_labels import read_label_file
+
+    f = tmp_path / "labels.jsonl"
+    f.write_text(body)
+    with pytest.raises(ValueError, match=match):
+        read_label_file(f)
+
+
+def test_agreement_follows_the_judge_identity(tmp_path):
+    """Labels equal to the annotators' majority agree 1.0 on every decisive pair; flipped, 0.0. Each label file is
+    a new judge identity and is measured once; the same file again is read from the cache."""
+    from judging.agreement import expert_labels
+    from judging.imported_labels import LabelsJudge
+    from judging.qualify import qualify_judge
+
+    pairs = _pandalm(12)
+    majority = expert_labels(np.array([[lab.preference for lab in p.labels] for p in pairs]))
+    decisive = int(np.isin(majority, (1, 2)).sum())
+    good, flipped = tmp_path / "good.jsonl", tmp_path / "flipped.jsonl"
+    rows = [(p.id, int(m)) for p, m in zip(pairs, majority) if m != -1]
+    good.write_text("".join(json.dumps({"id": i, "verdict": m}) + "\n" for i, m in rows))
+    flipped.write_text("".join(json.dumps({"id": i, "verdict": {1: 2, 2: 1}.get(m, m)}) + "\n" for i, m in rows))
+    cfg = JudgeConfig(backend="labels", labels=str(good), cache_dir=str(tmp_path / "cache"))
+    q = qualify_judge(LabelsJudge(str(good)), cfg)
+    assert (q.agreement.agreement, q.agreement.n, q.cached) == (1.0, decisive, False)
+    assert len(q.ids) == len(rows) and q.agreement.ci.high == 1.0 and q.agreement.ci.low < 1.0
+    assert qualify_judge(LabelsJudge(str(good)), cfg).cached is True
+    q2 = qualify_judge(LabelsJudge(str(flipped)), cfg)
+    assert (q2.agreement.agreement, q2.agreement.n, q2.cached) == (0.0, decisive, False)
+    none = tmp_path / "none.jsonl"
+    none.write_text('{"id": "not-a-pandalm-id", "verdict": 1}\n')
+    assert qualify_judge(LabelsJudge(str(none)), cfg) is None
+
+
+# ------------------------------------------------------------------------------------------- reward models
+
+
+@pytest.fixture(scope="module")
+def score_head_dir(tmp_path_factory, tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    d = tmp_path_factory.mktemp("seqclf")
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).save_pretrained(d)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(d)
+    return str(d)
+
+
+def test_sequence_classifier_judge_prefers_the_higher_score(score_head_dir, tmp_path):
+    from judging.judges import make_judge
+    from judging.qualify import qualify_judge
+    from judging.scoring import load_reward_model, score
+
+    cfg = JudgeConfig(backend="sequence_classifier", model=score_head_dir, agreement_n=6,
+                      cache_dir=str(tmp_path))
+    judge = make_judge(cfg)
+    prompts, a, b = ["Say hi.", "Add 2 and 2.", "Name a colour."], ["hi", "4", "red"], ["hello there", "4", "blue"]
+    js = judge.judge(prompts, a, b)
+    rm, tok = load_reward_model(score_head_dir)
+    sa, sb = score(rm, tok, prompts, a), score(rm, tok, prompts, b)
+    assert [j.preference for j in js] == [2.0 if y > x else 1.0 if x > y else 1.5 for x, y in zip(sa, sb)]
+    assert js[1].preference == 1.5  # identical responses score equal: a draw
+    assert judge.name == f"sequence_classifier:{score_head_dir}"
+    q = qualify_judge(judge, cfg)
+    # every reward-model verdict is decisive unless scores tie; none is unparsable
+    assert q.n_unparsed == 0 and len(q.ids) == 6 and q.n_position_checked == 0
+    assert q.agreement.n_agree == sum(
+        int(j == e) for j, e in zip(q.judge_labels, _majorities(q.expert_labels)) if e in (1, 2))
+
+
+def _majorities(labels):
+    from judging.agreement import expert_labels
+
+    return expert_labels(np.array(labels)).tolist()
+
+
+def test_a_causal_lm_without_score_head_is_refused(tiny_model_dir):
+    from judging.judges import make_judge
+
+    with pytest.raises(ValueError, match="no score head"):
+        make_judge(JudgeConfig(backend="sequence_classifier", model=tiny_model_dir))
+
+
+# ------------------------------------------------------------------------------------------- openai (real server)
+
+
+def test_openai_judge_asks_both_orders_and_an_unchanged_rerun_sends_nothing(openai_server, tmp_path):
+    from judging.openai_judge import OpenAIJudge
+
+    cfg = JudgeConfig(backend="openai", model=openai_server["model"], base_url=openai_server["base_url"],
+                      cache_dir=str(tmp_path), max_concurrency=2)
+    prompts, a, b = ["Say hi.", "Add 2 and 2."], ["hi", "4"], ["hello there", "5"]
+    posts = _posts(openai_server["log"])
+    judge = OpenAIJudge(cfg)
+    js = judge.judge(prompts, a, b)
+    assert judge.requests_sent == 4 and _posts(openai_server["log"]) == posts + 4  # 2 items x 2 orders
+    for j in js:  # an item parses only if both orders' answers do
+        assert j.parsed == (parse_answer(j.raw["ab"]) is not None and parse_answer(j.raw["ba"]) is not None)
+    # the tiny model writes noise (greedy: newlines), never a bare "m" / "M": both items are unparsable
+    assert n_unparsed(js) == 2 and position_consistency(js)[1] == 0
+
+    again = OpenAIJudge(cfg)
+    js2 = again.judge(prompts, a, b)
+    assert again.requests_sent == 0 and _posts(openai_server["log"]) == posts + 4
+    assert [j.raw for j in js2] == [j.raw for j in js]
+
+    template = tmp_path / "t.txt"
+    template.write_text("Which is better for {instruction}? m: {output_1} M: {output_2}. Answer m or M.")
+    other = OpenAIJudge(JudgeConfig(**{**cfg.to_dict(), "template": str(template)}))
+    assert other.identity_hash() != judge.identity_hash()
+    other.judge(prompts[:1], a[:1], b[:1])
+    assert other.requests_sent == 2  # a new identity is asked again
+
+
+def test_openai_judge_retries_io_errors_only_then_names_the_endpoint(tmp_path):
+    import socket
+
+    from judging.openai_judge import OpenAIJudge
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused, a real I/O error
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    judge = OpenAIJudge(JudgeConfig(backend="openai", model="m", base_url=f"http://127.0.0.1:{port}/v1",
+                                    max_retries=2, timeout_s=5, cache_dir=str(tmp_path)))
+    with pytest.raises(RuntimeError, match=rf"judge http://127.0.0.1:{port}/v1 model m: request failed after 2"):
+        judge.judge(["p"], ["a"], ["b"])
+    assert judge.requests_sent == 3  # the first attempt and 2 retries; nothing cached
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_template_file_needs_the_placeholders(tmp_path):
+    from judging.openai_judge import load_template
+
+    bad = tmp_path / "t.txt"
+    bad.write_text("Which is better: {output_1} or {output_2}?")
+    with pytest.raises(ValueError, match=r"missing placeholder\(s\) \['\{instruction\}'\]"):
+        load_template(str(bad))
+
+
+def test_cli_judge_agreement_prints_a_ci_n_and_reruns_from_the_cache(openai_server, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    pairs = _pandalm(2)
+    majority = _majorities([[lab.preference for lab in p.labels] for p in pairs])
+    n_decisive = sum(m in (1, 2) for m in majority)
+    args = ["judge", "agreement", "--judge", "openai", "--model", openai_server["model"], "--base-url",
+            openai_server["base_url"], "-n", "2", "--cache-dir", str(tmp_path)]
+    posts = _posts(openai_server["log"])
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert _posts(openai_server["log"]) == posts + 4
+    # every tiny-model answer is unparsable: on decisive items that counts as disagreement, so a = 0
+    assert f"agreement a = 0.0000 (95% CI 0.0000-" in out.output and f"n = {n_decisive} decisive" in out.output
+    assert "attenuation 2a-1 = -1.0000" in out.output
+    assert "unparsable answers: 2 of 2" in out.output and "requests sent: 4" in out.output
+    assert "below the floor 0.85" in out.output
+    again = CliRunner().invoke(app, args + ["--json"])
+    assert again.exit_code == 0 and _posts(openai_server["log"]) == posts + 4
+    summary = json.loads(again.output)
+    assert summary["cached"] is True and summary["n"] == n_decisive and summary["agreement"] == 0.0
