@@ -225,7 +225,8 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
 
 
 def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict, verdict: str) -> None:
-    """Prefect artifacts: the verdict report, the gate table, the stage table."""
+    """Prefect artifacts: the verdict report, the gate table (its judged gates' rows name the judge), the judge,
+    the stage table."""
     report = Path(gates.manifest["outputs"]["report_md"])
     create_markdown_artifact(
         key=artifact_key("gate-report", round_id),
@@ -244,6 +245,10 @@ def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict,
                 table=rows,
                 description=f"{gate} table, round {round_id}",
             )
+    judge = gates.manifest["outputs"].get("judge")
+    if judge:  # which judge decided the win-rate gates, its agreement, 2a-1, position consistency, corrected gap
+        create_table_artifact(key=artifact_key("judge", round_id), table=[judge],
+                              description=f"The judge of round {round_id}")
     create_table_artifact(
         key=artifact_key("stages", round_id), table=summarize(runs), description=f"Stages of round {round_id}"
     )

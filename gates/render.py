@@ -25,15 +25,16 @@ def make_plots(m: Measurements, plots_dir: Path, *, reference: str) -> dict[str,
     ``reference``: the drift reference's label ("previous round" or "baseline (SFT)").
     """
     plots: dict[str, Path] = {}
-    m = parsed_only(m)
-    rates = intent_win_rates(m.preferences, m.intents)
+    m = parsed_only(m)  # win-rate plots only where the judge's answer parsed (none parsed: no win-rate plots)
+    rates = intent_win_rates(m.preferences, m.intents) if len(m.preferences) else []
     if len(rates):
         plots["per-intent win rate"] = intent_heatmap(
             {"candidate": rates["win_rate"].to_dict()},
             plots_dir / "intent_heatmap.png",
             n={"candidate": rates["n"].to_dict()},
         )
-    buckets = length_bucketed_win_rate(m.preferences, m.len_candidate, m.len_baseline).buckets
+    buckets = length_bucketed_win_rate(m.preferences, m.len_candidate, m.len_baseline).buckets if len(
+        m.preferences) else []
     if len(buckets):
         plots["win rate by length bucket"] = length_bucket_plot(buckets, plots_dir / "winrate_by_length.png")
     drift_rounds = drift_table({reference: m.drift_previous, "candidate": m.drift["candidate"]})
@@ -208,6 +209,9 @@ def judge_lines(models: dict[str, Any], m: Measurements) -> list[str]:
         f"{ag.attenuation:.3f}")
     pc = ("not asked in both orders" if not info["n_position_checked"] else
           f"{info['position_consistency']:.3f} (n={info['n_position_checked']})")
+    q = info.get("qualification") or {}
+    if q.get("n_position_checked"):
+        pc += f", on the agreement pairs {q['position_consistency']:.3f} (n={q['n_position_checked']})"
     return head + [f"  - agreement with expert labels: {a}; position consistency on the win-rate pairs: {pc}; "
                    f"unparsable judge answers: {info['n_unparsed']} of {info['n_judged']} (left out of the win "
                    f"rates); requests sent: {info['requests_sent']}"]

@@ -245,6 +245,14 @@ def check_lengths(prompts: Sequence, responses_a: Sequence, responses_b: Sequenc
         )
 
 
+def judge_pairs(judge: Judge, pairs: Sequence[Any]) -> list[Judgment]:
+    """Judge ``data.schemas.PreferencePair``-like pairs: prompt messages, ``chosen`` as A (the first response),
+    ``rejected`` as B; ids are the pairs' ids. Returns one Judgment per pair (B over A: 2.0 means the second
+    response is better, expert label ``SECOND``)."""
+    prompts = [[m if isinstance(m, dict) else m.model_dump() for m in p.prompt] for p in pairs]
+    return judge.judge(prompts, [p.chosen for p in pairs], [p.rejected for p in pairs], ids=[p.id for p in pairs])
+
+
 def make_judge(config: JudgeConfig, *, reward_model: str | None = None) -> Judge:
     """The judge ``config`` names.
 

@@ -26,7 +26,7 @@ from rlhf.lineage import data_fingerprint
 from rlhf.serialization import to_jsonable
 
 from .cache import JudgmentCache
-from .judges import Judge, JudgeConfig, n_unparsed, position_consistency, preferences
+from .judges import Judge, JudgeConfig, judge_pairs, n_unparsed, position_consistency, preferences
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +136,7 @@ def qualify_judge(judge: Judge, config: JudgeConfig, *, use_cache: bool = True) 
                            judge.name, config.agreement_data)
             return None
     before = judge.requests_sent
-    judgments = judge.judge([[m.model_dump() for m in p.prompt] for p in items], [p.chosen for p in items],
-                            [p.rejected for p in items], ids=[p.id for p in items])
+    judgments = judge_pairs(judge, items)
     labels = preference_to_label(preferences(judgments))
     expert = np.array([[lab.preference for lab in p.labels] for p in items], dtype=np.int64)
     pc, n_pc = position_consistency(judgments)

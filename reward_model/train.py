@@ -27,7 +27,9 @@ from data.loaders import load_pairs
 from data.pairs import prepare_pairs
 from data.schemas import pair_to_trl
 from judging.agreement import expert_labels, inter_annotator_agreement, rm_agreement
-from judging.scoring import check_reload_scores, load_reward_model, score_pairs
+from judging.judges import judge_pairs
+from judging.model_judges import RewardModelJudge, judgment_scores
+from judging.scoring import check_reload_scores, load_reward_model
 from rlhf.checkpoint import save_checkpoint
 from rlhf.config import peft_config
 from rlhf.entrypoint import handle_rejects, setup_stage
@@ -85,7 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     # Agreement on held-out multi-annotator pairs; the reloaded checkpoint must reproduce the live model's scores.
     max_len = args.max_length or 512
-    first, second = score_pairs(model, tokenizer, scored, args.scoring_batch_size, max_len)
+    # The RM judges the held-out pairs through the one judge interface (judging.judges), as the gates' judge does.
+    rm_judge = RewardModelJudge(model, tokenizer, path=str(checkpoint), batch_size=args.scoring_batch_size,
+                                max_length=max_len)
+    first, second = judgment_scores(judge_pairs(rm_judge, scored))
     reload_dev = check_reload_scores(str(checkpoint), tokenizer, first, second, scored, args.scoring_batch_size, max_len)
 
     # Inter-annotator agreement on every held-out pair; the RM on the (possibly smaller) scored subset.
