@@ -142,17 +142,27 @@ def combine(answer_ab: str | None, answer_ba: str | None) -> Judgment:
 
 
 class _CountingTransport(httpx.BaseTransport):
-    """An httpx transport that counts the requests it sends (every attempt, retries included)."""
+    """An httpx transport that counts the requests it sends (every attempt, retries included) and the most it had
+    in flight at once (``max_in_flight``)."""
 
     def __init__(self, inner: httpx.BaseTransport):
         import threading
 
         self.inner, self.count, self._lock = inner, 0, threading.Lock()
+        self.in_flight = self.max_in_flight = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         with self._lock:
             self.count += 1
-        return self.inner.handle_request(request)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            response = self.inner.handle_request(request)
+            response.read()  # the body is in before the request stops counting as in flight
+            return response
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     def close(self) -> None:
         self.inner.close()
@@ -195,6 +205,11 @@ class OpenAIJudge(Judge):
     @property
     def requests_sent(self) -> int:  # type: ignore[override]
         return self._transport.count
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most requests this judge had in flight at once (at most ``max_concurrency``)."""
+        return self._transport.max_in_flight
 
     def identity(self) -> dict[str, Any]:
         return {

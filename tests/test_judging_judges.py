@@ -262,6 +262,17 @@ def test_openai_judge_asks_both_orders_and_an_unchanged_rerun_sends_nothing(open
     assert other.requests_sent == 2  # a new identity is asked again
 
 
+def test_openai_judge_keeps_to_its_concurrency_limit(openai_server, tmp_path):
+    from judging.openai_judge import OpenAIJudge
+
+    prompts, a, b = [f"Count to {i}." for i in range(4)], ["1"] * 4, ["1 2"] * 4
+    for limit in (1, 2):
+        judge = OpenAIJudge(JudgeConfig(backend="openai", model=openai_server["model"], max_concurrency=limit,
+                                        base_url=openai_server["base_url"], cache_dir=str(tmp_path / str(limit))))
+        judge.judge(prompts, a, b)
+        assert judge.requests_sent == 8 and 1 <= judge.max_in_flight <= limit
+
+
 def test_openai_judge_retries_io_errors_only_then_names_the_endpoint(tmp_path):
     import socket
 
