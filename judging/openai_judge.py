@@ -22,30 +22,26 @@ preference NaN, counted apart (``judging.judges.n_unparsed``), never a tie.
 
 I/O
 ---
-Requests go through the ``openai`` client library with ``max_retries`` retries on I/O errors only (connection
-errors, timeouts, HTTP 408/409/429/5xx; exponential backoff with jitter, the client's own), at most
-``max_concurrency`` in flight (a thread pool). An answer that does not parse is not retried: it is the judge's
-answer. Each item's two answers are cached under the sha256 of (identity, system message, template, prompt,
-both responses) as soon as both arrive, so an unchanged rerun sends zero requests (``requests_sent`` counts every
-HTTP attempt, retries included).
+Requests go through ``judging.openai_client.ChatClient`` (the ``openai`` client library): ``max_retries`` retries
+on I/O errors only (connection errors, timeouts, HTTP 408/409/429/5xx; exponential backoff with jitter, the
+client's own), at most ``max_concurrency`` in flight. An answer that does not parse is not retried: it is the
+judge's answer. Each answer is cached under the sha256 of (model, decoding, the messages: system message,
+template filled with the prompt and both responses) as soon as it arrives, so an unchanged rerun sends zero
+requests (``requests_sent`` counts every HTTP attempt, retries included).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from judging.labels import BASELINE_WINS, CANDIDATE_WINS
 from rlhf.lineage import json_hash
 
-from .cache import JudgmentCache
-from .judges import Judge, JudgeConfig, Judgment, check_lengths, env_default, prompt_text
+from .judges import Judge, JudgeConfig, Judgment, check_lengths, prompt_text
+from .openai_client import ChatClient
 
 logger = logging.getLogger(__name__)
 
@@ -141,33 +137,6 @@ def combine(answer_ab: str | None, answer_ba: str | None) -> Judgment:
     return Judgment((pref_ab + pref_ba) / 2, raw, pref_ab == pref_ba)
 
 
-class _CountingTransport(httpx.BaseTransport):
-    """An httpx transport that counts the requests it sends (every attempt, retries included) and the most it had
-    in flight at once (``max_in_flight``)."""
-
-    def __init__(self, inner: httpx.BaseTransport):
-        import threading
-
-        self.inner, self.count, self._lock = inner, 0, threading.Lock()
-        self.in_flight = self.max_in_flight = 0
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        with self._lock:
-            self.count += 1
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            response = self.inner.handle_request(request)
-            response.read()  # the body is in before the request stops counting as in flight
-            return response
-        finally:
-            with self._lock:
-                self.in_flight -= 1
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 class OpenAIJudge(Judge):
     """Pairwise judge over an OpenAI-compatible ``/chat/completions`` endpoint (see the module docstring).
 
@@ -178,91 +147,45 @@ class OpenAIJudge(Judge):
 
     Raises:
         ValueError: no base URL or no model (names the config key and the environment variable).
+        FileNotFoundError, ValueError: a template file that is missing or lacks a placeholder.
     """
 
     backend = "openai"
 
     def __init__(self, config: JudgeConfig):
-        import openai
-
         self.config = config
-        self.base_url = env_default(config.base_url, "OPENAI_BASE_URL")
-        self.model = env_default(config.model, "OPENAI_MODEL")
-        if not self.base_url:
-            raise ValueError("judge.base_url: the openai backend needs an endpoint (or set OPENAI_BASE_URL)")
-        if not self.model:
-            raise ValueError("judge.model: the openai backend needs a model name (or set OPENAI_MODEL)")
-        key = config.api_key or env_default("", config.api_key_env) or "EMPTY"  # local servers take any key
         self.template = load_template(config.template)
         self.system_prompt = SYSTEM_PROMPT if config.system_prompt is None else config.system_prompt
-        self.cache = JudgmentCache(config.resolved_cache_dir() / "pairwise")
-        self._transport = _CountingTransport(httpx.HTTPTransport())
-        self.client = openai.OpenAI(
-            base_url=self.base_url, api_key=key, max_retries=config.max_retries, timeout=config.timeout_s,
-            http_client=httpx.Client(transport=self._transport, timeout=config.timeout_s),
-        )
+        self.chat = ChatClient(config, namespace="pairwise")
+        self.base_url, self.model = self.chat.base_url, self.chat.model
 
     @property
     def requests_sent(self) -> int:  # type: ignore[override]
-        return self._transport.count
+        return self.chat.requests_sent
 
     @property
     def max_in_flight(self) -> int:
         """The most requests this judge had in flight at once (at most ``max_concurrency``)."""
-        return self._transport.max_in_flight
+        return self.chat.max_in_flight
 
     def identity(self) -> dict[str, Any]:
         return {
-            "backend": "openai", "model": self.model,
+            "backend": "openai", **self.chat.identity(),
             "template_sha256": json_hash({"system": self.system_prompt, "user": self.template}),
-            "max_tokens": self.config.max_tokens, "temperature": self.config.temperature,
         }
 
-    def ask(self, instruction: str, output_1: str, output_2: str) -> str:
-        """One chat completion; returns the answer text ('' when the server sends no content).
-
-        Raises:
-            RuntimeError: the request failed after the client's retries (names the endpoint and model).
-        """
-        import openai
-
-        messages = [{"role": "user", "content": fill(self.template, instruction, output_1, output_2)}]
+    def messages(self, prompt: Any, output_1: str, output_2: str) -> list[dict]:
+        """The chat messages asking which of ``output_1`` / ``output_2`` answers ``prompt`` better."""
+        msgs = [{"role": "user", "content": fill(self.template, prompt_text(prompt), output_1, output_2)}]
         if self.system_prompt:
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
-        try:
-            resp = self.client.chat.completions.create(
-                model=self.model, messages=messages, max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-        except openai.APIError as err:
-            raise RuntimeError(
-                f"judge {self.base_url} model {self.model}: request failed after {self.config.max_retries} "
-                f"retries: {err}"
-            ) from err
-        return resp.choices[0].message.content or ""
-
-    def _key(self, prompt: Any, a: str, b: str) -> str:
-        return JudgmentCache.key({"identity": self.identity(), "system": self.system_prompt, "user": self.template,
-                                  "prompt": prompt_text(prompt), "a": a, "b": b})
+            msgs.insert(0, {"role": "system", "content": self.system_prompt})
+        return msgs
 
     def judge(self, prompts, responses_a, responses_b, ids=None) -> list[Judgment]:
-        """Both orders per item, cached answers reused; returns n Judgments (see ``combine``)."""
+        """Both orders per item (A first, then B first), cached answers reused; n Judgments (see ``combine``)."""
         check_lengths(prompts, responses_a, responses_b, ids)
-        keys = [self._key(p, a, b) for p, a, b in zip(prompts, responses_a, responses_b)]
-        answers: list[dict | None] = [self.cache.get(k) for k in keys]
-        todo = [i for i, v in enumerate(answers) if v is None]
-        if todo:
-            logger.info("judge %s: %d of %d items not cached; asking %d requests (%d at a time)", self.name,
-                        len(todo), len(keys), 2 * len(todo), self.config.max_concurrency)
-
-            def run(i: int) -> tuple[int, dict]:
-                text = prompt_text(prompts[i])
-                value = {"ab": self.ask(text, responses_a[i], responses_b[i]),
-                         "ba": self.ask(text, responses_b[i], responses_a[i])}
-                self.cache.put(keys[i], value)
-                return i, value
-
-            with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
-                for i, value in pool.map(run, todo):
-                    answers[i] = value
-        return [combine(v["ab"], v["ba"]) for v in answers]  # type: ignore[index]
+        asks = []
+        for p, a, b in zip(prompts, responses_a, responses_b):
+            asks += [self.messages(p, a, b), self.messages(p, b, a)]
+        answers = self.chat.complete_many(asks)
+        return [combine(answers[2 * i], answers[2 * i + 1]) for i in range(len(prompts))]

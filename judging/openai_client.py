@@ -1,0 +1,147 @@
+"""One client for OpenAI-compatible chat endpoints, shared by every judge that asks an LLM (the pairwise
+``openai`` judge, and an LLM refusal grader such as XSTest's 3-class prompt in ``gates.refusal``).
+
+``ChatClient(config).complete_many(list_of_messages)`` -> one answer text per message list, with:
+
+* the endpoint, model and key from the config or the environment (``OPENAI_BASE_URL``, ``OPENAI_MODEL``,
+  ``OPENAI_API_KEY`` or the variable ``config.api_key_env`` names; local servers take any key);
+* retries on I/O errors only, through the ``openai`` client library (connection errors, timeouts, HTTP
+  408/409/429/5xx; exponential backoff with jitter, the client's own), ``config.max_retries`` times; an answer is
+  never retried for its content;
+* at most ``config.max_concurrency`` requests in flight (a thread pool);
+* every answer cached on disk under the sha256 of (model, decoding, the messages) (``judging.cache``), written as
+  soon as it arrives: an unchanged rerun sends zero requests, a crashed run resumes;
+* ``requests_sent``: every HTTP attempt, retries included, counted at the transport; ``max_in_flight``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from .cache import JudgmentCache
+from .judges import JudgeConfig, env_default
+
+logger = logging.getLogger(__name__)
+
+
+class _CountingTransport(httpx.BaseTransport):
+    """An httpx transport that counts the requests it sends (every attempt, retries included) and the most it had
+    in flight at once (``max_in_flight``)."""
+
+    def __init__(self, inner: httpx.BaseTransport):
+        self.inner, self.count, self._lock = inner, 0, threading.Lock()
+        self.in_flight = self.max_in_flight = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            self.count += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            response = self.inner.handle_request(request)
+            response.read()  # the body is in before the request stops counting as in flight
+            return response
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ChatClient:
+    """Cached, retried, concurrency-limited chat completions (see the module docstring).
+
+    Args:
+        config: ``base_url``, ``model``, ``api_key`` / ``api_key_env``, ``max_tokens``, ``temperature``,
+            ``max_concurrency``, ``max_retries``, ``timeout_s``, ``cache_dir``.
+        namespace: sub-directory of the cache (e.g. ``pairwise``, ``refusal``).
+
+    Raises:
+        ValueError: no base URL or no model (names the config key and the environment variable).
+    """
+
+    def __init__(self, config: JudgeConfig, *, namespace: str = "chat"):
+        import openai
+
+        self.config = config
+        self.base_url = env_default(config.base_url, "OPENAI_BASE_URL")
+        self.model = env_default(config.model, "OPENAI_MODEL")
+        if not self.base_url:
+            raise ValueError("judge.base_url: the openai backend needs an endpoint (or set OPENAI_BASE_URL)")
+        if not self.model:
+            raise ValueError("judge.model: the openai backend needs a model name (or set OPENAI_MODEL)")
+        key = config.api_key or env_default("", config.api_key_env) or "EMPTY"  # local servers take any key
+        self.cache = JudgmentCache(config.resolved_cache_dir() / namespace)
+        self._transport = _CountingTransport(httpx.HTTPTransport())
+        self.client = openai.OpenAI(
+            base_url=self.base_url, api_key=key, max_retries=config.max_retries, timeout=config.timeout_s,
+            http_client=httpx.Client(transport=self._transport, timeout=config.timeout_s),
+        )
+
+    @property
+    def requests_sent(self) -> int:
+        """HTTP requests sent so far (every attempt, retries included)."""
+        return self._transport.count
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most requests in flight at once so far (at most ``max_concurrency``)."""
+        return self._transport.max_in_flight
+
+    def identity(self) -> dict[str, Any]:
+        """What changes the answers: model and decoding (the endpoint does not)."""
+        return {"model": self.model, "max_tokens": self.config.max_tokens, "temperature": self.config.temperature}
+
+    def key(self, messages: list[dict]) -> str:
+        return JudgmentCache.key({"identity": self.identity(), "messages": messages})
+
+    def complete(self, messages: list[dict]) -> str:
+        """One chat completion, uncached; the answer text ('' when the server sends no content).
+
+        Raises:
+            RuntimeError: the request failed after the retries (names the endpoint and model).
+        """
+        import openai
+
+        try:
+            resp = self.client.chat.completions.create(
+                model=self.model, messages=messages, max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
+            )
+        except openai.APIError as err:
+            raise RuntimeError(
+                f"judge {self.base_url} model {self.model}: request failed after {self.config.max_retries} "
+                f"retries: {err}"
+            ) from err
+        return resp.choices[0].message.content or ""
+
+    def complete_many(self, messages_list: Sequence[list[dict]]) -> list[str]:
+        """The answer to each message list, in order: cached ones read, the others asked (``max_concurrency`` at a
+        time) and cached as each arrives.
+
+        Raises:
+            RuntimeError: a request failed after the retries (the answers that did arrive stay cached).
+        """
+        keys = [self.key(m) for m in messages_list]
+        out: list[str | None] = [self.cache.get(k) for k in keys]
+        todo = [i for i, v in enumerate(out) if v is None]
+        if todo:
+            logger.info("%s: %d of %d answers not cached; asking (%d at a time)", self.model, len(todo), len(keys),
+                        self.config.max_concurrency)
+
+            def run(i: int) -> tuple[int, str]:
+                text = self.complete(messages_list[i])
+                self.cache.put(keys[i], text)
+                return i, text
+
+            with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
+                for i, text in pool.map(run, todo):
+                    out[i] = text
+        return out  # type: ignore[return-value]
