@@ -137,7 +137,10 @@ def gates_cmd(
     ctx: typer.Context,
     candidate: Annotated[str, typer.Option(help="Candidate stage dir (with manifest) or checkpoint dir.")],
     baseline: Annotated[str, typer.Option(help="Baseline stage dir (with manifest) or checkpoint dir.")],
-    reward_model: Annotated[str, typer.Option(help="Reward-model stage dir or checkpoint (the judge).")],
+    reward_model: Annotated[
+        Optional[str],
+        typer.Option(help="Reward-model stage dir or checkpoint (the default judge; optional with --judge '{...}').")
+    ] = None,
     config: Annotated[str, typer.Option(help="Gate recipe.")] = str(
         Path(__file__).resolve().parent.parent / "recipes" / "demo" / "gates.yaml"
     ),
@@ -156,8 +159,7 @@ def gates_cmd(
             candidate,
             "--baseline_dir",
             baseline,
-            "--reward_model_dir",
-            reward_model,
+            *(["--reward_model_dir", reward_model] if reward_model else []),
             "--output_dir",
             output_dir,
             *ctx.args,

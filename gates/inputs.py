@@ -130,13 +130,16 @@ def resolve_models(args: GateStageConfig) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: a directory is neither a stage directory nor a checkpoint.
-        ValueError: the judge has no trained score head.
+        ValueError: the judge has no trained score head, or the default judge has no --reward_model_dir.
     """
     baseline, _ = resolve_checkpoint(args.baseline_dir)
     candidate, _ = resolve_checkpoint(args.candidate_dir)
     backend = args.judge_config().backend
     if backend != "reward_model" and not args.reward_model_dir:  # another judge; no reward model in this run
         return {"baseline": baseline, "candidate": candidate, "judge": "", "judge_manifest": {}}
+    if not args.reward_model_dir:
+        raise ValueError("--reward_model_dir: the default judge (judge.backend reward_model) is the round's reward "
+                         "model; give its stage directory, or choose another judge with --judge '{\"backend\": ...}'")
     judge, judge_manifest = resolve_checkpoint(args.reward_model_dir)
     check_score_head(judge)
     return {"baseline": baseline, "candidate": candidate, "judge": judge, "judge_manifest": judge_manifest}

@@ -73,3 +73,13 @@ def test_without_judge_info_the_judge_gate_is_unchanged():
     m = healthy()
     got = decide(m, GateStageConfig())[0]
     assert got == judge_gate(m.judge, m.measured_win_rate, source=m.judge_source, floor=0.85)
+
+
+def test_the_default_judge_needs_the_reward_model_and_another_judge_does_not(tiny_model_dir):
+    from gates.inputs import resolve_models
+
+    with pytest.raises(ValueError, match="--reward_model_dir: the default judge"):
+        resolve_models(GateStageConfig(baseline_dir=tiny_model_dir, candidate_dir=tiny_model_dir))
+    models = resolve_models(GateStageConfig(baseline_dir=tiny_model_dir, candidate_dir=tiny_model_dir,
+                                            judge={"backend": "labels", "labels": "labels.jsonl"}))
+    assert models["judge"] == "" and models["judge_manifest"] == {}
