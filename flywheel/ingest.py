@@ -1,0 +1,38 @@
+"""Ingest weak-signal event files into the store: ``python -m flywheel.ingest --db URL FILE...``.
+
+Prints one JSON report per file (rows, inserted, duplicates) and, with ``--progress``, a line per loaded batch on
+stderr. Each file is one transaction: killing this process mid-file leaves nothing of that file behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from .store import SignalStore
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flywheel.ingest", description=__doc__)
+    ap.add_argument("--db", required=True, help="duckdb:///file.duckdb, postgresql+psycopg://..., or a file path")
+    ap.add_argument("--chunk-rows", type=int, default=200_000, help="rows per loaded batch")
+    ap.add_argument("--progress", action="store_true", help="print a line per batch on stderr")
+    ap.add_argument("files", nargs="+")
+    args = ap.parse_args(argv)
+    store = SignalStore(args.db)
+
+    def progress(path, i, n):
+        print(f"{path}: chunk {i} loaded ({n} rows so far, not committed)", file=sys.stderr, flush=True)
+
+    for f in args.files:
+        report = store.ingest(f, chunk_rows=args.chunk_rows, progress=progress if args.progress else None)
+        print(json.dumps(dataclasses.asdict(report)), flush=True)
+    print(json.dumps(store.counts()), flush=True)
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,504 @@
+"""The weak-signal store: one event per (conversation, turn, signal) in a real database.
+
+Embedded default: a DuckDB file (``duckdb:///runs/flywheel/signals.duckdb``, or just a path). At scale: PostgreSQL
+by URL (``postgresql+psycopg://user@host:port/db``). Both go through the same code: SQLAlchemy Core defines the
+tables and builds every query; only the bulk load differs (DuckDB scans an Arrow table in place, PostgreSQL takes
+``COPY ... FROM STDIN``), and both then run the same ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``.
+
+Tables:
+    texts(hash PK, text, norm_hash)      every prompt and response once, under its sha256; ``norm_hash`` is the hash
+                                         of the normalised text (selection deduplicates prompts on it)
+    events(event_id PK, conversation_id, turn_id, user_id, model_version, intent, signal, ts,
+           prompt_hash -> texts, response_hash -> texts)
+    ingests(file_hash PK, path, rows, finished_at)   a file is listed only once all its rows are committed
+    judge_scores(judge, prompt_hash, response_hash PK, score)   the judge's score per turn, cached by content hash
+
+Ingestion (:func:`SignalStore.ingest`) reads JSONL or Parquet, validates every row against
+:class:`flywheel.schema.EventRow` (errors name file, row, field and reason; nothing is written then), and writes a
+file in ONE transaction: an ingest killed mid-file (even with SIGKILL) leaves nothing of that file, and a rerun
+ends with exact counts. The same event twice (same ``event_id``, in one file or across files) is stored once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import logging
+import re
+import unicodedata
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import sqlalchemy as sa
+from pydantic import ValidationError
+
+from data.validation import DataValidationError
+
+from .schema import SIGNALS, EventRow
+
+__all__ = ["SignalStore", "IngestReport", "normalise_prompt", "text_hash", "EVENT_COLUMNS"]
+
+logger = logging.getLogger(__name__)
+
+metadata = sa.MetaData()
+texts = sa.Table(
+    "texts",
+    metadata,
+    sa.Column("hash", sa.String(64), primary_key=True),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("norm_hash", sa.String(64), nullable=False),
+)
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("event_id", sa.String, primary_key=True),
+    sa.Column("conversation_id", sa.String, nullable=False),
+    sa.Column("turn_id", sa.Integer, nullable=False),
+    sa.Column("user_id", sa.String, nullable=False),
+    sa.Column("model_version", sa.String, nullable=False),
+    sa.Column("intent", sa.String, nullable=True),
+    sa.Column("signal", sa.String, nullable=False),
+    sa.Column("ts", sa.DateTime, nullable=False),  # UTC, naive
+    sa.Column("prompt_hash", sa.String(64), nullable=False),
+    sa.Column("response_hash", sa.String(64), nullable=False),
+)
+ingests = sa.Table(
+    "ingests",
+    metadata,
+    sa.Column("file_hash", sa.String(64), primary_key=True),
+    sa.Column("path", sa.String, nullable=False),
+    sa.Column("rows", sa.BigInteger, nullable=False),
+    sa.Column("finished_at", sa.DateTime, nullable=False),
+)
+judge_scores = sa.Table(
+    "judge_scores",
+    metadata,
+    sa.Column("judge", sa.String(64), primary_key=True),
+    sa.Column("prompt_hash", sa.String(64), primary_key=True),
+    sa.Column("response_hash", sa.String(64), primary_key=True),
+    sa.Column("score", sa.Float, nullable=False),
+)
+
+#: Columns of the ``events`` table, in order (also the staging table's).
+EVENT_COLUMNS = [c.name for c in events.columns]
+_INPUT_FIELDS = list(EventRow.model_fields)
+
+
+def text_hash(text: str) -> str:
+    """sha256 hex digest of a text's UTF-8 bytes (the content hash prompts and responses are stored under)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+_PUNCT_WS = re.compile(r"[\W_]+", re.UNICODE)
+
+
+def normalise_prompt(text: str) -> str:
+    """NFKC, casefold, punctuation and whitespace runs -> one space, stripped. ``"Hi,  there!" -> "hi there"``."""
+    return _PUNCT_WS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What one file's ingest did: ``rows`` read, ``inserted`` new events, ``duplicates`` (already stored or
+    repeated in the file), ``skipped_file`` True when the same file content was ingested before."""
+
+    path: str
+    file_hash: str
+    rows: int
+    inserted: int
+    duplicates: int
+    skipped_file: bool = False
+
+
+def _url(url_or_path: str | Path) -> str:
+    s = str(url_or_path)
+    if "://" in s:
+        return s
+    Path(s).parent.mkdir(parents=True, exist_ok=True)
+    return f"duckdb:///{Path(s).resolve()}"
+
+
+class SignalStore:
+    """The store behind one SQLAlchemy engine (DuckDB file or PostgreSQL URL).
+
+    Args:
+        url: ``duckdb:///path``, ``postgresql+psycopg://...``, or a plain file path (DuckDB).
+    """
+
+    def __init__(self, url: str | Path):
+        self.url = _url(url)
+        self.engine = sa.create_engine(self.url)
+        self.dialect = self.engine.dialect.name  # "duckdb" or "postgresql"
+        if self.dialect not in ("duckdb", "postgresql"):
+            raise ValueError(f"{self.url}: unsupported database {self.dialect!r}; use duckdb:/// or postgresql://")
+        metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- ingestion -------------------------------------------------------------------------------------------------
+    def ingest(self, path: str | Path, *, chunk_rows: int = 200_000, progress=None) -> IngestReport:
+        """Ingest one JSONL (``.jsonl``, ``.ndjson``) or Parquet file of :class:`EventRow` rows, atomically.
+
+        Args:
+            path: the file.
+            chunk_rows: rows validated and loaded per batch (memory stays flat; the transaction spans the file).
+            progress: optional callable ``(path, chunk_index, rows_so_far)`` called after each batch is loaded.
+
+        Returns:
+            :class:`IngestReport`.
+
+        Raises:
+            data.validation.DataValidationError: a bad row, naming file, row (0-based), field and reason; the
+                transaction is rolled back, so nothing of the file is stored.
+            ValueError: an unsupported file type.
+        """
+        path = Path(path)
+        fhash = _file_hash(path)
+        with self.engine.begin() as conn:
+            if conn.execute(sa.select(ingests.c.rows).where(ingests.c.file_hash == fhash)).first() is not None:
+                logger.info("%s: already ingested (same content), skipped", path)
+                return IngestReport(str(path), fhash, 0, 0, 0, skipped_file=True)
+            before = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
+            n = 0
+            for i, batch in enumerate(_batches(path, chunk_rows)):
+                self._load(conn, batch)
+                n += batch.num_rows
+                if progress:
+                    progress(path, i, n)
+            after = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
+            conn.execute(
+                ingests.insert().values(
+                    file_hash=fhash, path=str(path), rows=n, finished_at=dt.datetime.now(dt.UTC).replace(tzinfo=None)
+                )
+            )
+        report = IngestReport(str(path), fhash, n, after - before, n - (after - before))
+        logger.info("%s: %d rows, %d new events, %d duplicates", path, n, report.inserted, report.duplicates)
+        return report
+
+    def _load(self, conn: sa.Connection, batch: pa.Table) -> None:
+        """Stage one validated batch and insert it (texts once, events once) inside ``conn``'s transaction."""
+        text_tab, event_tab = _split_texts(batch)
+        raw = conn.connection.driver_connection
+        if self.dialect == "duckdb":
+            raw.register("staging_texts", text_tab)
+            raw.register("staging_events", event_tab)
+        else:
+            for name, table, cols in (("staging_texts", text_tab, "hash text, text text, norm_hash text"),
+                                      ("staging_events", event_tab, None)):
+                conn.exec_driver_sql(
+                    f"CREATE TEMP TABLE IF NOT EXISTS {name} "
+                    + (f"({cols})" if cols else "(LIKE events INCLUDING DEFAULTS)")
+                )
+                conn.exec_driver_sql(f"TRUNCATE {name}")
+                buf = io.BytesIO()
+                import pyarrow.csv as pacsv
+
+                pacsv.write_csv(table, buf)
+                with raw.cursor().copy(f"COPY {name} ({', '.join(table.column_names)}) FROM STDIN (FORMAT csv, HEADER true)") as cp:
+                    cp.write(buf.getvalue())
+        # The same statements for both databases.
+        conn.exec_driver_sql(
+            "INSERT INTO texts (hash, text, norm_hash) SELECT hash, text, norm_hash FROM staging_texts "
+            "ON CONFLICT (hash) DO NOTHING"
+        )
+        cols = ", ".join(EVENT_COLUMNS)
+        conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM staging_events ON CONFLICT (event_id) DO NOTHING")
+        if self.dialect == "duckdb":
+            raw.unregister("staging_texts")
+            raw.unregister("staging_events")
+
+    # ---- reads -----------------------------------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Row counts: ``events``, ``texts``, ``turns`` (distinct conversation/turn), ``files``, and per signal."""
+        with self.engine.connect() as conn:
+            out = {
+                "events": conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one(),
+                "texts": conn.execute(sa.select(sa.func.count()).select_from(texts)).scalar_one(),
+                "files": conn.execute(sa.select(sa.func.count()).select_from(ingests)).scalar_one(),
+                "turns": conn.execute(
+                    sa.select(sa.func.count()).select_from(
+                        sa.select(events.c.conversation_id, events.c.turn_id).distinct().subquery()
+                    )
+                ).scalar_one(),
+            }
+            rows = conn.execute(sa.select(events.c.signal, sa.func.count()).group_by(events.c.signal)).all()
+        out.update({f"signal_{s}": 0 for s in SIGNALS})
+        out.update({f"signal_{s}": int(c) for s, c in rows})
+        return {k: int(v) for k, v in out.items()}
+
+    def turns_query(self, judge: str | None = None) -> sa.Select:
+        """One row per (conversation, turn): ids, intent, model version, text hashes, the normalised-prompt hash,
+        one count column per signal, and (with ``judge``) that judge's cached score (NULL where not scored)."""
+        p = texts.alias("p")
+        sig_cols = [sa.func.sum(sa.case((events.c.signal == s, 1), else_=0)).label(s) for s in SIGNALS]
+        per_turn = (
+            sa.select(
+                events.c.conversation_id,
+                events.c.turn_id,
+                sa.func.min(events.c.intent).label("intent"),
+                sa.func.min(events.c.model_version).label("model_version"),
+                sa.func.min(events.c.user_id).label("user_id"),
+                sa.func.min(events.c.prompt_hash).label("prompt_hash"),
+                sa.func.min(events.c.response_hash).label("response_hash"),
+                *sig_cols,
+            )
+            .group_by(events.c.conversation_id, events.c.turn_id)
+            .subquery("t")
+        )
+        cols = [*per_turn.c, p.c.norm_hash.label("prompt_norm_hash")]
+        source = per_turn.join(p, p.c.hash == per_turn.c.prompt_hash)
+        if judge is not None:
+            js = judge_scores.alias("js")
+            cols.append(js.c.score.label("judge_score"))
+            source = source.outerjoin(
+                js,
+                sa.and_(
+                    js.c.judge == judge,
+                    js.c.prompt_hash == per_turn.c.prompt_hash,
+                    js.c.response_hash == per_turn.c.response_hash,
+                ),
+            )
+        q = sa.select(*cols).select_from(source)
+        return q.order_by(per_turn.c.conversation_id, per_turn.c.turn_id)
+
+    def fetch_arrow(self, query: sa.Select) -> pa.Table:
+        """Run a query and return an Arrow table (DuckDB: zero-copy ``.arrow()``; PostgreSQL: a cursor fetch)."""
+        with self.engine.connect() as conn:
+            if self.dialect == "duckdb":
+                sql = str(query.compile(dialect=self.engine.dialect, compile_kwargs={"literal_binds": True}))
+                return conn.connection.driver_connection.sql(sql).to_arrow_table()
+            result = conn.execute(query)
+            names = list(result.keys())
+            rows = result.fetchall()
+            return pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
+
+    def turns(self, judge: str | None = None) -> pa.Table:
+        """:meth:`turns_query` as an Arrow table."""
+        return self.fetch_arrow(self.turns_query(judge))
+
+    def texts_for(self, hashes: Sequence[str]) -> dict[str, str]:
+        """``{hash: text}`` for the given content hashes (unknown hashes are absent)."""
+        out: dict[str, str] = {}
+        hashes = list(dict.fromkeys(hashes))
+        with self.engine.connect() as conn:
+            for start in range(0, len(hashes), 5000):
+                chunk = hashes[start : start + 5000]
+                out.update(conn.execute(sa.select(texts.c.hash, texts.c.text).where(texts.c.hash.in_(chunk))).all())
+        return out
+
+    def conversation(self, conversation_id: str) -> list[dict]:
+        """The turns of one conversation in order: ``[{"turn_id", "prompt", "response", "intent"}, ...]``."""
+        p, r = texts.alias("p"), texts.alias("r")
+        q = (
+            sa.select(events.c.turn_id, p.c.text, r.c.text, sa.func.min(events.c.intent))
+            .select_from(events.join(p, p.c.hash == events.c.prompt_hash).join(r, r.c.hash == events.c.response_hash))
+            .where(events.c.conversation_id == conversation_id)
+            .group_by(events.c.turn_id, p.c.text, r.c.text)
+            .order_by(events.c.turn_id)
+        )
+        with self.engine.connect() as conn:
+            return [{"turn_id": t, "prompt": a, "response": b, "intent": i} for t, a, b, i in conn.execute(q).all()]
+
+    # ---- judge cache -----------------------------------------------------------------------------------------------
+    def cached_scores(self, judge: str) -> dict[tuple[str, str], float]:
+        """``{(prompt_hash, response_hash): score}`` already stored for ``judge``."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(judge_scores.c.prompt_hash, judge_scores.c.response_hash, judge_scores.c.score).where(
+                    judge_scores.c.judge == judge
+                )
+            ).all()
+        return {(a, b): float(s) for a, b, s in rows}
+
+    def put_scores(self, judge: str, scores: dict[tuple[str, str], float]) -> None:
+        """Store judge scores (one transaction; a score already stored is kept)."""
+        if not scores:
+            return
+        tab = pa.table(
+            {
+                "judge": [judge] * len(scores),
+                "prompt_hash": [k[0] for k in scores],
+                "response_hash": [k[1] for k in scores],
+                "score": np.asarray(list(scores.values()), dtype=np.float64),
+            }
+        )
+        with self.engine.begin() as conn:
+            existing = self.cached_scores(judge)
+            rows = [
+                {"judge": judge, "prompt_hash": a, "response_hash": b, "score": float(s)}
+                for (a, b), s in scores.items()
+                if (a, b) not in existing
+            ]
+            if rows:
+                conn.execute(judge_scores.insert(), rows)
+        del tab
+
+
+# ---- file reading and validation -----------------------------------------------------------------------------------
+_ARROW_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("conversation_id", pa.string()),
+        ("turn_id", pa.int64()),
+        ("user_id", pa.string()),
+        ("model_version", pa.string()),
+        ("intent", pa.string()),
+        ("signal", pa.string()),
+        ("timestamp", pa.timestamp("us")),
+        ("prompt", pa.string()),
+        ("response", pa.string()),
+    ]
+)
+
+
+def _file_hash(path: Path) -> str:
+    from rlhf.hashing import file_hash
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    return file_hash(path)
+
+
+def _row_error(path: Path, row: int, raw: dict) -> DataValidationError:
+    """The first schema error of one row, as file/row/field/reason."""
+    try:
+        EventRow.model_validate(raw)
+    except ValidationError as err:
+        return DataValidationError.from_pydantic(err, file=str(path), row=row)
+    return DataValidationError("row failed validation", file=str(path), row=row)
+
+
+def _utc_naive(ts: dt.datetime) -> dt.datetime:
+    return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
+
+
+def _jsonl_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
+    rows: list[dict] = []
+    base = 0
+    opener = __import__("gzip").open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                raise DataValidationError("empty line", file=str(path), row=i)
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataValidationError(f"not valid JSON ({err.msg})", file=str(path), row=i) from None
+            if not isinstance(raw, dict):
+                raise DataValidationError(f"expected a JSON object, got {type(raw).__name__}", file=str(path), row=i)
+            try:
+                ev = EventRow.model_validate(raw)
+            except ValidationError:
+                raise _row_error(path, i, raw) from None
+            d = ev.model_dump()
+            d["timestamp"] = _utc_naive(d["timestamp"])
+            rows.append(d)
+            if len(rows) >= chunk_rows:
+                yield pa.Table.from_pylist(rows, schema=_ARROW_SCHEMA)
+                base += len(rows)
+                rows = []
+    if rows:
+        yield pa.Table.from_pylist(rows, schema=_ARROW_SCHEMA)
+
+
+def _parquet_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
+    """Vectorised checks mirroring :class:`EventRow`; the first failing row is re-validated by pydantic for the
+    message, so both readers report the same field and reason."""
+    pf = pq.ParquetFile(path)
+    names = set(pf.schema_arrow.names)
+    missing = [f for f in _INPUT_FIELDS if f not in names and f != "intent"]
+    if missing:
+        raise DataValidationError(f"missing column(s) {missing}", file=str(path), field=missing[0])
+    extra = sorted(names - set(_INPUT_FIELDS))
+    if extra:
+        raise DataValidationError(f"unknown column(s) {extra}", file=str(path), field=extra[0])
+    base = 0
+    signals = pa.array(SIGNALS)
+    for rb in pf.iter_batches(batch_size=chunk_rows):
+        t = pa.Table.from_batches([rb])
+        if "intent" not in t.column_names:
+            t = t.append_column("intent", pa.nulls(t.num_rows, pa.string()))
+        try:
+            ts = t["timestamp"]
+            if pa.types.is_timestamp(ts.type) and ts.type.tz is not None:
+                t = t.set_column(t.column_names.index("timestamp"), "timestamp", pc.cast(ts, pa.timestamp("us", "UTC")).cast(pa.timestamp("us")))
+            t = t.select(_ARROW_SCHEMA.names).cast(_ARROW_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            bad = _first_bad_row(t)
+            raise _row_error(path, base + bad, t.slice(bad, 1).to_pylist()[0]) from None
+        ok = pc.is_in(t["signal"], value_set=signals)
+        for name in ("event_id", "conversation_id", "user_id", "model_version", "prompt", "response"):
+            ok = pc.and_kleene(ok, pc.greater(pc.utf8_length(t[name]), 0))
+        ok = pc.and_kleene(ok, pc.greater_equal(t["turn_id"], 0))
+        ok = pc.and_kleene(ok, pc.is_valid(t["timestamp"]))
+        ok = pc.fill_null(ok, False)
+        if not pc.all(ok).as_py():
+            bad = int(pc.index(ok, False).as_py())
+            raise _row_error(path, base + bad, t.slice(bad, 1).to_pylist()[0])
+        base += t.num_rows
+        yield t
+
+
+def _first_bad_row(t: pa.Table) -> int:
+    for i in range(t.num_rows):
+        try:
+            EventRow.model_validate(t.slice(i, 1).to_pylist()[0])
+        except ValidationError:
+            return i
+    return 0
+
+
+def _batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".ndjson", ".jsonl.gz")):
+        return _jsonl_batches(path, chunk_rows)
+    if name.endswith(".parquet"):
+        return _parquet_batches(path, chunk_rows)
+    raise ValueError(f"{path}: unsupported event file type; expected .jsonl, .ndjson, .jsonl.gz or .parquet")
+
+
+def _hash_column(col: pa.ChunkedArray) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Hash each distinct text once. Returns (hash per row, distinct texts, their hashes)."""
+    enc = pc.dictionary_encode(col.combine_chunks())
+    uniq = enc.dictionary.to_pylist()
+    hashes = pa.array([text_hash(s) for s in uniq], pa.string())
+    return pc.take(hashes, enc.indices), pa.array(uniq, pa.string()), hashes
+
+
+def _split_texts(batch: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(texts table: hash, text, norm_hash; events table in ``EVENT_COLUMNS`` order)."""
+    p_row, p_txt, p_hash = _hash_column(batch["prompt"])
+    r_row, r_txt, r_hash = _hash_column(batch["response"])
+    p_norm = pa.array([text_hash(normalise_prompt(s)) for s in p_txt.to_pylist()], pa.string())
+    r_norm = pa.array([""] * len(r_txt), pa.string())  # responses are not deduplicated on their normal form
+    text_tab = pa.table(
+        {
+            "hash": pa.concat_arrays([p_hash, r_hash]),
+            "text": pa.concat_arrays([p_txt, r_txt]),
+            "norm_hash": pa.concat_arrays([p_norm, r_norm]),
+        }
+    )
+    # A text that is both a prompt and a response keeps the prompt's normal-form hash (first occurrence wins).
+    event_tab = pa.table(
+        {
+            "event_id": batch["event_id"],
+            "conversation_id": batch["conversation_id"],
+            "turn_id": pc.cast(batch["turn_id"], pa.int32()),
+            "user_id": batch["user_id"],
+            "model_version": batch["model_version"],
+            "intent": batch["intent"],
+            "signal": batch["signal"],
+            "ts": batch["timestamp"],
+            "prompt_hash": p_row,
+            "response_hash": r_row,
+        }
+    )
+    return text_tab, event_tab
