@@ -1,0 +1,218 @@
+"""Disagreement selection: which turns experts should label (a pure function, no I/O).
+
+A turn is worth an expert's time when its weak signals and the judge disagree. The judge's score is turned into a
+quality ``q`` in [0, 1] by its percentile rank among the turns being selected from (``q = (rank - 0.5) / n``,
+ties averaged), so the rules below do not depend on the judge's scale. Each rule that fires gives a strength:
+
+=============================  ============================================  ==================
+kind                           fires when                                    strength
+=============================  ============================================  ==================
+``thumbs_down_judged_good``    a thumbs-down and ``q >= good``               ``q``
+``regenerate_judged_excellent`` a regenerate and ``q >= excellent``          ``q``
+``thumbs_up_judged_poor``      a thumbs-up and ``q <= poor``                 ``1 - q``
+=============================  ============================================  ==================
+
+A turn's disagreement score is the largest strength among the rules that fire (its ``kind`` is that rule's); a turn
+no rule fires on is not a candidate. Turns without a judge score are not candidates either (reported).
+
+Budget: ``budget`` turns, default ``ceil(budget_fraction * n_turns)`` (0.5%). Each intent with candidates first
+gets ``floor`` turns (so small intents are seen); the rest of the budget is split by the traffic table's shares
+(largest remainder); turns whose intent is unknown or not in the table share what the table
+leaves unassigned (``1 - sum(shares)``, as intent ``"other"``). Within an intent, the strongest candidates are taken
+first (ties: conversation id, turn id). Candidates are deduplicated by normalised prompt first (the strongest turn
+of each prompt stays). Budget an intent cannot use (too few candidates) goes to the strongest remaining candidates
+of any intent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.stats import rankdata
+
+__all__ = ["SelectionConfig", "Selection", "select_turns", "judge_quality", "KINDS", "OTHER"]
+
+KINDS = ("thumbs_down_judged_good", "regenerate_judged_excellent", "thumbs_up_judged_poor")
+OTHER = "other"
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Thresholds and budget of :func:`select_turns` (see the module docstring)."""
+
+    budget_fraction: float = 0.005
+    budget: int | None = None
+    floor: int = 1
+    good: float = 0.7
+    excellent: float = 0.9
+    poor: float = 0.3
+
+
+@dataclass
+class Selection:
+    """The selected turns and the report.
+
+    Attributes:
+        selected: rows of the input (same columns) plus ``q``, ``kind``, ``disagreement``, ``stratum``; in selection
+            order (strongest first within each intent, intents in traffic order).
+        by_kind: ``{kind: {"candidates": n, "selected": n}}`` for every kind in :data:`KINDS`.
+        by_intent: ``{intent: {"share", "quota", "candidates", "selected"}}``.
+        n_turns, n_scored, n_candidates, n_duplicates, budget: totals.
+    """
+
+    selected: pd.DataFrame
+    by_kind: dict[str, dict[str, int]]
+    by_intent: dict[str, dict[str, float | int]]
+    n_turns: int
+    n_scored: int
+    n_candidates: int
+    n_duplicates: int
+    budget: int
+    config: SelectionConfig = field(default_factory=SelectionConfig)
+
+    def table(self) -> list[dict]:
+        """The report as rows (for a Prefect table artifact): one per intent, then one per kind."""
+        rows = [{"group": "intent", "name": k, **v} for k, v in self.by_intent.items()]
+        rows += [{"group": "kind", "name": k, **v} for k, v in self.by_kind.items()]
+        return rows
+
+
+def judge_quality(scores: np.ndarray) -> np.ndarray:
+    """Percentile rank of each score in [0, 1]: ``(rank - 0.5) / n`` with average ranks for ties.
+
+    ``[1.0, 3.0, 2.0, 2.0] -> [0.125, 0.875, 0.5, 0.5]``.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.size == 0:
+        return scores
+    return (rankdata(scores, method="average") - 0.5) / scores.size
+
+
+def _strengths(df: pd.DataFrame, cfg: SelectionConfig) -> pd.DataFrame:
+    q = df["q"].to_numpy()
+    rules = {
+        "thumbs_down_judged_good": ((df["thumbs_down"].to_numpy() > 0) & (q >= cfg.good), q),
+        "regenerate_judged_excellent": ((df["regenerate"].to_numpy() > 0) & (q >= cfg.excellent), q),
+        "thumbs_up_judged_poor": ((df["thumbs_up"].to_numpy() > 0) & (q <= cfg.poor), 1.0 - q),
+    }
+    return pd.DataFrame({k: np.where(fires, s, -np.inf) for k, (fires, s) in rules.items()}, index=df.index)
+
+
+def _quotas(shares: Mapping[str, float], available: Mapping[str, int], budget: int, floor: int) -> dict[str, int]:
+    """Each intent with candidates first gets ``floor`` turns (fewer if it has fewer); what is left of the budget
+    is split by share (largest remainder). No quota exceeds what is available. When the floors alone exceed the
+    budget they win (every intent with candidates is seen) and the total is the sum of the floors."""
+    base = {k: min(floor, available.get(k, 0)) for k in shares}
+    rest = max(budget - sum(base.values()), 0)
+    raw = {k: rest * s for k, s in shares.items()}
+    extra = {k: int(math.floor(v)) for k, v in raw.items()}
+    for k in sorted(raw, key=lambda k: (-(raw[k] - extra[k]), k))[: rest - sum(extra.values())]:
+        extra[k] += 1
+    return {k: min(base[k] + extra[k], available.get(k, 0)) for k in shares}
+
+
+def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: SelectionConfig | None = None) -> Selection:
+    """Pick the turns experts should label.
+
+    Args:
+        turns: one row per turn with columns ``conversation_id``, ``turn_id``, ``intent`` (str or None),
+            ``prompt_norm_hash``, ``judge_score`` (float, NaN/None when unscored) and signal counts
+            ``thumbs_up``, ``thumbs_down``, ``regenerate`` (other columns are carried along).
+        traffic: ``{intent: share}`` from the traffic table (shares in [0, 1], sum <= 1 + 1e-6).
+        config: thresholds and budget.
+
+    Returns:
+        :class:`Selection`.
+
+    Raises:
+        ValueError: a required column is missing, or the shares are negative or sum above 1.
+    """
+    cfg = config or SelectionConfig()
+    need = {"conversation_id", "turn_id", "intent", "prompt_norm_hash", "judge_score", "thumbs_up", "thumbs_down",
+            "regenerate"}
+    missing = sorted(need - set(turns.columns))
+    if missing:
+        raise ValueError(f"turns table lacks column(s) {missing}")
+    if any(s < 0 for s in traffic.values()) or sum(traffic.values()) > 1 + 1e-6:
+        raise ValueError(f"traffic shares must be >= 0 and sum to <= 1, got {dict(traffic)}")
+    shares = dict(traffic)
+    rest = 1.0 - sum(shares.values())
+    if rest > 1e-9:
+        shares[OTHER] = rest
+
+    n_turns = len(turns)
+    budget = cfg.budget if cfg.budget is not None else math.ceil(cfg.budget_fraction * n_turns)
+    df = turns.copy()
+    df["judge_score"] = pd.to_numeric(df["judge_score"], errors="coerce")
+    scored = df[df["judge_score"].notna()].copy()
+    scored["q"] = judge_quality(scored["judge_score"].to_numpy())
+    strength = _strengths(scored, cfg)
+    scored["disagreement"] = strength.max(axis=1)
+    scored["kind"] = strength.idxmax(axis=1)
+    cand = scored[np.isfinite(scored["disagreement"])].copy()
+    cand["stratum"] = [i if isinstance(i, str) and i in traffic else OTHER for i in cand["intent"]]
+    by_kind = {k: {"candidates": int((cand["kind"] == k).sum()), "selected": 0} for k in KINDS}
+    n_candidates = len(cand)
+
+    cand = cand.sort_values(["disagreement", "conversation_id", "turn_id"], ascending=[False, True, True], kind="stable")
+    deduped = cand.drop_duplicates("prompt_norm_hash", keep="first")
+    n_dup = n_candidates - len(deduped)
+    available = deduped["stratum"].value_counts().to_dict()
+    if OTHER in available and OTHER not in shares:
+        shares[OTHER] = 0.0  # unknown intents still get the floor
+    quota = _quotas(shares, available, budget, cfg.floor)
+    picked = []
+    for stratum in shares:
+        picked.append(deduped[deduped["stratum"] == stratum].head(quota.get(stratum, 0)))
+    chosen = pd.concat(picked) if picked else deduped.head(0)
+    spare = budget - len(chosen)
+    if spare > 0:  # budget an intent could not use goes to the strongest remaining candidates
+        chosen = pd.concat([chosen, deduped.drop(chosen.index).head(spare)])
+    for k in KINDS:
+        by_kind[k]["selected"] = int((chosen["kind"] == k).sum())
+    by_intent = {
+        s: {
+            "share": round(float(shares[s]), 6),
+            "quota": int(quota.get(s, 0)),
+            "candidates": int(available.get(s, 0)),
+            "selected": int((chosen["stratum"] == s).sum()),
+        }
+        for s in shares
+    }
+    return Selection(
+        selected=chosen.reset_index(drop=True),
+        by_kind=by_kind,
+        by_intent=by_intent,
+        n_turns=n_turns,
+        n_scored=len(scored),
+        n_candidates=n_candidates,
+        n_duplicates=n_dup,
+        budget=budget,
+        config=cfg,
+    )
+
+
+def load_traffic(path) -> dict[str, float]:
+    """``{intent: share}`` from a traffic table CSV (columns ``intent,share``).
+
+    Raises:
+        ValueError: missing columns, a non-numeric or negative share, or a duplicate intent, naming the file and row.
+    """
+    table = pd.read_csv(path)
+    for col in ("intent", "share"):
+        if col not in table.columns:
+            raise ValueError(f"{path}: traffic table has no column {col!r} (columns: {list(table.columns)})")
+    out: dict[str, float] = {}
+    for i, (intent, share) in enumerate(zip(table["intent"], table["share"])):
+        try:
+            v = float(share)
+        except (TypeError, ValueError):
+            raise ValueError(f"{path} row {i} field 'share': not a number ({share!r})") from None
+        if not v >= 0 or str(intent) in out:
+            raise ValueError(f"{path} row {i}: share must be >= 0 and intents unique (got {intent!r}, {share!r})")
+        out[str(intent)] = v
+    return out
