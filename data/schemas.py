@@ -41,6 +41,8 @@ __all__ = [
     "EvalPrompt",
     "AlpacaEvalRecord",
     "check_turns",
+    "WEAK_SIGNAL_FIELDS",
+    "refuse_weak_signals",
     "pair_to_trl",
     "conversation_to_trl",
 ]
@@ -53,6 +55,25 @@ FIRST_BETTER, SECOND_BETTER = FIRST, SECOND
 
 #: Error type of the structural checks below (see ``PydanticCustomError``).
 ERROR_TYPE = "rlhf_data"
+
+#: Fields that mark a row (or its ``meta``) as a production weak signal. Weak signals select, they never reward
+#: (DESIGN.md principle 4): a preference pair carrying any of them is refused (see :mod:`data.expert`).
+WEAK_SIGNAL_FIELDS = frozenset({"signal", "signals", "event_id", "thumbs_up", "thumbs_down", "regenerate", "weak_signal"})
+
+
+def refuse_weak_signals(data: Any, *, what: str = "a preference pair") -> None:
+    """Raise (type ``"rlhf_data"``, field = the offending key) when ``data`` or its ``meta`` has a weak-signal field."""
+    if not isinstance(data, dict):
+        return
+    meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+    for where, keys in (("", data), ("meta.", meta)):
+        hit = sorted(WEAK_SIGNAL_FIELDS & set(keys))
+        if hit:
+            _fail(
+                f"{where}{hit[0]}",
+                f"{what} cannot carry a weak signal ({hit[0]!r}): weak signals select what experts label, they "
+                "never become training pairs (DESIGN.md principle 4); pairs come from expert labels (data.expert)",
+            )
 
 
 def _fail(field: str, reason: str) -> NoReturn:
@@ -194,6 +215,12 @@ class PreferencePair(_Row):
     labels: list[AnnotatorLabel] | None = None
     source: str | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_weak_signals(cls, data: Any) -> Any:
+        refuse_weak_signals(data)
+        return data
 
     @model_validator(mode="after")
     def _check_structure(self) -> PreferencePair:
