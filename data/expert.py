@@ -36,7 +36,7 @@ from data.schemas import (
     refuse_weak_signals,
 )
 
-__all__ = ["ExpertLabel", "ExpertPair", "WeakSignalRefused", "write_training_pairs", "write_agreement_data"]
+__all__ = ["ExpertLabel", "ExpertPair", "WeakSignalRefused", "write_agreement_data", "write_training_pairs"]
 
 
 class WeakSignalRefused(TypeError):
@@ -78,7 +78,7 @@ class ExpertLabel(BaseModel):
     @classmethod
     def _int_only(cls, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"verdict must be the int 0, 1 or 2, got {v!r}")
+            raise ValueError(f"verdict must be the int 0, 1 or 2, got {v!r}")  # noqa: TRY004 (pydantic wants ValueError)
         return v
 
 
@@ -146,23 +146,38 @@ class ExpertPair(BaseModel):
         m = self.majority()
         if m in (None, TIE):
             return None
-        chosen, rejected = (self.response_a, self.response_b) if m == FIRST_BETTER else (self.response_b, self.response_a)
+        chosen, rejected = (
+            (self.response_a, self.response_b) if m == FIRST_BETTER else (self.response_b, self.response_a)
+        )
         flip = {TIE: TIE, FIRST_BETTER: SECOND_BETTER, SECOND_BETTER: FIRST_BETTER}
         labels = [
-            AnnotatorLabel(annotator_id=lab.annotator_id, preference=lab.verdict if m == FIRST_BETTER else flip[lab.verdict])
+            AnnotatorLabel(
+                annotator_id=lab.annotator_id, preference=lab.verdict if m == FIRST_BETTER else flip[lab.verdict]
+            )
             for lab in self.labels
         ]
         return PreferencePair(
-            id=self.id, prompt=self.prompt, chosen=chosen, rejected=rejected, intent=self.intent, labels=labels,
-            source="expert", meta={"lineage": dict(self.lineage)},
+            id=self.id,
+            prompt=self.prompt,
+            chosen=chosen,
+            rejected=rejected,
+            intent=self.intent,
+            labels=labels,
+            source="expert",
+            meta={"lineage": dict(self.lineage)},
         )
 
     def to_agreement_pair(self) -> PreferencePair:
         """The multi-annotator agreement row (PandaLM convention: ``chosen`` = A, ``rejected`` = B, labels as given)."""
         return PreferencePair(
-            id=self.id, prompt=self.prompt, chosen=self.response_a, rejected=self.response_b, intent=self.intent,
+            id=self.id,
+            prompt=self.prompt,
+            chosen=self.response_a,
+            rejected=self.response_b,
+            intent=self.intent,
             labels=[AnnotatorLabel(annotator_id=lab.annotator_id, preference=lab.verdict) for lab in self.labels],
-            source="expert", meta={"lineage": dict(self.lineage)},
+            source="expert",
+            meta={"lineage": dict(self.lineage)},
         )
 
 
@@ -176,7 +191,9 @@ def _check_types(pairs: Iterable[Any]) -> list[ExpertPair]:
         if not isinstance(p, ExpertPair):
             if _is_weak(p):
                 raise WeakSignalRefused(f"item {i}: a weak-signal event cannot be written as a training pair")
-            raise TypeError(f"item {i}: training pairs are written from ExpertPair objects only, got {type(p).__name__}")
+            raise TypeError(
+                f"item {i}: training pairs are written from ExpertPair objects only, got {type(p).__name__}"
+            )
         out.append(p)
     return out
 

@@ -12,7 +12,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-__all__ = ["Signal", "SIGNALS", "EventRow", "WeakSignal"]
+__all__ = ["SIGNALS", "EventRow", "Signal", "WeakSignal"]
 
 Signal = Literal["thumbs_up", "thumbs_down", "regenerate", "edit", "copy", "abandon", "continued"]
 #: Every signal the store accepts, in a fixed order (report columns follow it).

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
-__all__ = ["SelectionConfig", "Selection", "select_turns", "judge_quality", "KINDS", "OTHER"]
+__all__ = ["KINDS", "OTHER", "Selection", "SelectionConfig", "judge_quality", "select_turns"]
 
 KINDS = ("thumbs_down_judged_good", "regenerate_judged_excellent", "thumbs_up_judged_poor")
 OTHER = "other"
@@ -109,7 +109,7 @@ def _quotas(shares: Mapping[str, float], available: Mapping[str, int], budget: i
     base = {k: min(floor, available.get(k, 0)) for k in shares}
     rest = max(budget - sum(base.values()), 0)
     raw = {k: rest * s for k, s in shares.items()}
-    extra = {k: int(math.floor(v)) for k, v in raw.items()}
+    extra = {k: math.floor(v) for k, v in raw.items()}
     for k in sorted(raw, key=lambda k: (-(raw[k] - extra[k]), k))[: rest - sum(extra.values())]:
         extra[k] += 1
     return {k: min(base[k] + extra[k], available.get(k, 0)) for k in shares}
@@ -132,8 +132,16 @@ def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: Sele
         ValueError: a required column is missing, or the shares are negative or sum above 1.
     """
     cfg = config or SelectionConfig()
-    need = {"conversation_id", "turn_id", "intent", "prompt_norm_hash", "judge_score", "thumbs_up", "thumbs_down",
-            "regenerate"}
+    need = {
+        "conversation_id",
+        "turn_id",
+        "intent",
+        "prompt_norm_hash",
+        "judge_score",
+        "thumbs_up",
+        "thumbs_down",
+        "regenerate",
+    }
     missing = sorted(need - set(turns.columns))
     if missing:
         raise ValueError(f"turns table lacks column(s) {missing}")
@@ -158,7 +166,9 @@ def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: Sele
     by_kind = {k: {"candidates": int((cand["kind"] == k).sum()), "selected": 0} for k in KINDS}
     n_candidates = len(cand)
 
-    cand = cand.sort_values(["disagreement", "conversation_id", "turn_id"], ascending=[False, True, True], kind="stable")
+    cand = cand.sort_values(
+        ["disagreement", "conversation_id", "turn_id"], ascending=[False, True, True], kind="stable"
+    )
     deduped = cand.drop_duplicates("prompt_norm_hash", keep="first")
     n_dup = n_candidates - len(deduped)
     available = deduped["stratum"].value_counts().to_dict()

@@ -43,7 +43,7 @@ from data.validation import DataValidationError
 
 from .schema import SIGNALS, EventRow
 
-__all__ = ["SignalStore", "IngestReport", "normalise_prompt", "text_hash", "EVENT_COLUMNS"]
+__all__ = ["EVENT_COLUMNS", "IngestReport", "SignalStore", "normalise_prompt", "text_hash"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +191,10 @@ class SignalStore:
             raw.register("staging_texts", text_tab)
             raw.register("staging_events", event_tab)
         else:
-            for name, table, cols in (("staging_texts", text_tab, "hash text, text text, norm_hash text"),
-                                      ("staging_events", event_tab, None)):
+            for name, table, cols in (
+                ("staging_texts", text_tab, "hash text, text text, norm_hash text"),
+                ("staging_events", event_tab, None),
+            ):
                 conn.exec_driver_sql(
                     f"CREATE TEMP TABLE IF NOT EXISTS {name} "
                     + (f"({cols})" if cols else "(LIKE events INCLUDING DEFAULTS)")
@@ -202,7 +204,9 @@ class SignalStore:
                 import pyarrow.csv as pacsv
 
                 pacsv.write_csv(table, buf)
-                with raw.cursor().copy(f"COPY {name} ({', '.join(table.column_names)}) FROM STDIN (FORMAT csv, HEADER true)") as cp:
+                with raw.cursor().copy(
+                    f"COPY {name} ({', '.join(table.column_names)}) FROM STDIN (FORMAT csv, HEADER true)"
+                ) as cp:
                     cp.write(buf.getvalue())
         # The same statements for both databases.
         conn.exec_driver_sql(
@@ -210,7 +214,9 @@ class SignalStore:
             "ON CONFLICT (hash) DO NOTHING"
         )
         cols = ", ".join(EVENT_COLUMNS)
-        conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM staging_events ON CONFLICT (event_id) DO NOTHING")
+        conn.exec_driver_sql(
+            f"INSERT INTO events ({cols}) SELECT {cols} FROM staging_events ON CONFLICT (event_id) DO NOTHING"
+        )
         if self.dialect == "duckdb":
             raw.unregister("staging_texts")
             raw.unregister("staging_events")
@@ -429,7 +435,11 @@ def _parquet_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
         try:
             ts = t["timestamp"]
             if pa.types.is_timestamp(ts.type) and ts.type.tz is not None:
-                t = t.set_column(t.column_names.index("timestamp"), "timestamp", pc.cast(ts, pa.timestamp("us", "UTC")).cast(pa.timestamp("us")))
+                t = t.set_column(
+                    t.column_names.index("timestamp"),
+                    "timestamp",
+                    pc.cast(ts, pa.timestamp("us", "UTC")).cast(pa.timestamp("us")),
+                )
             t = t.select(_ARROW_SCHEMA.names).cast(_ARROW_SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             bad = _first_bad_row(t)

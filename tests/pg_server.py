@@ -63,6 +63,7 @@ def start_postgres():
         r = subprocess.run(
             [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
             capture_output=True,
+            check=False,
             text=True,
         )
         if r.returncode != 0:
@@ -71,6 +72,7 @@ def start_postgres():
         r = subprocess.run(
             [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start"],
             capture_output=True,
+            check=False,
             text=True,
         )
         if r.returncode != 0:
@@ -94,6 +96,9 @@ def start_postgres():
         yield url
     finally:
         if (data / "postmaster.pid").exists():
-            subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                           capture_output=True)
+            subprocess.run(
+                [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                check=False,
+            )
         shutil.rmtree(tmp, ignore_errors=True)

@@ -29,8 +29,14 @@ PROMPT = [{"role": "user", "content": "How do I boil an egg?"}]
 
 
 def _pair(labels, id="t1", **kw):
-    return ExpertPair(id=id, prompt=PROMPT, response_a="Nine minutes in boiling water.", response_b="I can't help.",
-                      labels=labels, **kw)
+    return ExpertPair(
+        id=id,
+        prompt=PROMPT,
+        response_a="Nine minutes in boiling water.",
+        response_b="I can't help.",
+        labels=labels,
+        **kw,
+    )
 
 
 def test_a_training_pair_cannot_be_built_from_weak_signals():
@@ -70,8 +76,11 @@ def test_the_stages_pair_loader_refuses_weak_signal_rows(tmp_path):
 
 
 def test_expert_pairs_become_training_and_agreement_rows(tmp_path):
-    labels = [{"annotator_id": "ann1", "verdict": 2}, {"annotator_id": "ann2", "verdict": 2},
-              {"annotator_id": "ann3", "verdict": 0}]
+    labels = [
+        {"annotator_id": "ann1", "verdict": 2},
+        {"annotator_id": "ann2", "verdict": 2},
+        {"annotator_id": "ann3", "verdict": 0},
+    ]
     p = _pair(labels, lineage={"labels": "abc"})
     assert p.majority() == 2
     tp = p.to_preference_pair()
@@ -83,7 +92,9 @@ def test_expert_pairs_become_training_and_agreement_rows(tmp_path):
     assert (n, n_none) == (1, 1)
     loaded = load_pairs(str(path))
     assert loaded[0].chosen == "I can't help." and loaded[0].meta["lineage"] == {"labels": "abc"}
-    path, n = write_agreement_data([p, split, _pair([{"annotator_id": "solo", "verdict": 1}], id="t3")], tmp_path / "agree.jsonl")
+    path, n = write_agreement_data(
+        [p, split, _pair([{"annotator_id": "solo", "verdict": 1}], id="t3")], tmp_path / "agree.jsonl"
+    )
     assert n == 2  # the single-annotator pair is no agreement data
     rows = load_pairs(str(path))
     assert [lab.preference for lab in rows[0].labels] == [2, 2, 0] and rows[0].chosen == p.response_a

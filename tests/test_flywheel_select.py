@@ -8,9 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flywheel.select import SelectionConfig, judge_quality, load_traffic, select_turns
-
 from data.bundle import demo_path
+from flywheel.select import SelectionConfig, judge_quality, load_traffic, select_turns
 
 
 def _turn(conv, score, *, up=0, down=0, regen=0, intent="a", prompt=None):
@@ -87,8 +86,10 @@ def test_floor_shows_small_intents_and_unused_budget_moves():
 def test_default_budget_is_half_a_percent_and_unknown_intents_are_other():
     rng = np.random.default_rng(0)
     turns = pd.DataFrame(
-        [_turn(f"c{i:04d}", float(rng.normal()), down=int(rng.random() < 0.3), intent=None if i % 7 == 0 else "a")
-         for i in range(1000)]
+        [
+            _turn(f"c{i:04d}", float(rng.normal()), down=int(rng.random() < 0.3), intent=None if i % 7 == 0 else "a")
+            for i in range(1000)
+        ]
     )
     sel = select_turns(turns, {"a": 1.0})
     assert sel.budget == math.ceil(0.005 * 1000) == 5

@@ -132,8 +132,9 @@ def test_sigkill_mid_file_then_rerun_ends_with_exact_counts(db_url, tmp_path):
     big_rows = _rows(12_000, prefix="b", n_prompts=500)
     big = _jsonl(tmp_path / "big.jsonl", big_rows)
     cmd = [sys.executable, "-m", "flywheel.ingest", "--db", db_url, "--chunk-rows", "200", "--progress"]
-    proc = subprocess.Popen([*cmd, str(first), str(big)], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [*cmd, str(first), str(big)], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     for line in proc.stderr:
         if "big.jsonl: chunk 3 loaded" in line:
             os.kill(proc.pid, signal.SIGKILL)
