@@ -23,7 +23,7 @@ from rlhf.hashing import content_hash
 
 from .store import SignalStore
 
-__all__ = ["Judge", "reward_model_judge", "judge_turns"]
+__all__ = ["Judge", "judge_turns", "reward_model_judge"]
 
 logger = logging.getLogger(__name__)
 

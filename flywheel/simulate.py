@@ -19,8 +19,9 @@ signals then follow, with the noise production signals have:
   ``continued`` marks every turn the user followed up on.
 
 Outputs: ``events.jsonl`` (:class:`flywheel.schema.EventRow` rows), ``expert_labels.jsonl`` (the verdict per turn,
-for the weak-signal quality report; only a ``labelled_fraction`` of turns, as in production) and ``responses.jsonl``
-(every alternative response per prompt, for the annotation export). The realised rates are returned and printed.
+for the weak-signal quality report; only a ``labelled_fraction`` of turns, as in production) and
+``alternatives.jsonl`` (per turn: every response it could have had, its own first, with their held verdicts: the
+annotation export's k responses and the simulated annotators' ground truth). The realised rates are returned and printed.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def load_simulator_config(path: str | Path | None, **overrides) -> SimulatorConf
     return SimulatorConfig(**data)
 
 
-def _pool(cfg: SimulatorConfig) -> dict[str, list[dict]]:
-    """``{intent: [{"id", "prompt", "responses": [(text, expert_bad, source)]}]}`` from the bundle."""
+def _pool(cfg: SimulatorConfig) -> tuple[dict[str, list[dict]], dict[str, float]]:
+    """(``{intent: [{"id", "prompt", "responses": [(text, expert_bad, source)], "candidate"}]}``, traffic)."""
     from data.bundle import demo_path
     from data.loaders import load_alpaca_eval
 
@@ -268,32 +269,26 @@ def simulate(cfg: SimulatorConfig, out_dir: str | Path) -> dict:
             if lab
         ),
     )
-    # Alternatives per prompt item (the bundled responses, plus the candidate's): the annotation export's k responses.
-    alts = {}
-    for intent_items in pool.values():
-        for item in intent_items:
-            texts = [r[0] for r in item["responses"]] + ([item["candidate"]] if item["candidate"] else [])
-            alts[item["id"]] = {
-                "item_id": item["id"],
-                "responses": texts,
-                "expert_bad": [r[1] for r in item["responses"]] + ([None] if item["candidate"] else []),
+    # Every response the turn could have had (its own first), with the held verdict of each (None: no held label):
+    # the annotation export's k responses per selected turn, and the simulated annotators' ground truth.
+    alt_rows = []
+    for t in turns:
+        item = next(x for x in pool[t["intent"]] if x["id"] == t["item_id"])
+        cands = [(r[0], bool(r[1])) for r in item["responses"]]
+        if item["candidate"] is not None:
+            cands.append((item["candidate"], None))
+        own = [c for c in cands if c[0] == t["response"]][:1] or [(t["response"], t["expert_bad"])]
+        rest = [c for c in cands if c[0] != t["response"]]
+        alt_rows.append(
+            {
+                "conversation_id": t["conversation_id"],
+                "turn_id": t["turn_id"],
+                "item_id": t["item_id"],
+                "responses": [c[0] for c in own + rest],
+                "expert_bad": [t["expert_bad"]] + [c[1] for c in rest],
             }
-    atomic_write_text(
-        out / "turn_items.jsonl",
-        "".join(
-            json.dumps(
-                {
-                    "conversation_id": t["conversation_id"],
-                    "turn_id": t["turn_id"],
-                    "item_id": t["item_id"],
-                    "response_source": t["response_source"],
-                }
-            )
-            + "\n"
-            for t in turns
-        ),
-    )
-    atomic_write_text(out / "responses.jsonl", "".join(json.dumps(a, ensure_ascii=False) + "\n" for a in alts.values()))
+        )
+    atomic_write_text(out / "alternatives.jsonl", "".join(json.dumps(a, ensure_ascii=False) + "\n" for a in alt_rows))
     rates = _realised(cfg, turns, events, labelled)
     atomic_write_text(
         out / "simulation.json", json.dumps({"config": dataclasses.asdict(cfg), "realised": rates}, indent=2)

@@ -1,0 +1,408 @@
+"""Annotation round trip through Label Studio's formats.
+
+Export: each selected turn becomes C(k, 2) pairwise tasks (its k responses compared two by two), in Label Studio's
+task import format (a JSON list of ``{"data": {...}}``) with a pairwise-comparison labelling config
+(:data:`LABEL_CONFIG`: the conversation as ``Text``, the two responses as ``Text``, a ``Pairwise`` control over them
+and a ``Tie`` choice). Every text is scrubbed of personal data first (:mod:`flywheel.scrub`); the per-entity counts
+go into the export manifest.
+
+Import: Label Studio's JSON export (a list of tasks, each with ``data`` as exported and ``annotations``, each
+annotation with ``completed_by`` and a ``result`` list; a ``pairwise`` result's ``value.selected`` is ``"left"``
+or ``"right"``, a ``choices`` result on ``tie`` with ``["Tie"]`` is a tie) becomes :class:`data.expert.ExpertPair`
+objects (several annotators per task, their ids kept), and then a new dataset version: ``pairs.jsonl`` (the next
+round's preference pairs: majority verdicts, ties and splits left out), ``agreement.jsonl`` (multi-annotator
+``labels`` rows, the format the reward model's unlock rule reads) and ``manifest.json`` with the lineage (hashes
+of the selection, the export and the labels file). A malformed export is a clear error naming task, annotation and
+field; a task nobody labelled (no annotation, or only cancelled ones) is listed in the manifest, never dropped
+silently.
+
+Formats as documented by Label Studio (task format and export format guides, ``Pairwise`` tag); the tests run
+against those documented shapes, not against a running Label Studio server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data.expert import ExpertLabel, ExpertPair, write_agreement_data, write_training_pairs
+from rlhf.hashing import file_hash, json_hash
+from rlhf.manifest import atomic_write_text
+
+__all__ = [
+    "LABEL_CONFIG",
+    "AnnotationImportError",
+    "build_tasks",
+    "read_label_studio_export",
+    "simulate_annotations",
+    "write_dataset_version",
+    "write_export",
+]
+
+LABEL_CONFIG = """<View>
+  <Header value="Which reply is better for the conversation? (Tie if neither is)"/>
+  <Text name="prompt" value="$prompt"/>
+  <View style="display: flex; gap: 1em;">
+    <View style="flex: 50%"><Header value="Reply A"/><Text name="response_a" value="$response_a"/></View>
+    <View style="flex: 50%"><Header value="Reply B"/><Text name="response_b" value="$response_b"/></View>
+  </View>
+  <Pairwise name="preference" toName="response_a,response_b" leftClass="response_a" rightClass="response_b"/>
+  <Choices name="tie" toName="prompt" choice="single" required="false">
+    <Choice value="Tie"/>
+  </Choices>
+</View>
+"""
+
+
+class AnnotationImportError(ValueError):
+    """A malformed Label Studio export: names the file, task (0-based index), annotation and field."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        file: str,
+        task: int | None = None,
+        annotation: int | None = None,
+        field: str | None = None,
+    ):
+        where = [file] + [f"task {task}"] * (task is not None) + [f"annotation {annotation}"] * (annotation is not None)
+        where += [f"field '{field}'"] * (field is not None)
+        super().__init__(f"{' '.join(where)}: {reason}")
+        self.file, self.task, self.annotation, self.field, self.reason = file, task, annotation, field, reason
+
+
+def _render(messages: list[dict]) -> str:
+    return "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
+
+
+@dataclass
+class Export:
+    """Tasks plus what the export manifest records."""
+
+    tasks: list[dict]
+    pii_counts: Counter = field(default_factory=Counter)
+    skipped: list[dict] = field(default_factory=list)
+
+
+def build_tasks(
+    selected: Sequence[dict],
+    conversation: Callable[[str], list[dict]],
+    responses: Callable[[dict], list[str]],
+    *,
+    k: int = 2,
+    scrub: Callable[[str], tuple[str, Counter]],
+) -> Export:
+    """Pairwise tasks for the selected turns.
+
+    Args:
+        selected: selected turns (dicts with ``conversation_id``, ``turn_id``, ``intent``, ``kind``,
+            ``disagreement``).
+        conversation: ``conversation_id -> [{"turn_id", "prompt", "response"}, ...]`` (the store's).
+        responses: ``turn -> [response, ...]``: the turn's candidate responses, its own first (stored
+            alternatives, gate generations or samples from the current policy); the first ``k`` are used.
+        k: responses per turn (>= 2); C(k, 2) tasks per turn.
+        scrub: ``text -> (scrubbed text, entity counts)``; applied to every text that leaves.
+
+    Returns:
+        :class:`Export`; turns with fewer than 2 distinct responses are listed in ``skipped`` with the reason.
+    """
+    if k < 2:
+        raise ValueError(f"k must be >= 2 (two responses per comparison), got {k}")
+    out = Export(tasks=[])
+    for turn in selected:
+        conv, t = turn["conversation_id"], int(turn["turn_id"])
+        history = [x for x in conversation(conv) if x["turn_id"] <= t]
+        if not history or history[-1]["turn_id"] != t:
+            out.skipped.append({"conversation_id": conv, "turn_id": t, "reason": "turn not in the store"})
+            continue
+        messages = []
+        for x in history:
+            messages.append({"role": "user", "content": x["prompt"]})
+            if x["turn_id"] < t:
+                messages.append({"role": "assistant", "content": x["response"]})
+        texts = list(dict.fromkeys(r for r in responses(turn) if r and r.strip()))[:k]
+        if len(texts) < 2:
+            out.skipped.append({"conversation_id": conv, "turn_id": t, "reason": f"{len(texts)} distinct response(s)"})
+            continue
+        clean_msgs = []
+        for m in messages:
+            text, counts = scrub(m["content"])
+            out.pii_counts.update(counts)
+            clean_msgs.append({"role": m["role"], "content": text})
+        clean = []
+        for r in texts:
+            text, counts = scrub(r)
+            out.pii_counts.update(counts)
+            clean.append(text)
+        for i, j in itertools.combinations(range(len(clean)), 2):
+            out.tasks.append(
+                {
+                    "data": {
+                        "task_key": f"{conv}:{t}:{i}-{j}",
+                        "conversation_id": conv,
+                        "turn_id": t,
+                        "response_index_a": i,
+                        "response_index_b": j,
+                        "intent": turn.get("intent"),
+                        "kind": turn.get("kind"),
+                        "disagreement": None if turn.get("disagreement") is None else float(turn["disagreement"]),
+                        "messages": clean_msgs,
+                        "prompt": _render(clean_msgs),
+                        "response_a": clean[i],
+                        "response_b": clean[j],
+                    }
+                }
+            )
+    return out
+
+
+def write_export(export: Export, out_dir: str | Path, *, selection_hash: str) -> dict:
+    """Write ``tasks.json`` (Label Studio import), ``label_config.xml`` and ``export.json`` (manifest).
+
+    Returns:
+        the export manifest: ``tasks``, ``turns``, ``skipped``, ``pii_counts``, ``selection_hash``,
+        ``export_hash`` (sha256 of tasks.json), ``label_config_hash``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "tasks.json", json.dumps(export.tasks, ensure_ascii=False, indent=1))
+    atomic_write_text(out / "label_config.xml", LABEL_CONFIG)
+    manifest = {
+        "tasks": len(export.tasks),
+        "turns": len({(t["data"]["conversation_id"], t["data"]["turn_id"]) for t in export.tasks}),
+        "skipped": export.skipped,
+        "pii_counts": dict(sorted(export.pii_counts.items())),
+        "selection_hash": selection_hash,
+        "export_hash": file_hash(out / "tasks.json"),
+        "label_config_hash": file_hash(out / "label_config.xml"),
+    }
+    atomic_write_text(out / "export.json", json.dumps(manifest, indent=2))
+    return manifest
+
+
+def _annotator(value: Any, *, file: str, task: int, ann: int) -> str:
+    if isinstance(value, bool) or value is None:
+        raise AnnotationImportError(
+            "missing annotator (completed_by)", file=file, task=task, annotation=ann, field="completed_by"
+        )
+    if isinstance(value, int):
+        return f"ls-user-{value}"
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, dict):
+        for key in ("email", "id", "username"):
+            if value.get(key) not in (None, ""):
+                return f"ls-user-{value[key]}" if key == "id" else str(value[key])
+    raise AnnotationImportError(
+        f"unreadable annotator {value!r}", file=file, task=task, annotation=ann, field="completed_by"
+    )
+
+
+def _verdict(result: Any, *, file: str, task: int, ann: int) -> int | None:
+    """0 tie, 1 A, 2 B from one annotation's ``result`` list; None when it holds no verdict."""
+    if not isinstance(result, list):
+        raise AnnotationImportError("result must be a list", file=file, task=task, annotation=ann, field="result")
+    verdict = None
+    for r, item in enumerate(result):
+        if not isinstance(item, dict) or not isinstance(item.get("value"), dict):
+            raise AnnotationImportError(
+                "result item without a value object", file=file, task=task, annotation=ann, field=f"result[{r}].value"
+            )
+        kind, value = item.get("type"), item["value"]
+        if kind == "pairwise":
+            sel = value.get("selected")
+            if sel not in ("left", "right"):
+                raise AnnotationImportError(
+                    f"pairwise selected must be 'left' or 'right', got {sel!r}",
+                    file=file,
+                    task=task,
+                    annotation=ann,
+                    field=f"result[{r}].value.selected",
+                )
+            if verdict is None:
+                verdict = 1 if sel == "left" else 2
+        elif kind == "choices" and item.get("from_name") == "tie":
+            if value.get("choices") == ["Tie"]:
+                verdict = 0  # a tie overrides a side
+            elif value.get("choices"):
+                raise AnnotationImportError(
+                    f"unknown tie choice {value.get('choices')!r}",
+                    file=file,
+                    task=task,
+                    annotation=ann,
+                    field=f"result[{r}].value.choices",
+                )
+    return verdict
+
+
+def read_label_studio_export(path: str | Path, tasks: Sequence[dict]) -> tuple[list[ExpertPair], list[dict]]:
+    """Expert pairs from a Label Studio JSON export of the exported ``tasks``.
+
+    Returns:
+        ``(pairs, unlabelled)``: one :class:`ExpertPair` per task with at least one verdict (one label per
+        annotator; an annotator's later annotation of the same task replaces the earlier one), and
+        ``[{"task_key", "reason"}]`` for exported tasks without any verdict (missing from the export, no
+        annotation, only cancelled or empty annotations).
+
+    Raises:
+        AnnotationImportError: not JSON, not a list, a task without ``data.task_key`` or with a key that was never
+            exported, an annotation without annotator, or a result that is not a pairwise / tie verdict.
+    """
+    path = Path(path)
+    file = str(path)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise AnnotationImportError(f"cannot read: {err}", file=file) from None
+    except json.JSONDecodeError as err:
+        raise AnnotationImportError(f"not valid JSON ({err.msg} at line {err.lineno})", file=file) from None
+    if not isinstance(raw, list):
+        raise AnnotationImportError(f"expected a JSON list of tasks, got {type(raw).__name__}", file=file)
+    by_key = {t["data"]["task_key"]: t["data"] for t in tasks}
+    seen: dict[str, dict[str, int]] = {}
+    reasons: dict[str, str] = {}
+    for i, task in enumerate(raw):
+        if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
+            raise AnnotationImportError("task without a data object", file=file, task=i, field="data")
+        key = task["data"].get("task_key")
+        if key not in by_key:
+            raise AnnotationImportError(
+                f"task_key {key!r} is not one of the exported tasks", file=file, task=i, field="data.task_key"
+            )
+        anns = task.get("annotations", [])
+        if not isinstance(anns, list):
+            raise AnnotationImportError("annotations must be a list", file=file, task=i, field="annotations")
+        labels = seen.setdefault(key, {})
+        for a, ann in enumerate(anns):
+            if not isinstance(ann, dict):
+                raise AnnotationImportError("annotation is not an object", file=file, task=i, annotation=a)
+            if ann.get("was_cancelled"):
+                continue
+            who = _annotator(ann.get("completed_by"), file=file, task=i, ann=a)
+            verdict = _verdict(ann.get("result"), file=file, task=i, ann=a)
+            if verdict is not None:
+                labels[who] = verdict
+        if not labels:
+            reasons[key] = "no annotation" if not anns else "only cancelled or empty annotations"
+    pairs, unlabelled = [], []
+    for key, data in by_key.items():
+        labels = seen.get(key)
+        if not labels:
+            unlabelled.append({"task_key": key, "reason": reasons.get(key, "not in the export")})
+            continue
+        pairs.append(
+            ExpertPair(
+                id=key,
+                prompt=data["messages"],
+                response_a=data["response_a"],
+                response_b=data["response_b"],
+                labels=[ExpertLabel(annotator_id=w, verdict=v, task_id=key) for w, v in sorted(labels.items())],
+                intent=data.get("intent"),
+            )
+        )
+    return pairs, unlabelled
+
+
+def write_dataset_version(
+    pairs: Sequence[ExpertPair],
+    unlabelled: Sequence[dict],
+    out_root: str | Path,
+    *,
+    lineage: dict[str, str],
+    decontamination: dict | None = None,
+    min_annotators: int = 2,
+) -> dict:
+    """A new dataset version ``<out_root>/v-<hash12>/`` named by the hash of its lineage.
+
+    Writes ``pairs.jsonl`` (training pairs), ``agreement.jsonl`` (multi-annotator rows) and ``manifest.json``
+    (lineage, counts, unlabelled tasks, decontamination report). Returns the manifest (with ``dir``, ``pairs``,
+    ``agreement`` paths).
+    """
+    version = json_hash(lineage)[:12]
+    out = Path(out_root) / f"v-{version}"
+    out.mkdir(parents=True, exist_ok=True)
+    stamped = [p.model_copy(update={"lineage": dict(lineage)}) for p in pairs]
+    pairs_path, n_pairs, n_no_majority = write_training_pairs(stamped, out / "pairs.jsonl")
+    agree_path, n_agree = write_agreement_data(stamped, out / "agreement.jsonl", min_annotators=min_annotators)
+    annotators = Counter(lab.annotator_id for p in stamped for lab in p.labels)
+    manifest = {
+        "version": version,
+        "dir": str(out),
+        "lineage": dict(lineage),
+        "pairs": str(pairs_path),
+        "agreement": str(agree_path),
+        "pairs_hash": file_hash(pairs_path),
+        "agreement_hash": file_hash(agree_path),
+        "n_labelled_tasks": len(stamped),
+        "n_pairs": n_pairs,
+        "n_no_majority_or_tie": n_no_majority,
+        "n_agreement_rows": n_agree,
+        "n_unlabelled_tasks": len(unlabelled),
+        "unlabelled_tasks": list(unlabelled),
+        "annotators": dict(sorted(annotators.items())),
+        "decontamination": decontamination or {},
+    }
+    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2))
+    return manifest
+
+
+def simulate_annotations(
+    tasks: Sequence[dict],
+    truth: Callable[[dict], int | None],
+    *,
+    n_annotators: int = 3,
+    noise: float = 0.2,
+    p_unlabelled: float = 0.05,
+    seed: int = 0,
+    start_user_id: int = 101,
+) -> list[dict]:
+    """A Label Studio JSON export as expert annotators would produce it, for the demo and tests.
+
+    Each task's true verdict comes from ``truth(task_data)`` (0 tie, 1 A, 2 B; ``None``: no held label, the
+    annotators then pick a side at random). Each annotator gives the true verdict with probability ``1 - noise``
+    and one of the other two otherwise (inter-annotator noise); a task is left unlabelled with ``p_unlabelled``.
+    Annotators are Label Studio user ids ``start_user_id ...``.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for n, task in enumerate(tasks):
+        anns = []
+        if rng.random() >= p_unlabelled:
+            true = truth(task["data"])
+            for a in range(n_annotators):
+                v = int(rng.integers(1, 3)) if true is None else true
+                if rng.random() < noise:
+                    v = int(rng.choice([x for x in (0, 1, 2) if x != v]))
+                result = (
+                    [{"from_name": "tie", "to_name": "prompt", "type": "choices", "value": {"choices": ["Tie"]}}]
+                    if v == 0
+                    else [
+                        {
+                            "from_name": "preference",
+                            "to_name": "preference",
+                            "type": "pairwise",
+                            "value": {"selected": "left" if v == 1 else "right"},
+                        }
+                    ]
+                )
+                anns.append(
+                    {
+                        "id": n * 10 + a,
+                        "completed_by": start_user_id + a,
+                        "result": result,
+                        "was_cancelled": False,
+                        "ground_truth": False,
+                        "task": n + 1,
+                        "lead_time": 12.5,
+                    }
+                )
+        out.append({"id": n + 1, "data": task["data"], "annotations": anns, "predictions": []})
+    return out

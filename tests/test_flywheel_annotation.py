@@ -1,0 +1,197 @@
+"""Annotation round trip in Label Studio's documented formats, PII scrub, decontamination, dataset version."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from data.loaders import load_pairs
+from flywheel.annotation import (
+    LABEL_CONFIG,
+    AnnotationImportError,
+    build_tasks,
+    read_label_studio_export,
+    simulate_annotations,
+    write_dataset_version,
+    write_export,
+)
+from flywheel.decontaminate import decontaminate
+from flywheel.scrub import Scrubber
+
+PLANTED = {
+    "EMAIL_ADDRESS": "jane.doe@example.com",
+    "PHONE_NUMBER": "+1 415 555 0123",
+    "CREDIT_CARD": "4111 1111 1111 1111",
+    "IBAN_CODE": "GB82 WEST 1234 5698 7654 32",
+    "IP_ADDRESS": "192.168.10.24",
+    "STREET_ADDRESS": "221 Baker Street",
+    "PERSON": "Jane Doe",
+}
+CONVERSATIONS = {
+    "c1": [
+        {
+            "turn_id": 0,
+            "prompt": f"Hi, my name is {PLANTED['PERSON']}. Mail me at {PLANTED['EMAIL_ADDRESS']}.",
+            "response": "Hello! How can I help?",
+        },
+        {
+            "turn_id": 1,
+            "prompt": f"Call {PLANTED['PHONE_NUMBER']} or wire to {PLANTED['IBAN_CODE']}; my card is "
+            f"{PLANTED['CREDIT_CARD']}. Server {PLANTED['IP_ADDRESS']}, I live at "
+            f"{PLANTED['STREET_ADDRESS']}, London. Can you check my bill?",
+            "response": "I cannot access bills.",
+        },
+    ],
+    "c2": [{"turn_id": 0, "prompt": "How do I boil an egg?", "response": "Nine minutes."}],
+    "c3": [{"turn_id": 0, "prompt": "Name a prime.", "response": "Seven."}],
+}
+ALTERNATIVES = {
+    ("c1", 1): ["I cannot access bills.", "Sure, I can explain the charges on a typical bill.", "No."],
+    ("c2", 0): ["Nine minutes.", "Boil it for nine minutes, then cool it in cold water."],
+    ("c3", 0): ["Seven."],  # one response only: cannot be compared, reported as skipped
+}
+SELECTED = [
+    {"conversation_id": "c1", "turn_id": 1, "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
+    {"conversation_id": "c2", "turn_id": 0, "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
+    {"conversation_id": "c3", "turn_id": 0, "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.7},
+]
+
+
+@pytest.fixture(scope="module")
+def scrubber():
+    return Scrubber()
+
+
+@pytest.fixture
+def exported(scrubber, tmp_path):
+    export = build_tasks(
+        SELECTED,
+        CONVERSATIONS.__getitem__,
+        lambda t: ALTERNATIVES[(t["conversation_id"], t["turn_id"])],
+        k=3,
+        scrub=scrubber.scrub,
+    )
+    manifest = write_export(export, tmp_path / "export", selection_hash="s" * 64)
+    return export, manifest, tmp_path
+
+
+def test_no_planted_personal_data_leaves_in_the_export(exported):
+    export, manifest, tmp = exported
+    text = (tmp / "export" / "tasks.json").read_text()
+    for entity, value in PLANTED.items():
+        assert value not in text, entity
+        assert f"<{entity}>" in text, entity
+    assert "Jane" not in text and "jane" not in text
+    # Turn 0 (name + email) is context of the selected turn 1: scrubbed once per turn; 3 responses have none.
+    assert manifest["pii_counts"] == {
+        "CREDIT_CARD": 1,
+        "EMAIL_ADDRESS": 1,
+        "IBAN_CODE": 1,
+        "IP_ADDRESS": 1,
+        "PERSON": 1,
+        "PHONE_NUMBER": 1,
+        "STREET_ADDRESS": 1,
+    }
+
+
+def test_label_studio_task_format_and_config(exported):
+    export, manifest, tmp = exported
+    tasks = json.loads((tmp / "export" / "tasks.json").read_text())
+    # k=3 for c1 -> C(3,2) = 3 tasks; c2 has 2 responses -> 1 task; c3 skipped (1 response), reported.
+    assert [t["data"]["task_key"] for t in tasks] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2", "c2:0:0-1"]
+    assert manifest["skipped"] == [{"conversation_id": "c3", "turn_id": 0, "reason": "1 distinct response(s)"}]
+    assert (manifest["tasks"], manifest["turns"]) == (4, 2)
+    assert tasks[0]["data"]["messages"][0]["role"] == "user" and tasks[0]["data"]["messages"][-1]["role"] == "user"
+    assert len(tasks[0]["data"]["messages"]) == 3  # user, assistant, user (the selected turn's prompt)
+    root = ET.fromstring(LABEL_CONFIG)  # well-formed; every $variable is a key of the task data
+    pairwise = root.find(".//Pairwise")
+    assert pairwise.get("toName") == "response_a,response_b"
+    for el in root.iter():
+        if (el.get("value") or "").startswith("$"):
+            assert el.get("value")[1:] in tasks[0]["data"]
+
+
+def _export_file(tmp, rows):
+    path = tmp / "ls_export.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def test_import_several_annotators_into_pairs_and_agreement_with_lineage(exported):
+    export, manifest, tmp = exported
+    tasks = export.tasks
+    ls = simulate_annotations(
+        tasks, truth=lambda d: 2 if d["response_index_a"] == 0 else 1, n_annotators=3, noise=0.0, p_unlabelled=0.0
+    )
+    ls[1]["annotations"] = []  # nobody labelled task 1
+    ls[2]["annotations"][0]["was_cancelled"] = True  # one annotator skipped task 2
+    ls[3]["annotations"][2]["result"] = [
+        {"from_name": "tie", "to_name": "prompt", "type": "choices", "value": {"choices": ["Tie"]}}
+    ]
+    path = _export_file(tmp, ls)
+    pairs, unlabelled = read_label_studio_export(path, tasks)
+    assert unlabelled == [{"task_key": "c1:1:0-2", "reason": "no annotation"}]
+    assert [p.id for p in pairs] == ["c1:1:0-1", "c1:1:1-2", "c2:0:0-1"]
+    assert [[(lab.annotator_id, lab.verdict) for lab in p.labels] for p in pairs] == [
+        [("ls-user-101", 2), ("ls-user-102", 2), ("ls-user-103", 2)],
+        [("ls-user-102", 1), ("ls-user-103", 1)],
+        [("ls-user-101", 2), ("ls-user-102", 2), ("ls-user-103", 0)],
+    ]
+    lineage = {"selection": "s" * 64, "export": manifest["export_hash"], "labels": "l" * 64}
+    m = write_dataset_version(pairs, unlabelled, tmp / "datasets", lineage=lineage)
+    assert (m["n_pairs"], m["n_agreement_rows"], m["n_unlabelled_tasks"]) == (3, 3, 1)
+    train = load_pairs(m["pairs"])  # what the DPO and reward-model stages read
+    assert train[0].chosen == "Sure, I can explain the charges on a typical bill."  # B won 3-0
+    assert train[0].meta["lineage"] == lineage
+    agree = load_pairs(m["agreement"])
+    assert [lab.preference for lab in agree[2].labels] == [2, 2, 0]
+    assert m["version"] == write_dataset_version(pairs, unlabelled, tmp / "datasets", lineage=lineage)["version"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where"),
+    [
+        (lambda ls: {"tasks": ls}, "expected a JSON list"),
+        (lambda ls: [{**ls[0], "data": {"task_key": "nope"}}], "task 0 field 'data.task_key'"),
+        (
+            lambda ls: [{**ls[0], "annotations": [{**ls[0]["annotations"][0], "completed_by": None}]}],
+            "task 0 annotation 0 field 'completed_by'",
+        ),
+        (
+            lambda ls: [
+                {
+                    **ls[0],
+                    "annotations": [
+                        {
+                            **ls[0]["annotations"][0],
+                            "result": [
+                                {"type": "pairwise", "from_name": "preference", "value": {"selected": "middle"}}
+                            ],
+                        }
+                    ],
+                }
+            ],
+            "task 0 annotation 0 field 'result[0].value.selected'",
+        ),
+    ],
+)
+def test_malformed_labels_file_is_a_clear_error(exported, mutate, where):
+    export, _, tmp = exported
+    ls = simulate_annotations(export.tasks, truth=lambda d: 1, noise=0.0, p_unlabelled=0.0)
+    with pytest.raises(AnnotationImportError, match=where.replace("[", r"\[").replace("]", r"\]")):
+        read_label_studio_export(_export_file(tmp, mutate(ls)), export.tasks)
+    (tmp / "broken.json").write_text("[{")
+    with pytest.raises(AnnotationImportError, match="not valid JSON"):
+        read_label_studio_export(tmp / "broken.json", export.tasks)
+
+
+def test_decontamination_removes_pairs_seen_in_a_gate_suite(exported):
+    export, _, tmp = exported
+    ls = simulate_annotations(export.tasks, truth=lambda d: 1, noise=0.0, p_unlabelled=0.0)
+    pairs, _ = read_label_studio_export(_export_file(tmp, ls), export.tasks)
+    kept, report = decontaminate(pairs, {"winrate": ["how do I boil an EGG"], "safe": ["Unrelated prompt"]})
+    assert [p.id for p in kept] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2"]
+    assert (report["n_in"], report["n_removed"], report["per_suite"]) == (4, 1, {"winrate": 1, "safe": 0})
+    assert report["removed"] == ["c2:0:0-1"]
