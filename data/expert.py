@@ -217,15 +217,22 @@ def write_training_pairs(pairs: Sequence[ExpertPair], path: str | Path) -> tuple
     return path, len(rows), len(items) - len(rows)
 
 
-def write_agreement_data(pairs: Sequence[ExpertPair], path: str | Path, *, min_annotators: int = 2) -> tuple[Path, int]:
-    """Write the multi-annotator agreement rows (pairs with at least ``min_annotators`` labels), atomically.
+def write_agreement_data(
+    pairs: Sequence[ExpertPair], path: str | Path, *, min_annotators: int = 2, n_annotators: int | None = None
+) -> tuple[Path, int]:
+    """Write the multi-annotator agreement rows, atomically: pairs with at least ``min_annotators`` labels, or, with
+    ``n_annotators``, exactly that many (the agreement statistics need a rectangular (items x annotators) matrix).
 
     Returns:
         ``(path, n_written)``.
     """
     from rlhf.manifest import atomic_write_text
 
-    items = [p for p in _check_types(pairs) if len(p.labels) >= min_annotators]
+    items = [
+        p
+        for p in _check_types(pairs)
+        if (len(p.labels) == n_annotators if n_annotators is not None else len(p.labels) >= min_annotators)
+    ]
     path = Path(path)
     atomic_write_text(path, "".join(json.dumps(_row(p.to_agreement_pair()), ensure_ascii=False) + "\n" for p in items))
     return path, len(items)

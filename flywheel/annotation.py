@@ -11,7 +11,7 @@ annotation with ``completed_by`` and a ``result`` list; a ``pairwise`` result's 
 or ``"right"``, a ``choices`` result on ``tie`` with ``["Tie"]`` is a tie) becomes :class:`data.expert.ExpertPair`
 objects (several annotators per task, their ids kept), and then a new dataset version: ``pairs.jsonl`` (the next
 round's preference pairs: majority verdicts, ties and splits left out), ``agreement.jsonl`` (multi-annotator
-``labels`` rows, the format the reward model's unlock rule reads) and ``manifest.json`` with the lineage (hashes
+``labels`` rows of held-out tasks, the format the reward model's unlock rule reads) and ``manifest.json`` with the lineage (hashes
 of the selection, the export and the labels file). A malformed export is a clear error naming task, annotation and
 field; a task nobody labelled (no annotation, or only cancelled ones) is listed in the manifest, never dropped
 silently.
@@ -311,6 +311,11 @@ def read_label_studio_export(path: str | Path, tasks: Sequence[dict]) -> tuple[l
     return pairs, unlabelled
 
 
+def _held_out(task_id: str, fraction: float) -> bool:
+    """Deterministic split on the task id's hash: the same task is held out in every rerun."""
+    return int(json_hash(task_id)[:8], 16) / 0xFFFFFFFF < fraction
+
+
 def write_dataset_version(
     pairs: Sequence[ExpertPair],
     unlabelled: Sequence[dict],
@@ -318,20 +323,27 @@ def write_dataset_version(
     *,
     lineage: dict[str, str],
     decontamination: dict | None = None,
-    min_annotators: int = 2,
+    heldout_fraction: float = 0.3,
 ) -> dict:
-    """A new dataset version ``<out_root>/v-<hash12>/`` named by the hash of its lineage.
+    """A new dataset version ``<out_root>/v-<hash12>/`` named by the hash of its lineage (and the split).
 
-    Writes ``pairs.jsonl`` (training pairs), ``agreement.jsonl`` (multi-annotator rows) and ``manifest.json``
-    (lineage, counts, unlabelled tasks, decontamination report). Returns the manifest (with ``dir``, ``pairs``,
+    The labelled tasks are split by a hash of their id: ``heldout_fraction`` of them become the multi-annotator
+    agreement data (``agreement.jsonl``; only tasks with the most common number of annotators, >= 2, so the
+    label matrix is rectangular), the rest the training pairs (``pairs.jsonl``; majority verdicts, ties and splits
+    left out). The reward model is never measured on pairs it trained on. ``manifest.json`` records the lineage,
+    the counts, the unlabelled tasks and the decontamination report. Returns the manifest (with ``dir``, ``pairs``,
     ``agreement`` paths).
     """
-    version = json_hash(lineage)[:12]
+    version = json_hash({**lineage, "heldout_fraction": heldout_fraction})[:12]
     out = Path(out_root) / f"v-{version}"
     out.mkdir(parents=True, exist_ok=True)
     stamped = [p.model_copy(update={"lineage": dict(lineage)}) for p in pairs]
-    pairs_path, n_pairs, n_no_majority = write_training_pairs(stamped, out / "pairs.jsonl")
-    agree_path, n_agree = write_agreement_data(stamped, out / "agreement.jsonl", min_annotators=min_annotators)
+    held = [p for p in stamped if _held_out(p.id, heldout_fraction)]
+    train = [p for p in stamped if not _held_out(p.id, heldout_fraction)]
+    counts = Counter(len(p.labels) for p in held if len(p.labels) >= 2)
+    n_ann = max(counts, key=lambda n: (counts[n], n)) if counts else 2
+    pairs_path, n_pairs, n_no_majority = write_training_pairs(train, out / "pairs.jsonl")
+    agree_path, n_agree = write_agreement_data(held, out / "agreement.jsonl", n_annotators=n_ann)
     annotators = Counter(lab.annotator_id for p in stamped for lab in p.labels)
     manifest = {
         "version": version,
@@ -342,9 +354,12 @@ def write_dataset_version(
         "pairs_hash": file_hash(pairs_path),
         "agreement_hash": file_hash(agree_path),
         "n_labelled_tasks": len(stamped),
+        "n_train_tasks": len(train),
+        "n_heldout_tasks": len(held),
         "n_pairs": n_pairs,
         "n_no_majority_or_tie": n_no_majority,
         "n_agreement_rows": n_agree,
+        "agreement_annotators_per_row": n_ann,
         "n_unlabelled_tasks": len(unlabelled),
         "unlabelled_tasks": list(unlabelled),
         "annotators": dict(sorted(annotators.items())),

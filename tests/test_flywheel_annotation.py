@@ -78,7 +78,7 @@ def exported(scrubber, tmp_path):
 
 
 def test_no_planted_personal_data_leaves_in_the_export(exported):
-    export, manifest, tmp = exported
+    _, manifest, tmp = exported
     text = (tmp / "export" / "tasks.json").read_text()
     for entity, value in PLANTED.items():
         assert value not in text, entity
@@ -97,7 +97,7 @@ def test_no_planted_personal_data_leaves_in_the_export(exported):
 
 
 def test_label_studio_task_format_and_config(exported):
-    export, manifest, tmp = exported
+    _, manifest, tmp = exported
     tasks = json.loads((tmp / "export" / "tasks.json").read_text())
     # k=3 for c1 -> C(3,2) = 3 tasks; c2 has 2 responses -> 1 task; c3 skipped (1 response), reported.
     assert [t["data"]["task_key"] for t in tasks] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2", "c2:0:0-1"]
@@ -140,14 +140,23 @@ def test_import_several_annotators_into_pairs_and_agreement_with_lineage(exporte
         [("ls-user-101", 2), ("ls-user-102", 2), ("ls-user-103", 0)],
     ]
     lineage = {"selection": "s" * 64, "export": manifest["export_hash"], "labels": "l" * 64}
-    m = write_dataset_version(pairs, unlabelled, tmp / "datasets", lineage=lineage)
-    assert (m["n_pairs"], m["n_agreement_rows"], m["n_unlabelled_tasks"]) == (3, 3, 1)
+    m = write_dataset_version(pairs, unlabelled, tmp / "datasets", lineage=lineage, heldout_fraction=0.0)
+    assert (m["n_pairs"], m["n_agreement_rows"], m["n_unlabelled_tasks"]) == (3, 0, 1)
     train = load_pairs(m["pairs"])  # what the DPO and reward-model stages read
     assert train[0].chosen == "Sure, I can explain the charges on a typical bill."  # B won 3-0
     assert train[0].meta["lineage"] == lineage
+    # All held out: agreement rows are the tasks with the modal annotator count (3), no training pairs.
+    m = write_dataset_version(pairs, unlabelled, tmp / "datasets2", lineage=lineage, heldout_fraction=1.0)
+    assert (m["n_pairs"], m["n_agreement_rows"], m["agreement_annotators_per_row"]) == (0, 2, 3)
     agree = load_pairs(m["agreement"])
-    assert [lab.preference for lab in agree[2].labels] == [2, 2, 0]
-    assert m["version"] == write_dataset_version(pairs, unlabelled, tmp / "datasets", lineage=lineage)["version"]
+    assert [lab.preference for lab in agree[1].labels] == [2, 2, 0]
+    # The split is by task-id hash: training and agreement never share a task.
+    m = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.5)
+    ids_train = {p.id for p in load_pairs(m["pairs"])}
+    ids_agree = {p.id for p in load_pairs(m["agreement"])} if m["n_agreement_rows"] else set()
+    assert not ids_train & ids_agree and m["n_train_tasks"] + m["n_heldout_tasks"] == 3
+    again = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.5)
+    assert again["version"] == m["version"] and again["pairs_hash"] == m["pairs_hash"]  # reproducible
 
 
 @pytest.mark.parametrize(
