@@ -44,6 +44,9 @@ def round_cmd(
     ] = None,
     accelerate_config: Annotated[Optional[str], typer.Option(help="accelerate config file.")] = None,
     force: Annotated[Optional[list[str]], typer.Option(help="Rerun this stage even if cached (repeatable).")] = None,
+    flywheel_data: Annotated[
+        Optional[str], typer.Option(help="Flywheel dataset version dir: its pairs train DPO and the reward model.")
+    ] = None,
 ) -> None:
     """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed;
     130: interrupted (Ctrl-C / SIGTERM: the running stage is stopped, nothing is left that looks finished)."""
@@ -74,6 +77,7 @@ def round_cmd(
         ppo_override_reason=ppo_override,
         accelerate_config=accelerate_config,
         force=force or [],
+        flywheel_data=flywheel_data,
     )
     from flows.stages import StageFailed
 
@@ -212,6 +216,10 @@ def judge_agreement_cmd(
         raise typer.Exit(1)
     typer.echo(json.dumps(q.summary() if q else None, indent=2) if as_json else format_qualification(q, floor=floor))
 
+
+from flows.flywheel_cli import app as _flywheel_app  # noqa: E402
+
+app.add_typer(_flywheel_app, name="flywheel")
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

@@ -54,6 +54,9 @@ class RoundParameters(BaseModel):
     )
     accelerate_config: str | None = Field(None, description="accelerate config file (default: one local process).")
     force: list[str] = Field(default_factory=list, description="Stages to rerun even if their inputs are unchanged.")
+    flywheel_data: str | None = Field(
+        None, description="A flywheel dataset version (runs/flywheel/datasets/v-...): the DPO and reward-model data."
+    )
 
     @field_validator("round_id")
     @classmethod
@@ -149,6 +152,14 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
         ValueError: an unsafe round id (rlhf.round_id); rlhf.rundir.RoundError: another round holds this round's
             folder (named).
     """
+    if params.flywheel_data:  # the flywheel's expert pairs become this round's DPO / reward-model data
+        from .flywheel import round_overrides
+
+        merged = {k: list(v) for k, v in params.overrides.items()}
+        for stage, args in round_overrides(params.flywheel_data).items():
+            merged[stage] = [*args, *merged.get(stage, [])]  # explicit --set overrides still win (they come last)
+        params = params.model_copy(update={"overrides": merged})
+        get_run_logger().info("flywheel data %s: overrides %s", params.flywheel_data, merged)
     round_id = check_round_id(params.round_id) if params.round_id else default_round_id(params.preset)
     round_dir = Path(params.runs_dir) / round_id
     # One round per folder: the lock is held until this process exits (a second round fails at once, naming us).

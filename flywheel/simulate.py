@@ -31,6 +31,7 @@ import datetime as dt
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -332,6 +333,27 @@ def _realised(cfg: SimulatorConfig, turns: list[dict], events: list[dict], label
         "expert_bad_rate": round(float(bad.mean()), 4) if n else None,
         "responses_from_candidate": sum(t["response_source"] == cfg.model_version for t in turns),
     }
+
+
+def held_truth(alternatives: str | Path) -> Callable[[dict], int | None]:
+    """task data -> true verdict (1 A better, 2 B better, 0 tie) from ``alternatives.jsonl``'s held verdicts:
+    the good response beats the bad one; two of the same verdict are a tie; ``None`` where a response has no held
+    verdict (a candidate generation)."""
+    bad: dict[tuple[str, int], list] = {}
+    for line in Path(alternatives).read_text().splitlines():
+        row = json.loads(line)
+        bad[(row["conversation_id"], int(row["turn_id"]))] = row["expert_bad"]
+
+    def truth(data: dict) -> int | None:
+        flags = bad.get((data["conversation_id"], int(data["turn_id"])))
+        if flags is None:
+            return None
+        a, b = flags[data["response_index_a"]], flags[data["response_index_b"]]
+        if a is None or b is None:
+            return None
+        return 0 if a == b else (2 if a else 1)
+
+    return truth
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,377 @@
+"""The flywheel flows: production weak signals choose what experts label; expert labels become the next round's data.
+
+``flywheel`` (export side): ingest -> judge -> select -> scrub -> export, plus the weak-signal quality report.
+``flywheel-import`` (import side): Label Studio export -> expert pairs -> decontamination -> a new dataset version
+(``pairs.jsonl`` + ``agreement.jsonl`` + lineage), which ``rlhf round --flywheel-data DIR`` trains on.
+
+Orchestration only: every computation is in the ``flywheel`` stage package. Tables go to Prefect artifacts
+(``flywheel-selection-*``, ``flywheel-signal-quality-*``, ``flywheel-pii-*``, ``flywheel-import-*``) and to
+``<out_dir>/report.json`` / ``report.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
+
+from rlhf.manifest import atomic_write_text
+
+__all__ = ["FlywheelParameters", "ImportParameters", "flywheel", "flywheel_import", "round_overrides"]
+
+
+class FlywheelParameters(BaseModel):
+    """Export side: which events, which judge, how many turns to label."""
+
+    out_dir: str = Field("runs/flywheel", description="Where the store, selection, export and report go.")
+    db: str | None = Field(
+        None,
+        description="Store URL (duckdb:///..., postgresql+psycopg://...); default a DuckDB "
+        "file <out_dir>/signals.duckdb.",
+    )
+    events: list[str] = Field(default_factory=list, description="Event files to ingest (.jsonl / .parquet).")
+    reward_model_dir: str = Field(..., description="The judge: the round's reward-model stage dir or a checkpoint.")
+    traffic_data: str = Field("demo:traffic/alpaca_eval_clusters.csv", description="Traffic table (intent,share).")
+    budget_fraction: float = Field(0.005, description="Share of turns to label (default 0.5%).")
+    budget: int | None = Field(None, description="Number of turns to label (overrides budget_fraction).")
+    floor: int = Field(1, description="Turns each intent with candidates gets at least.")
+    k: int = Field(2, description="Responses per selected turn (C(k,2) pairwise tasks).")
+    alternatives: str | None = Field(None, description="alternatives.jsonl: responses per turn (the simulator's).")
+    policy_dir: str | None = Field(None, description="Sample the missing responses from this policy (on-policy).")
+    max_new_tokens: int = Field(64, description="Cap per sampled response.")
+    expert_labels: str | None = Field(None, description="Expert verdicts per turn for the weak-signal quality table.")
+    judge_batch_size: int = 8
+    judge_max_length: int = 512
+
+
+class ImportParameters(BaseModel):
+    """Import side: the labels that came back."""
+
+    export_dir: str = Field(..., description="The flywheel's export directory (tasks.json, export.json).")
+    labels: str = Field(..., description="Label Studio JSON export of those tasks.")
+    out_dir: str = Field("runs/flywheel/datasets", description="Dataset versions go here (v-<hash>/).")
+    gate_generations: str | None = Field(
+        None, description="runs/<r>/gates/generations.jsonl: decontaminate against the prompts the round's gates sent."
+    )
+    gates_recipe: str | None = Field(
+        None, description="Or: decontaminate against every prompt of the suite files a gate recipe names."
+    )
+    heldout_fraction: float = Field(0.3, description="Share of labelled tasks kept as agreement data (not trained).")
+
+
+def _key(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:60] or "flywheel"
+
+
+@task(cache_policy=NO_CACHE)
+def ingest_task(db: str, files: list[str]) -> list[dict]:
+    import dataclasses
+
+    from flywheel.store import SignalStore
+
+    store = SignalStore(db)
+    reports = [dataclasses.asdict(store.ingest(f)) for f in files]
+    store.close()
+    return reports
+
+
+@task(cache_policy=NO_CACHE)
+def judge_task(db: str, params: FlywheelParameters) -> dict:
+    from flywheel.judge import judge_turns, reward_model_judge
+    from flywheel.store import SignalStore
+
+    store = SignalStore(db)
+    judge = reward_model_judge(
+        params.reward_model_dir, batch_size=params.judge_batch_size, max_length=params.judge_max_length
+    )
+    out = {"judge": judge.id, **judge_turns(store, judge)}
+    store.close()
+    return out
+
+
+@task(cache_policy=NO_CACHE)
+def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
+    from data.bundle import demo_path
+    from flywheel.select import SelectionConfig, load_traffic, select_turns
+    from flywheel.store import SignalStore
+    from rlhf.hashing import json_hash
+
+    store = SignalStore(db)
+    turns = store.turns(judge_id).to_pandas()
+    store.close()
+    src = params.traffic_data
+    traffic = load_traffic(demo_path(src[5:]) if src.startswith("demo:") else src)
+    sel = select_turns(
+        turns,
+        traffic,
+        SelectionConfig(budget_fraction=params.budget_fraction, budget=params.budget, floor=params.floor),
+    )
+    cols = [
+        "conversation_id",
+        "turn_id",
+        "intent",
+        "kind",
+        "disagreement",
+        "q",
+        "judge_score",
+        "thumbs_up",
+        "thumbs_down",
+        "regenerate",
+        "prompt_hash",
+        "response_hash",
+    ]
+    rows = json.loads(sel.selected[cols].to_json(orient="records"))
+    atomic_write_text(out / "selection.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    summary = {
+        "n_turns": sel.n_turns,
+        "n_scored": sel.n_scored,
+        "n_candidates": sel.n_candidates,
+        "n_duplicates": sel.n_duplicates,
+        "budget": sel.budget,
+        "n_selected": len(rows),
+        "by_kind": sel.by_kind,
+        "by_intent": sel.by_intent,
+        "selection_hash": json_hash(rows),
+    }
+    return rows, summary, turns
+
+
+@task(cache_policy=NO_CACHE)
+def quality_task(turns, labels_path: str) -> list[dict]:
+    from flywheel.quality import expert_verdicts, signal_quality
+
+    lines = Path(labels_path).read_text().splitlines()
+    return signal_quality(turns, expert_verdicts(json.loads(x) for x in lines if x.strip()))
+
+
+def _responses_provider(db: str, params: FlywheelParameters):
+    """turn -> [its own response, alternatives...] from the simulator's alternatives file and/or policy samples."""
+    from flywheel.store import SignalStore
+
+    alts: dict[tuple[str, int], list[str]] = {}
+    if params.alternatives:
+        for line in Path(params.alternatives).read_text().splitlines():
+            row = json.loads(line)
+            alts[(row["conversation_id"], int(row["turn_id"]))] = row["responses"]
+    store = SignalStore(db)
+    sampler = None
+    if params.policy_dir:
+        from flywheel.responses import PolicySampler
+
+        sampler = PolicySampler(params.policy_dir, max_new_tokens=params.max_new_tokens)
+
+    def responses(turn: dict) -> list[str]:
+        conv = store.conversation(turn["conversation_id"])
+        own = next(x for x in conv if x["turn_id"] == int(turn["turn_id"]))
+        texts = [own["response"]] + [
+            r for r in alts.get((turn["conversation_id"], int(turn["turn_id"])), []) if r != own["response"]
+        ]
+        if sampler is not None and len(texts) < params.k:
+            messages = []
+            for x in conv:
+                messages.append({"role": "user", "content": x["prompt"]})
+                if x["turn_id"] == own["turn_id"]:
+                    break
+                messages.append({"role": "assistant", "content": x["response"]})
+            texts += sampler.sample(messages, params.k - len(texts))
+        return texts
+
+    return store, responses
+
+
+@task(cache_policy=NO_CACHE)
+def export_task(db: str, rows: list[dict], params: FlywheelParameters, out: Path, selection_hash: str) -> dict:
+    from flywheel.annotation import build_tasks, write_export
+    from flywheel.scrub import Scrubber
+
+    store, responses = _responses_provider(db, params)
+    scrubber = Scrubber()
+    export = build_tasks(rows, store.conversation, responses, k=params.k, scrub=scrubber.scrub)
+    store.close()
+    manifest = write_export(export, out / "export", selection_hash=selection_hash)
+    manifest["recognizers"] = scrubber.recognizers
+    return manifest
+
+
+@flow(name="flywheel", log_prints=True)
+def flywheel(params: FlywheelParameters) -> dict:
+    """Ingest -> judge -> select -> scrub -> export. Returns the report (also ``<out_dir>/report.json``)."""
+    logger = get_run_logger()
+    out = Path(params.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").unlink(missing_ok=True)  # written last: a failed run leaves none that looks current
+    db = params.db or str(out / "signals.duckdb")
+    ingested = ingest_task(db, params.events)
+    judged = judge_task(db, params)
+    rows, selection, turns = select_task(db, judged["judge"], params, out)
+    quality = quality_task(turns, params.expert_labels) if params.expert_labels else []
+    export = export_task(db, rows, params, out, selection["selection_hash"])
+    report = {
+        "db": db,
+        "ingested": ingested,
+        "judge": judged,
+        "selection": selection,
+        "signal_quality": quality,
+        "export": export,
+    }
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str))
+    atomic_write_text(out / "report.md", _markdown(report))
+    key = _key(out.name)
+    create_table_artifact(
+        key=f"flywheel-selection-{key}",
+        table=[{"group": "intent", "name": k, **v} for k, v in selection["by_intent"].items()]
+        + [{"group": "kind", "name": k, **v} for k, v in selection["by_kind"].items()],
+        description=f"Disagreement selection: {selection['n_selected']} of {selection['n_turns']} turns",
+    )
+    if quality:
+        create_table_artifact(
+            key=f"flywheel-signal-quality-{key}",
+            table=quality,
+            description="Weak-signal agreement with expert verdicts (Wilson 95% CI)",
+        )
+    create_table_artifact(
+        key=f"flywheel-pii-{key}",
+        table=[{"entity": k, "replaced": v} for k, v in export["pii_counts"].items()]
+        or [{"entity": "(none found)", "replaced": 0}],
+        description="Personal data replaced before export",
+    )
+    logger.info(
+        "flywheel: %d of %d turns selected, %d tasks exported to %s",
+        selection["n_selected"],
+        selection["n_turns"],
+        export["tasks"],
+        out / "export" / "tasks.json",
+    )
+    return report
+
+
+def _markdown(report: dict) -> str:
+    sel, exp = report["selection"], report["export"]
+    lines = [
+        "# Flywheel report",
+        "",
+        f"Turns {sel['n_turns']} (scored {sel['n_scored']}), disagreement candidates {sel['n_candidates']} "
+        f"({sel['n_duplicates']} duplicate prompts), budget {sel['budget']}, selected {sel['n_selected']}.",
+        "",
+        "| intent | share | quota | candidates | selected |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {k} | {v['share']} | {v['quota']} | {v['candidates']} | {v['selected']} |"
+        for k, v in sel["by_intent"].items()
+    ]
+    lines += ["", "| disagreement kind | candidates | selected |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v['candidates']} | {v['selected']} |" for k, v in sel["by_kind"].items()]
+    if report["signal_quality"]:
+        lines += [
+            "",
+            "Weak-signal agreement with expert verdicts (Wilson 95% CI):",
+            "",
+            "| signal | implies | n | agreement | CI |",
+            "|---|---|---:|---:|---|",
+        ]
+        lines += [
+            f"| {q['signal']} | {q['implies']} | {q['n']} | {q['agreement']} | [{q['ci_low']}, {q['ci_high']}] |"
+            for q in report["signal_quality"]
+        ]
+    lines += [
+        "",
+        f"Exported {exp['tasks']} pairwise tasks for {exp['turns']} turns; skipped {len(exp['skipped'])}.",
+        "Personal data replaced: " + (", ".join(f"{k} {v}" for k, v in exp["pii_counts"].items()) or "none"),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+@flow(name="flywheel-import", log_prints=True)
+def flywheel_import(params: ImportParameters) -> dict:
+    """Label Studio export -> expert pairs -> decontamination -> dataset version. Returns its manifest."""
+    from flywheel.annotation import read_label_studio_export, write_dataset_version
+    from flywheel.decontaminate import decontaminate, gate_suites_from_generations, gate_suites_from_recipe
+    from rlhf.hashing import file_hash
+
+    logger = get_run_logger()
+    export_dir = Path(params.export_dir)
+    tasks = json.loads((export_dir / "tasks.json").read_text())
+    exported = json.loads((export_dir / "export.json").read_text())
+    pairs, unlabelled = read_label_studio_export(params.labels, tasks)
+    suites: dict[str, list[str]] = {}
+    if params.gate_generations:
+        suites.update(gate_suites_from_generations(params.gate_generations))
+    if params.gates_recipe:
+        for name, prompts in gate_suites_from_recipe(params.gates_recipe).items():
+            suites.setdefault(name, []).extend(prompts)
+    if not suites:
+        raise ValueError(
+            "flywheel-import: no gate suites to decontaminate against; pass gate_generations "
+            "(runs/<r>/gates/generations.jsonl) or gates_recipe"
+        )
+    kept, report = decontaminate(pairs, suites)
+    lineage = {
+        "selection": exported["selection_hash"],
+        "export": exported["export_hash"],
+        "labels": file_hash(params.labels),
+    }
+    manifest = write_dataset_version(
+        kept,
+        unlabelled,
+        params.out_dir,
+        lineage=lineage,
+        decontamination=report,
+        heldout_fraction=params.heldout_fraction,
+    )
+    create_table_artifact(
+        key=f"flywheel-import-{manifest['version']}",
+        table=[
+            {
+                k: manifest[k]
+                for k in (
+                    "version",
+                    "n_labelled_tasks",
+                    "n_pairs",
+                    "n_no_majority_or_tie",
+                    "n_agreement_rows",
+                    "n_unlabelled_tasks",
+                )
+            }
+            | {"decontaminated": report["n_removed"]}
+        ],
+        description=f"Dataset version {manifest['version']} from {params.labels}",
+    )
+    logger.info(
+        "flywheel-import: %d labelled tasks, %d unlabelled, %d removed by decontamination, %d pairs, "
+        "%d agreement rows -> %s",
+        len(pairs),
+        len(unlabelled),
+        report["n_removed"],
+        manifest["n_pairs"],
+        manifest["n_agreement_rows"],
+        manifest["dir"],
+    )
+    return manifest
+
+
+def round_overrides(flywheel_data: str, *, min_agreement_rows: int = 8) -> dict[str, list[str]]:
+    """The round's stage overrides that make a flywheel dataset version its DPO and reward-model data.
+
+    ``dpo.train_data`` and ``reward_model.train_data`` = the version's ``pairs.jsonl``; ``reward_model.
+    agreement_data`` = its ``agreement.jsonl`` when it has at least ``min_agreement_rows`` rows (else the recipe's
+    stays, and the round log says so).
+
+    Raises:
+        FileNotFoundError: no ``manifest.json`` in ``flywheel_data``. ValueError: the version has no pairs.
+    """
+    path = Path(flywheel_data) / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{flywheel_data}: not a flywheel dataset version (no manifest.json)")
+    m = json.loads(path.read_text())
+    if not m.get("n_pairs"):
+        raise ValueError(f"{flywheel_data}: the dataset version has no training pairs")
+    out = {"dpo": ["--train_data", m["pairs"]], "reward_model": ["--train_data", m["pairs"]]}
+    if m.get("n_agreement_rows", 0) >= min_agreement_rows:
+        out["reward_model"] += ["--agreement_data", m["agreement"]]
+    return out
