@@ -132,13 +132,20 @@ class SignalStore:
         url: ``duckdb:///path``, ``postgresql+psycopg://...``, or a plain file path (DuckDB).
     """
 
-    def __init__(self, url: str | Path):
+    def __init__(self, url: str | Path, *, duckdb_threads: int | None = None):
         self.url = _url(url)
         self.engine = sa.create_engine(self.url)
         self.dialect = self.engine.dialect.name  # "duckdb" or "postgresql"
         if self.dialect not in ("duckdb", "postgresql"):
             raise ValueError(f"{self.url}: unsupported database {self.dialect!r}; use duckdb:/// or postgresql://")
+        if duckdb_threads and self.dialect == "duckdb":
+
+            @sa.event.listens_for(self.engine, "connect")
+            def _threads(dbapi_conn, _record):
+                dbapi_conn.execute(f"SET threads TO {int(duckdb_threads)}")
+
         metadata.create_all(self.engine)
+        self._hashes: dict[str, str] = {}  # text -> sha256, reused across the batches of an ingest
 
     def close(self) -> None:
         self.engine.dispose()
@@ -183,31 +190,40 @@ class SignalStore:
         logger.info("%s: %d rows, %d new events, %d duplicates", path, n, report.inserted, report.duplicates)
         return report
 
-    def _load(self, conn: sa.Connection, batch: pa.Table) -> None:
-        """Stage one validated batch and insert it (texts once, events once) inside ``conn``'s transaction."""
-        text_tab, event_tab = _split_texts(batch)
+    def _stage(self, conn: sa.Connection, name: str, table: pa.Table, like: str | None = None) -> None:
+        """Make ``table`` readable as ``name`` inside ``conn``'s transaction: DuckDB scans the Arrow table in place;
+        PostgreSQL gets a temporary table filled by ``COPY ... FROM STDIN`` (CSV written by pyarrow)."""
         raw = conn.connection.driver_connection
         if self.dialect == "duckdb":
-            raw.register("staging_texts", text_tab)
-            raw.register("staging_events", event_tab)
-        else:
-            for name, table, cols in (
-                ("staging_texts", text_tab, "hash text, text text, norm_hash text"),
-                ("staging_events", event_tab, None),
-            ):
-                conn.exec_driver_sql(
-                    f"CREATE TEMP TABLE IF NOT EXISTS {name} "
-                    + (f"({cols})" if cols else "(LIKE events INCLUDING DEFAULTS)")
-                )
-                conn.exec_driver_sql(f"TRUNCATE {name}")
-                buf = io.BytesIO()
-                import pyarrow.csv as pacsv
+            raw.register(name, table)
+            return
+        import pyarrow.csv as pacsv
 
-                pacsv.write_csv(table, buf)
-                with raw.cursor().copy(
-                    f"COPY {name} ({', '.join(table.column_names)}) FROM STDIN (FORMAT csv, HEADER true)"
-                ) as cp:
-                    cp.write(buf.getvalue())
+        cols = like or ", ".join(
+            f"{c} text" if pa.types.is_string(t) else f"{c} double precision"
+            for c, t in zip(table.column_names, table.schema.types)
+        )
+        conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS {name} ({cols})")
+        conn.exec_driver_sql(f"TRUNCATE {name}")
+        buf = io.BytesIO()
+        pacsv.write_csv(table, buf)
+        with raw.cursor().copy(
+            f"COPY {name} ({', '.join(table.column_names)}) FROM STDIN (FORMAT csv, HEADER true)"
+        ) as cp:
+            cp.write(buf.getvalue())
+
+    def _unstage(self, conn: sa.Connection, *names: str) -> None:
+        if self.dialect == "duckdb":
+            for name in names:
+                conn.connection.driver_connection.unregister(name)
+
+    def _load(self, conn: sa.Connection, batch: pa.Table) -> None:
+        """Stage one validated batch and insert it (texts once, events once) inside ``conn``'s transaction."""
+        text_tab, event_tab = _split_texts(batch, self._hashes)
+        if len(self._hashes) > 2_000_000:
+            self._hashes.clear()  # bounded memory; a miss only costs a re-hash
+        self._stage(conn, "staging_texts", text_tab)
+        self._stage(conn, "staging_events", event_tab, like="LIKE events INCLUDING DEFAULTS")
         # The same statements for both databases.
         conn.exec_driver_sql(
             "INSERT INTO texts (hash, text, norm_hash) SELECT hash, text, norm_hash FROM staging_texts "
@@ -217,9 +233,7 @@ class SignalStore:
         conn.exec_driver_sql(
             f"INSERT INTO events ({cols}) SELECT {cols} FROM staging_events ON CONFLICT (event_id) DO NOTHING"
         )
-        if self.dialect == "duckdb":
-            raw.unregister("staging_texts")
-            raw.unregister("staging_events")
+        self._unstage(conn, "staging_texts", "staging_events")
 
     # ---- reads -----------------------------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -325,27 +339,25 @@ class SignalStore:
         return {(a, b): float(s) for a, b, s in rows}
 
     def put_scores(self, judge: str, scores: dict[tuple[str, str], float]) -> None:
-        """Store judge scores (one transaction; a score already stored is kept)."""
+        """Store judge scores in one transaction (bulk staged like events; a score already stored is kept)."""
         if not scores:
             return
         tab = pa.table(
             {
-                "judge": [judge] * len(scores),
-                "prompt_hash": [k[0] for k in scores],
-                "response_hash": [k[1] for k in scores],
-                "score": np.asarray(list(scores.values()), dtype=np.float64),
+                "judge": pa.array([judge] * len(scores), pa.string()),
+                "prompt_hash": pa.array([k[0] for k in scores], pa.string()),
+                "response_hash": pa.array([k[1] for k in scores], pa.string()),
+                "score": pa.array(np.asarray(list(scores.values()), dtype=np.float64)),
             }
         )
         with self.engine.begin() as conn:
-            existing = self.cached_scores(judge)
-            rows = [
-                {"judge": judge, "prompt_hash": a, "response_hash": b, "score": float(s)}
-                for (a, b), s in scores.items()
-                if (a, b) not in existing
-            ]
-            if rows:
-                conn.execute(judge_scores.insert(), rows)
-        del tab
+            self._stage(conn, "staging_scores", tab)
+            conn.exec_driver_sql(
+                "INSERT INTO judge_scores (judge, prompt_hash, response_hash, score) "
+                "SELECT judge, prompt_hash, response_hash, score FROM staging_scores "
+                "ON CONFLICT (judge, prompt_hash, response_hash) DO NOTHING"
+            )
+            self._unstage(conn, "staging_scores")
 
 
 # ---- file reading and validation -----------------------------------------------------------------------------------
@@ -475,19 +487,32 @@ def _batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
     raise ValueError(f"{path}: unsupported event file type; expected .jsonl, .ndjson, .jsonl.gz or .parquet")
 
 
-def _hash_column(col: pa.ChunkedArray) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Hash each distinct text once. Returns (hash per row, distinct texts, their hashes)."""
+def _hash_column(col: pa.ChunkedArray, cache: dict[str, str]) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Hash each distinct text once (``cache`` carries hashes across batches).
+    Returns (hash per row, distinct texts, their hashes)."""
     enc = pc.dictionary_encode(col.combine_chunks())
     uniq = enc.dictionary.to_pylist()
-    hashes = pa.array([text_hash(s) for s in uniq], pa.string())
+    out = []
+    for s in uniq:
+        h = cache.get(s)
+        if h is None:
+            h = cache[s] = text_hash(s)
+        out.append(h)
+    hashes = pa.array(out, pa.string())
     return pc.take(hashes, enc.indices), pa.array(uniq, pa.string()), hashes
 
 
-def _split_texts(batch: pa.Table) -> tuple[pa.Table, pa.Table]:
+def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.Table]:
     """(texts table: hash, text, norm_hash; events table in ``EVENT_COLUMNS`` order)."""
-    p_row, p_txt, p_hash = _hash_column(batch["prompt"])
-    r_row, r_txt, r_hash = _hash_column(batch["response"])
-    p_norm = pa.array([text_hash(normalise_prompt(s)) for s in p_txt.to_pylist()], pa.string())
+    p_row, p_txt, p_hash = _hash_column(batch["prompt"], cache)
+    r_row, r_txt, r_hash = _hash_column(batch["response"], cache)
+    p_norm = pa.array(
+        [
+            cache.get("\0norm\0" + s) or cache.setdefault("\0norm\0" + s, text_hash(normalise_prompt(s)))
+            for s in p_txt.to_pylist()
+        ],
+        pa.string(),
+    )
     r_norm = pa.array([""] * len(r_txt), pa.string())  # responses are not deduplicated on their normal form
     text_tab = pa.table(
         {

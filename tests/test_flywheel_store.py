@@ -159,3 +159,17 @@ def test_normalise_prompt():
     assert normalise_prompt("  Hi,   THERE!\n") == "hi there"
     assert normalise_prompt("Ｈｉ there") == "hi there"  # NFKC folds full-width letters
     assert normalise_prompt("what's up?") == normalise_prompt("What s up")
+
+
+def test_judge_score_cache_on_both_databases(db_url, tmp_path):
+    store = SignalStore(db_url)
+    store.ingest(_jsonl(tmp_path / "a.jsonl", _rows(8)))
+    turns = store.turns("j1").to_pylist()
+    assert all(t["judge_score"] is None for t in turns)
+    keys = {(t["prompt_hash"], t["response_hash"]): float(i) for i, t in enumerate(turns)}
+    store.put_scores("j1", keys)
+    store.put_scores("j1", {k: 99.0 for k in keys})  # already stored: kept, not overwritten
+    assert store.cached_scores("j1") == keys
+    assert [t["judge_score"] for t in store.turns("j1").to_pylist()] == [float(i) for i in range(len(turns))]
+    assert store.cached_scores("j2") == {}
+    store.close()
