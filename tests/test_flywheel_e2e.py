@@ -31,7 +31,7 @@ def test_two_round_flywheel(tmp_path):
     from flywheel.simulate import held_truth, load_simulator_config, simulate
 
     runs = tmp_path / "runs"
-    r1 = rlhf_round(RoundParameters(preset="smoke", round_id="fw-r1", runs_dir=str(runs)))
+    rlhf_round(RoundParameters(preset="smoke", round_id="fw-r1", runs_dir=str(runs)))
     r1_dir = runs / "fw-r1"
     gens = r1_dir / "gates" / "generations.jsonl"
 
