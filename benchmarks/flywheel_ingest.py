@@ -73,10 +73,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def ingest(url: str, files: list[Path], threads: int) -> tuple[float, int, object]:
+def ingest(url: str, files: list[Path], threads: int, memory_limit: str) -> tuple[float, int, object]:
     from flywheel.store import SignalStore
 
-    store = SignalStore(url, duckdb_threads=threads)
+    store = SignalStore(url, duckdb_threads=threads, duckdb_memory_limit=memory_limit)
     t0 = time.perf_counter()
     rows = sum(store.ingest(f).rows for f in files)
     return time.perf_counter() - t0, rows, store
@@ -106,6 +106,7 @@ def main() -> int:
     ap.add_argument("--pg-events", type=int, default=1_000_000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-pg", action="store_true")
+    ap.add_argument("--memory-limit", default="2GB", help="DuckDB memory_limit")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     pa.set_cpu_count(args.threads)
@@ -114,7 +115,7 @@ def main() -> int:
     files = generate(tmp, args.events)
     print(f"generated {args.events:,} events in {len(files)} Parquet files: {time.perf_counter() - t0:.1f} s")
 
-    secs, rows, store = ingest(f"duckdb:///{tmp / 'bench.duckdb'}", files, args.threads)
+    secs, rows, store = ingest(f"duckdb:///{tmp / 'bench.duckdb'}", files, args.threads, args.memory_limit)
     t_judge, t_sel, summary = select(store)
     result = {
         "duckdb": {
@@ -136,7 +137,7 @@ def main() -> int:
         pg_files = generate(tmp / "pg", args.pg_events)
         try:
             with start_postgres() as url:
-                secs, rows, store = ingest(url, pg_files, args.threads)
+                secs, rows, store = ingest(url, pg_files, args.threads, args.memory_limit)
                 result["postgresql"] = {
                     "events": rows,
                     "ingest_s": round(secs, 1),

@@ -134,19 +134,23 @@ class SignalStore:
 
     Args:
         url: ``duckdb:///path``, ``postgresql+psycopg://...``, or a plain file path (DuckDB).
+        duckdb_threads, duckdb_memory_limit: DuckDB settings (e.g. ``2``, ``"2GB"``); ignored for PostgreSQL.
     """
 
-    def __init__(self, url: str | Path, *, duckdb_threads: int | None = None):
+    def __init__(self, url: str | Path, *, duckdb_threads: int | None = None, duckdb_memory_limit: str | None = None):
         self.url = _url(url)
         self.engine = sa.create_engine(self.url)
         self.dialect = self.engine.dialect.name  # "duckdb" or "postgresql"
         if self.dialect not in ("duckdb", "postgresql"):
             raise ValueError(f"{self.url}: unsupported database {self.dialect!r}; use duckdb:/// or postgresql://")
-        if duckdb_threads and self.dialect == "duckdb":
+        if (duckdb_threads or duckdb_memory_limit) and self.dialect == "duckdb":
 
             @sa.event.listens_for(self.engine, "connect")
-            def _threads(dbapi_conn, _record):
-                dbapi_conn.execute(f"SET threads TO {int(duckdb_threads)}")
+            def _settings(dbapi_conn, _record):
+                if duckdb_threads:
+                    dbapi_conn.execute(f"SET threads TO {int(duckdb_threads)}")
+                if duckdb_memory_limit:
+                    dbapi_conn.execute(f"SET memory_limit = '{duckdb_memory_limit}'")
 
         metadata.create_all(self.engine)
         self._hashes: dict[str, str] = {}  # text -> sha256, reused across the batches of an ingest
@@ -234,7 +238,7 @@ class SignalStore:
         are hashed by the database in the INSERT, which is several times faster than Python for millions of rows.
         """
         text_tab, event_tab = _split_texts(batch, self._hashes)
-        if len(self._hashes) > 2_000_000:
+        if len(self._hashes) > 200_000:
             self._hashes.clear()  # bounded memory; a miss only costs a re-hash
         self._stage(conn, "staging_texts", text_tab)
         self._stage(conn, "staging_events", event_tab, like=_STAGING_EVENTS_DDL)
