@@ -4,8 +4,8 @@ Prompts come from the bundled AlpacaEval annotations (805 real instructions in 5
 responses -- the GPT-4-turbo baseline and GPT-3.5-turbo -- and a judged preference between them), drawn by intent in
 the traffic table's proportions. A conversation has 1..``max_turns`` turns (each further turn with probability
 ``p_continue``); later turns ask another question of the same intent. A turn's response is, in order of
-preference: the round candidate's stored gate generation for that prompt (``runs/<r>/gates/generations.jsonl``),
-or one of the two bundled responses.
+preference: the round candidate's stored gate generation for that prompt (``runs/<r>/gates/generations.jsonl``;
+an empty generation is skipped), or one of the two bundled responses.
 
 Each turn has a simulated expert verdict (``expert_bad``): for a bundled response, whether the preference judged it
 the worse of the two; for a candidate generation (no held label), a draw with ``generation_bad_rate``. The weak
@@ -127,7 +127,8 @@ def _pool(cfg: SimulatorConfig) -> tuple[dict[str, list[dict]], dict[str, float]
     if cfg.generations:
         for line in Path(cfg.generations).read_text().splitlines():
             row = json.loads(line)
-            if row.get("suite") == "winrate" and isinstance(row.get("prompt"), str):
+            # An empty generation is no answer a user could react to: those prompts keep the bundled answers.
+            if row.get("suite") == "winrate" and isinstance(row.get("prompt"), str) and row["candidate"].strip():
                 gens[row["id"]] = row["candidate"]
     pool: dict[str, list[dict]] = {}
     for rec in load_alpaca_eval(cfg.prompts):

@@ -42,7 +42,11 @@ def test_two_round_flywheel(tmp_path):
         ),
         sim,
     )
-    assert rates["responses_from_candidate"] > 0  # production answers come from round 1's candidate
+    # Production answers come from round 1's candidate where it said something (the tiny smoke model often
+    # generates nothing; those prompts keep the bundled answers).
+    said = [json.loads(x) for x in gens.read_text().splitlines()]
+    said = [r for r in said if r["suite"] == "winrate" and r["candidate"].strip()]
+    assert (rates["responses_from_candidate"] > 0) == bool(said)
     fw = tmp_path / "fw"
     report = flywheel(
         FlywheelParameters(

@@ -85,3 +85,31 @@ def test_config_errors_and_refusal_detector(tmp_path):
     with pytest.raises(ValueError, match="thumbs_down_rate must be in"):
         load_simulator_config(RECIPE, thumbs_down_rate=1.5)
     assert is_refusal("I'm sorry, but I can't help with that.") and not is_refusal("Sure! Here is a poem.")
+
+
+def test_candidate_generations_answer_their_prompts(tmp_path):
+    gens = tmp_path / "generations.jsonl"
+    rows = [
+        {"suite": "winrate", "id": "alpaca_eval-0", "prompt": "p", "baseline": "b", "candidate": "CANDIDATE ANSWER"},
+        {"suite": "winrate", "id": "alpaca_eval-1", "prompt": "p", "baseline": "b", "candidate": "  "},  # empty
+        {"suite": "safe", "id": "alpaca_eval-2", "prompt": "p", "baseline": "b", "candidate": "not a winrate row"},
+    ]
+    gens.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # helpful_base only (alpaca_eval-0 and -1 are helpful_base prompts), so both items are drawn often
+    traffic = tmp_path / "traffic.csv"
+    traffic.write_text("intent,share\nhelpful_base,1.0\n")
+    out = tmp_path / "sim"
+    r = simulate(
+        load_simulator_config(
+            RECIPE, n_conversations=400, generations=str(gens), traffic_data=str(traffic), model_version="r1"
+        ),
+        out,
+    )
+    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    alts = [json.loads(x) for x in (out / "alternatives.jsonl").read_text().splitlines()]
+    by_item = {(a["conversation_id"], a["turn_id"]): a for a in alts}
+    cand_turns = {(a["conversation_id"], a["turn_id"]) for a in alts if a["responses"][0] == "CANDIDATE ANSWER"}
+    assert r["responses_from_candidate"] == len(cand_turns) > 0
+    assert all(by_item[k]["item_id"] == "alpaca_eval-0" for k in cand_turns)
+    assert not any(e["response"].strip() == "" for e in events)
+    assert all(by_item[k]["expert_bad"][0] in (True, False) for k in cand_turns)  # simulated verdict
