@@ -59,7 +59,8 @@ def test_two_round_flywheel(tmp_path):
             judge_max_length=256,
         )
     )
-    assert report["selection"]["n_selected"] == 40
+    sel = report["selection"]  # the budget, unless fewer distinct-prompt disagreements exist
+    assert sel["n_selected"] == min(40, sel["n_candidates"] - sel["n_duplicates"]) > 0
     tasks = json.loads((fw / "export" / "tasks.json").read_text())
     labels = tmp_path / "labels.json"
     labels.write_text(json.dumps(simulate_annotations(tasks, held_truth(sim / "alternatives.jsonl"), noise=0.15)))
