@@ -98,7 +98,7 @@ def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
     from data.bundle import demo_path
     from flywheel.select import SelectionConfig, load_traffic, select_turns
     from flywheel.store import SignalStore
-    from rlhf.hashing import json_hash
+    from rlhf.lineage import json_hash
 
     store = SignalStore(db)
     turns = store.turns(judge_id).to_pandas()
@@ -254,8 +254,10 @@ def _markdown(report: dict) -> str:
     lines = [
         "# Flywheel report",
         "",
-        f"Turns {sel['n_turns']} (scored {sel['n_scored']}), disagreement candidates {sel['n_candidates']} "
-        f"({sel['n_duplicates']} duplicate prompts), budget {sel['budget']}, selected {sel['n_selected']}.",
+        (
+            f"Turns {sel['n_turns']} (scored {sel['n_scored']}), disagreement candidates {sel['n_candidates']} "
+            f"({sel['n_duplicates']} duplicate prompts), budget {sel['budget']}, selected {sel['n_selected']}."
+        ),
         "",
         "| intent | share | quota | candidates | selected |",
         "|---|---:|---:|---:|---:|",
@@ -292,7 +294,7 @@ def flywheel_import(params: ImportParameters) -> dict:
     """Label Studio export -> expert pairs -> decontamination -> dataset version. Returns its manifest."""
     from flywheel.annotation import read_label_studio_export, write_dataset_version
     from flywheel.decontaminate import decontaminate, gate_suites_from_generations, gate_suites_from_recipe
-    from rlhf.hashing import file_hash
+    from rlhf.lineage import file_hash
 
     logger = get_run_logger()
     export_dir = Path(params.export_dir)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from data.expert import ExpertLabel, ExpertPair, write_agreement_data, write_training_pairs
-from rlhf.hashing import file_hash, json_hash
+from rlhf.lineage import file_hash, json_hash
 from rlhf.manifest import atomic_write_text
 
 __all__ = [

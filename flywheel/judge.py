@@ -6,8 +6,7 @@ hash, response hash), the judge id being the content hash of the reward-model ch
 scored before by the same judge is never scored again, whichever conversation it came from; a different
 checkpoint is a different judge.
 
-Rebase note: reward-model scoring lives in ``reward_model/scoring.py`` today and moves to ``judging/scoring.py``
-(issue 6); only :func:`reward_model_judge` imports it.
+Scoring is the shared ``judging.scoring`` (the same code the gates and the reward-model stage use).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhf.hashing import content_hash
+from rlhf.lineage import content_hash
 
 from .store import SignalStore
 
@@ -55,7 +54,7 @@ def reward_model_judge(path: str | Path, *, batch_size: int = 8, max_length: int
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from reward_model.scoring import score  # -> judging.scoring after the layout refactor (issue 6)
+    from judging.scoring import score
 
     ckpt = _checkpoint_of(path)
     loaded: dict = {}

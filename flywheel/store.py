@@ -402,7 +402,7 @@ _ARROW_SCHEMA = pa.schema(
 
 
 def _file_hash(path: Path) -> str:
-    from rlhf.hashing import file_hash
+    from rlhf.lineage import file_hash
 
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")

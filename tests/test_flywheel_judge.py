@@ -48,7 +48,7 @@ def _row(i, conv, turn, prompt, response, signal="thumbs_up"):
 def test_scores_are_cached_by_content_hash(tiny_rm, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from reward_model.scoring import score
+    from judging.scoring import score
 
     store = SignalStore(tmp_path / "s.duckdb")
     store.ingest(
