@@ -80,7 +80,12 @@ def test_two_round_flywheel(tmp_path):
             round_id="fw-r2",
             runs_dir=str(runs),
             flywheel_data=version["dir"],
-            overrides={"gates": ["--previous_round_dir", str(r1_dir / "gates")]},
+            # AlpacaEval answers run to ~600 tokens: the reward stage refuses pairs that do not fit (it never
+            # truncates silently), so round 2 lifts the smoke preset's cap of 256.
+            overrides={
+                "gates": ["--previous_round_dir", str(r1_dir / "gates")],
+                "reward_model": ["--max_length", "2048"],
+            },
         )
     )
     r2_dir = runs / "fw-r2"
