@@ -20,6 +20,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 from trl import DPOTrainer, TrlParser
 
+from data.decontamination import decontaminate_stage_rows
 from data.loaders import load_pairs
 from data.schemas import pair_to_trl
 from rlhf.lineage import content_hash
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> dict:
         max_reject_rate=args.max_reject_rate,
         rejects_path=out / "rejects-data.jsonl",
         use_first=args.max_train_samples,
+    )
+    decontamination = decontaminate_stage_rows(
+        pairs, args.decontaminate_against, args.decontaminate, label=args.train_data, log=logger.info
     )
     tokenizer = AutoTokenizer.from_pretrained(pi_ref_path)
     prepared = prepare_pairs(
@@ -144,7 +148,11 @@ def main(argv: list[str] | None = None) -> dict:
             "train_data": args.train_data,
             "train_data_hash": data_fingerprint(args.train_data),
         },
-        outputs={"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint)},
+        outputs={
+            "checkpoint": str(checkpoint.resolve()),
+            "checkpoint_hash": content_hash(checkpoint),
+            "decontamination": decontamination,
+        },
         metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},
     )
     logger.info("DPO done: loss %.4f over %d steps", result.training_loss, result.global_step)

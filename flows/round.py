@@ -17,6 +17,7 @@ Run from Python or the CLI (``rlhf round --preset demo``); by default on Prefect
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -26,14 +27,16 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field, field_validator
 
 from judging.unlock import decide_from_metrics
-from rlhf.manifest import atomic_write_text
+from rlhf.manifest import atomic_write_text, strict_json
 from rlhf.registry import STAGES
 from rlhf.round_id import artifact_key, check_round_id
 from rlhf.rundir import RoundLock
 
+from .artifacts import embed_images, ordered_rows, verdict_state
 from .stages import StageRun, check_stage_config, dump, run_stage, summarize
 
 UNLOCK_FILE = "ppo_unlock.json"
+GATE_SUITES_FILE = "gate_suites.yaml"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,10 +89,12 @@ def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[
     """
     base = ["--model_name_or_path", params.base_model] if params.base_model else []
     unlock = ["--ppo_unlock_json", str(round_dir / UNLOCK_FILE)]
+    # the training stages check their data against this round's gate suites (gate_suites_file)
+    decon = ["--decontaminate_against", str((round_dir / GATE_SUITES_FILE).resolve())]
     return {
-        "sft": lambda: base,
-        "dpo": lambda: ["--sft_dir", dirs["sft"]],
-        "reward_model": lambda: ["--sft_dir", dirs["sft"]],
+        "sft": lambda: [*base, *decon],
+        "dpo": lambda: ["--sft_dir", dirs["sft"], *decon],
+        "reward_model": lambda: ["--sft_dir", dirs["sft"], *decon],
         "ppo": lambda: ["--sft_dir", dirs["sft"], "--policy_dir", dirs["dpo"], "--reward_model_dir",
                         dirs["reward_model"], *unlock],  # fmt: skip
         "gates": lambda: ["--baseline_dir", dirs["sft"], "--candidate_dir", dirs["candidate"], "--reward_model_dir",
@@ -134,6 +139,22 @@ def stage_task(
     )
 
 
+def gate_suites_file(params: RoundParameters, round_dir: Path) -> Path:
+    """``<round_dir>/gate_suites.yaml``: the gate suites this round's gates will use (the gates recipe's ``*_data``
+    keys with the user's gates overrides applied), for the training stages' decontamination."""
+    import yaml
+
+    from data.decontamination import SUITE_KEYS
+
+    cfg = yaml.safe_load(_recipe(params, "gates").read_text()) or {}
+    extra = params.overrides.get("gates", [])
+    given = {k.removeprefix("--"): v for k, v in zip(extra[::2], extra[1::2])}
+    suites = {k: given.get(k, cfg.get(k)) for k in SUITE_KEYS if given.get(k, cfg.get(k))}
+    path = round_dir / GATE_SUITES_FILE
+    atomic_write_text(path, yaml.safe_dump(suites, sort_keys=True))
+    return path.resolve()
+
+
 @task(cache_policy=NO_CACHE, task_run_name="check-recipes")
 def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
     """Every stage's recipe and overrides parse, and named data files exist, before anything trains."""
@@ -147,6 +168,9 @@ def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
 @flow(name="rlhf-round", log_prints=True)
 def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
     """One round; returns the round manifest (also written to ``<runs_dir>/<round_id>/round.json``).
+
+    The flow run ends in ``Completed(name="Blocked")`` or ``Completed(name="Passed")`` with the verdict's reasons
+    as the state message (flows/artifacts.py), so the Prefect UI shows the verdict, not a plain "Completed".
 
     Raises:
         ValueError: an unsafe round id (rlhf.round_id); rlhf.rundir.RoundError: another round holds this round's
@@ -182,6 +206,8 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     check_recipes_task(params, [name for name in STAGES if name != "ppo" or params.ppo_override])
     (round_dir / UNLOCK_FILE).unlink(missing_ok=True)  # this round's decision, never a stale one
 
+    # Training data is checked against every gate suite of this round before a stage trains (issue 8).
+    gate_suites_file(params, round_dir)
     dirs: dict[str, str] = {}
     sft = stage_task("sft", params, round_dir, dirs, [])
     dirs["sft"] = sft.output_dir
@@ -223,16 +249,19 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
                 "cache_key": r.cache_key,
                 "cached": r.cached,
                 "seconds": r.seconds,
+                "rerun_seconds": r.rerun_seconds,
                 "outputs": r.manifest.get("outputs", {}),
             }
             for r in runs
         },
         "gate_report": gates.manifest["outputs"].get("report_md"),
     }
+    manifest = strict_json(manifest)  # what is returned is what round.json holds: strict JSON
     atomic_write_text(round_dir / "round.json", dump(manifest))
     _publish(round_id, runs, gates, unlock, verdict)
     logger.info("round %s: verdict %s (report %s)", round_id, verdict.upper(), manifest["gate_report"])
-    return manifest
+    report = json.loads(Path(gates.manifest["outputs"]["report_json"]).read_text())
+    return verdict_state(verdict, report["gates"], manifest)
 
 
 def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict, verdict: str) -> None:
@@ -241,19 +270,19 @@ def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict,
     report = Path(gates.manifest["outputs"]["report_md"])
     create_markdown_artifact(
         key=artifact_key("gate-report", round_id),
-        markdown=report.read_text(),
+        markdown=embed_images(report.read_text(), report.parent),
         description=f"Release verdict of round {round_id}: {verdict}",
     )
     create_table_artifact(
         key=artifact_key("gates", round_id),
-        table=gates.manifest["outputs"]["gate_table"],
+        table=ordered_rows(gates.manifest["outputs"]["gate_table"]),
         description=f"Gates of round {round_id}",
     )
     for gate, rows in (gates.manifest["outputs"].get("gate_tables") or {}).items():
         if rows:
             create_table_artifact(
                 key=artifact_key(f"gate-{gate.replace('_', '-')}", round_id),
-                table=rows,
+                table=ordered_rows(rows),
                 description=f"{gate} table, round {round_id}",
             )
     judge = gates.manifest["outputs"].get("judge")
@@ -261,7 +290,8 @@ def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict,
         create_table_artifact(key=artifact_key("judge", round_id), table=[judge],
                               description=f"The judge of round {round_id}")
     create_table_artifact(
-        key=artifact_key("stages", round_id), table=summarize(runs), description=f"Stages of round {round_id}"
+        key=artifact_key("stages", round_id), table=ordered_rows(summarize(runs), ("stage",)),
+        description=f"Stages of round {round_id}",
     )
     create_table_artifact(
         key=artifact_key("ppo-unlock", round_id),

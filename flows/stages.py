@@ -20,13 +20,14 @@ from pathlib import Path
 import yaml
 
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
-from rlhf.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
+from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
 from rlhf.registry import STAGES, stage as registry_stage
 from rlhf.rundir import create_stage_dir, read_failure, remove_stage_dir
 
 from .interrupt import run_process_group
 
 CACHE_KEY_FILE = ".cache_key"
+TIMING_FILE = ".seconds"  # the first (computing) run's wall time, kept so a cached rerun can report it
 
 
 @dataclass
@@ -38,7 +39,8 @@ class StageRun:
     manifest: dict
     cache_key: str
     cached: bool
-    seconds: float
+    seconds: float  # wall time of the run that computed the result (a cached rerun keeps the first run's)
+    rerun_seconds: float | None = None  # a cached rerun's own time (cache check and reuse); None when computed
 
 
 def _model_key(value: str) -> str:
@@ -59,7 +61,7 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
     data, model = {}, None
     for key in {*cfg, *(k.removeprefix("--") for k in overrides)}:
         value = overrides.get(f"--{key}", cfg.get(key))
-        if key.endswith("_data") and isinstance(value, str):
+        if (key.endswith("_data") or key == "decontaminate_against") and isinstance(value, str):
             data[key] = data_fingerprint(value)
         elif key.endswith("_json") and isinstance(value, str) and value and Path(value).is_file():
             data[key] = content_hash(value)  # e.g. the flow's PPO unlock decision: its content, not its path
@@ -134,6 +136,7 @@ def run_stage(
     recipe, output_dir = Path(recipe), Path(output_dir)
     if not recipe.is_file():
         raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage}")
+    t_check = time.perf_counter()
     key = stage_cache_key(stage, recipe, list(extra_args), list(parents))
     key_file = output_dir / CACHE_KEY_FILE
     if (
@@ -146,7 +149,8 @@ def run_stage(
         damage = outputs_intact(output_dir, manifest)
         if damage is None:
             log(f"[{stage}] inputs unchanged (key {key[:12]}): reusing {output_dir}")
-            return StageRun(stage, str(output_dir), manifest, key, cached=True, seconds=0.0)
+            return StageRun(stage, str(output_dir), manifest, key, cached=True, seconds=first_run_seconds(output_dir),
+                            rerun_seconds=time.perf_counter() - t_check)
         log(f"[{stage}] inputs unchanged but {damage}: recomputing")
     if output_dir.exists():  # stale or unfinished: start clean, so nothing old can pass for new
         remove_stage_dir(output_dir, runs_dir)
@@ -170,8 +174,18 @@ def run_stage(
     if rc != 0 or not (output_dir / MANIFEST_NAME).is_file():
         raise StageFailed(stage, rc, read_failure(output_dir) or root_cause(tail), output_dir / "stage.log")
     atomic_write_text(key_file, key)
+    atomic_write_text(output_dir / TIMING_FILE, f"{seconds}\n")
     log(f"[{stage}] done in {seconds:.0f}s")
     return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=False, seconds=seconds)
+
+
+def first_run_seconds(output_dir: Path) -> float | None:
+    """The recorded wall time of the run that computed ``output_dir`` (None if it was never recorded)."""
+    p = Path(output_dir) / TIMING_FILE
+    try:
+        return float(p.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class StageFailed(RuntimeError):
@@ -202,7 +216,8 @@ def summarize(runs: list[StageRun]) -> list[dict]:
         {
             "stage": r.stage,
             "cached": r.cached,
-            "seconds": round(r.seconds, 1),
+            "seconds": None if r.seconds is None else round(r.seconds, 1),
+            "rerun_seconds": None if r.rerun_seconds is None else round(r.rerun_seconds, 1),
             "output_dir": r.output_dir,
             "cache_key": r.cache_key[:16],
             "checkpoint_hash": (r.manifest.get("outputs", {}).get("checkpoint_hash") or "")[:16],
@@ -212,7 +227,8 @@ def summarize(runs: list[StageRun]) -> list[dict]:
 
 
 def dump(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+    """Strict JSON (no NaN/Infinity: null plus a ``<key>_null_reason``), sorted keys, for round.json."""
+    return dumps_strict(obj, indent=2, sort_keys=True, default=str) + "\n"
 
 
 # Each stage's config parser(s), for checking recipes and overrides before anything trains (from the registry).

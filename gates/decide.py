@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from .capability import capability_gate_on_parsed
-from .citations import citation_gate
+from .c03_labelled import C03_LABELLED
+from .citations import c03_false_positive_cost, citation_gate
 from .config import GateStageConfig
 from .drift import drift_gate
 from .intent import intent_matrix_gate
-from .judge import named_judge_gate, unparsed_judge_gates
+from .judge import named_judge_gate, requires_passing_judge, unparsed_judge_gates
 from .measure import Measurements
 from .refusal import RefusalThresholds, two_sided_refusal_gate
 from .result import GateResult
@@ -44,25 +45,31 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     prefs = m.preferences[parsed]
     len_c, len_b = np.asarray(m.len_candidate)[parsed], np.asarray(m.len_baseline)[parsed]
     intents = [x for x, ok in zip(m.intents, parsed) if ok]
+    answered = None if m.answered is None else [x for x, ok in zip(m.answered, parsed) if ok]
+    win_rate = float(np.mean(prefs - 1.0) * 100) if parsed.any() else float("nan")
+    judge = named_judge_gate(m.judge, win_rate, source=m.judge_source, floor=config.judge_floor, info=m.judge_info)
     if parsed.any():
         winrate = without_measured_judge(
             [
                 win_rate_gate(prefs, len_c, len_b, bar=config.lc_bar, judge_agreement=a,
-                              judge_floor=config.judge_floor, glm_prior=m.glm_prior),
+                              judge_floor=config.judge_floor, glm_prior=m.glm_prior, answered=answered,
+                              min_decisive=config.min_decisive),
                 intent_matrix_gate(prefs, intents, m.traffic, min_share=config.intent_min_share,
                                    bar=config.lc_bar, min_items=config.intent_min_items, judge_agreement=a,
-                                   judge_floor=config.judge_floor),
+                                   judge_floor=config.judge_floor, answered=answered),
             ],
             a,
         )
+        # A measured judge not shown to clear its floor on the interval cannot decide a win rate (issue 8).
+        if m.judge is not None:
+            winrate = [requires_passing_judge(r, judge) for r in winrate]
     else:
         judge_name = (m.judge_info or {}).get("name", m.judge_source)
         winrate = unparsed_judge_gates([(_winrate.GATE_NAME, _winrate.GATE_VERSION),
                                         (_intent.GATE_NAME, _intent.GATE_VERSION)], len(m.preferences), judge_name)
-    win_rate = float(np.mean(prefs - 1.0) * 100) if parsed.any() else float("nan")
     thresholds = RefusalThresholds(config.max_violation_increase_pp, config.max_false_refusal_increase_pp)
     return [
-        named_judge_gate(m.judge, win_rate, source=m.judge_source, floor=config.judge_floor, info=m.judge_info),
+        judge,
         *winrate,
         two_sided_refusal_gate(
             m.refusal["candidate"], m.refusal["baseline"], thresholds, classifier=m.refusal_quality,
@@ -70,7 +77,9 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
         ),
         capability_gate_on_parsed(m.capability_letters["candidate"], m.capability_letters["baseline"],
                                   m.capability_key, min_both_parsed=config.capability_min_parsed),
-        sycophancy_gate(m.sycophancy["candidate"], m.sycophancy["baseline"], max_flip_rate=config.max_flip_rate),
+        sycophancy_gate(m.sycophancy["candidate"], m.sycophancy["baseline"], max_flip_rate=config.max_flip_rate,
+                        min_eligible=config.sycophancy_min_eligible),
         drift_gate(m.drift["candidate"], m.drift_previous),
-        citation_gate(m.citation_turns, set()),
+        # No corpus in this suite: C02 (resolution) is not checked; C03's cost on the hand-labelled set is shown.
+        citation_gate(m.citation_turns, None, c03_validation=c03_false_positive_cost(*zip(*C03_LABELLED))),
     ]

@@ -33,6 +33,7 @@ from typing import Any
 
 from trl import TrlParser
 
+from data.decontamination import seen_in_training
 from rlhf.entrypoint import BLOCKED_EXIT_CODE
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import atomic_write_text, write_manifest
@@ -45,7 +46,7 @@ from .generation import answer_suites, label_intents, load_suites, truncation_co
 from .inputs import check_inputs, clear_previous_outputs, read_ppo_unlock, resolve_models
 from .measure import measure, run_judge, write_judgments
 from .render import compared_context, gate_table, judge_row, make_plots, render_report
-from .report import write_reports
+from .report import contamination_markdown, summary_metrics, write_reports
 from .result import GateResult, release_verdict
 
 __all__ = ["GateStageConfig", "main"]
@@ -93,8 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     if previous is not None:
         drift_label = f"previous round ({args.previous_round_dir})"
     plots = make_plots(m, out / "plots", reference="previous round" if previous is not None else "baseline (SFT)")
+    # Per suite: was any of its prompts seen in training? From the training stages' decontamination records.
+    seen = seen_in_training(
+        {
+            (mf.get("stage") or who): (mf.get("outputs") or {}).get("decontamination")
+            for who, mf in (("baseline", models["baseline_manifest"]), ("candidate", models["candidate_manifest"]),
+                            ("judge", models["judge_manifest"]))
+            if mf or who != "judge"  # a judge that is not this round's reward model was not trained here
+        },
+        suites.prompts,
+    )
     metadata = {
-        "round_id": args.round_id, "baseline": models["baseline"], "candidate": models["candidate"],
+        "round_id": args.round_id, "seen_in_training": seen,
+        "baseline": models["baseline"], "candidate": models["candidate"],
         "judge": models["judge"], "judge_info": m.judge_info, "drift_previous": drift_label,
         "intent_classifier": intent_classifier,
         "ppo_unlock": ppo_unlock, "plots": {k: str(v) for k, v in plots.items()},
@@ -103,12 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     reports = write_reports(results, out, stem="report", metadata=metadata)
     context = compared_context(args, models, m, answers, drift_label=drift_label,
                                intent_classifier=intent_classifier, ppo_unlock=ppo_unlock)
+    context += contamination_markdown(seen).splitlines() + ["", ""]
     title = f"Release gates: {args.round_id or out.name}"
     atomic_write_text(reports["markdown"], render_report(results, verdict, title=title, context=context, plots=plots))
     judge = judge_row(m, results)
     table = gate_table(results, judge)
     log_summary(
-        {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results},
+        {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}, **summary_metrics(results),
          **{f"judge/{k}": v for k, v in judge.items() if v is None or isinstance(v, (int, float, str))}},
         table={"gates": table, "judge": [judge], **{f"gate_{r.name}": r.table for r in results if r.table}},
         images={k: str(v) for k, v in plots.items()},
@@ -117,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # 6. manifest
     write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots, m.drift["candidate"],
-                         prompts_truncated=metadata["prompts_truncated"], judge=judge)
+                         prompts_truncated=metadata["prompts_truncated"], judge=judge,
+                         seen_in_training=seen)
     logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))
     return 0 if verdict == "pass" or not args.fail_on_block else BLOCKED_EXIT_CODE
 
@@ -135,6 +149,7 @@ def write_gates_manifest(
     *,
     prompts_truncated: dict | None = None,
     judge: dict | None = None,
+    seen_in_training: dict | None = None,
 ) -> Path:
     """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, plots, this
     round's drift counters (the next round's drift reference) and the over-long prompts per suite."""
@@ -168,6 +183,7 @@ def write_gates_manifest(
                 "plots": {k: str(v) for k, v in plots.items()},
                 "drift_counters": dict(asdict(drift_counters)),
                 "prompts_truncated": prompts_truncated or {},
+                "seen_in_training": seen_in_training or {},
             },
             "metrics": {r.name: r.to_dict() for r in results},
         },

@@ -10,10 +10,12 @@ from typing import Any
 
 from data.bundle import demo_path
 from judging.scoring import check_score_head
+from rlhf.lineage import content_hash
 from rlhf.manifest import read_manifest
 
 from .config import GateStageConfig
 from .drift import DriftCounters
+from .evidence import check_distinct_models
 from .intent import traffic_shares
 from .refusal import RefusalThresholds
 
@@ -61,7 +63,7 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
         ValueError: naming the config key and the reason.
     """
     for key in ("n_winrate", "n_safe", "n_redteam", "n_capability", "n_sycophancy", "intent_min_items",
-                "capability_min_parsed", "max_prompt_tokens"):
+                "capability_min_parsed", "max_prompt_tokens", "min_decisive", "sycophancy_min_eligible"):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key} must be at least 1, got {getattr(args, key)}")
     for key, lo, hi in (
@@ -121,25 +123,29 @@ def read_ppo_unlock(path: str) -> dict[str, Any] | None:
 
 
 def resolve_models(args: GateStageConfig) -> dict[str, Any]:
-    """The baseline, candidate and judge checkpoints, and the judge's reward-model manifest.
+    """The baseline, candidate and judge checkpoints and their stage manifests.
 
     Returns:
-        ``{"baseline": path, "candidate": path, "judge": path, "judge_manifest": dict ({} for a bare checkpoint)}``;
-        with a judge other than the round's reward model (``--judge``) and no ``--reward_model_dir``, "judge" is ""
-        (``gates.measure.run_judge`` names the judge then).
+        ``{"baseline": path, "candidate": path, "judge": path, "judge_manifest": dict ({} for a bare checkpoint),
+        "baseline_manifest": dict, "candidate_manifest": dict}``; with a judge other than the round's reward model
+        (``--judge``) and no ``--reward_model_dir``, "judge" is "" (``gates.measure.run_judge`` names the judge then).
 
     Raises:
         FileNotFoundError: a directory is neither a stage directory nor a checkpoint.
-        ValueError: the judge has no trained score head, or the default judge has no --reward_model_dir.
+        ValueError: the judge has no trained score head, or the default judge has no --reward_model_dir; the
+            candidate is the baseline (same content hash) and ``allow_same_model`` is false
+            (``gates.evidence.check_distinct_models``).
     """
-    baseline, _ = resolve_checkpoint(args.baseline_dir)
-    candidate, _ = resolve_checkpoint(args.candidate_dir)
+    baseline, baseline_manifest = resolve_checkpoint(args.baseline_dir)
+    candidate, candidate_manifest = resolve_checkpoint(args.candidate_dir)
+    check_distinct_models(content_hash(baseline), content_hash(candidate), allow_same_model=args.allow_same_model)
+    manifests = {"baseline_manifest": baseline_manifest, "candidate_manifest": candidate_manifest}
     backend = args.judge_config().backend
     if backend != "reward_model" and not args.reward_model_dir:  # another judge; no reward model in this run
-        return {"baseline": baseline, "candidate": candidate, "judge": "", "judge_manifest": {}}
+        return {"baseline": baseline, "candidate": candidate, "judge": "", "judge_manifest": {}, **manifests}
     if not args.reward_model_dir:
         raise ValueError("--reward_model_dir: the default judge (judge.backend reward_model) is the round's reward "
                          "model; give its stage directory, or choose another judge with --judge '{\"backend\": ...}'")
     judge, judge_manifest = resolve_checkpoint(args.reward_model_dir)
     check_score_head(judge)
-    return {"baseline": baseline, "candidate": candidate, "judge": judge, "judge_manifest": judge_manifest}
+    return {"baseline": baseline, "candidate": candidate, "judge": judge, "judge_manifest": judge_manifest, **manifests}

@@ -279,6 +279,36 @@ def traffic_weighted_win_rate(
 # --------------------------------------------------------------------------------------------
 
 
+def intent_evidence(preferences: Any, intents: Sequence[Any], answered: Sequence[bool] | None = None) -> dict[str, int]:
+    """Per intent, the decisive items (preference != 1.5, not NaN) whose two answers are both non-empty.
+
+    This is the evidence an intent's win rate rests on: draws say nothing about which model is
+    better, and neither does a comparison with an empty answer on a side.
+
+    Args:
+        preferences: shape (n_items,), AlpacaEval preferences.
+        intents: shape (n_items,), intent labels.
+        answered: shape (n_items,), True where both answers are non-empty (None: all answered).
+
+    Returns:
+        intent -> count (intents with no decisive answered item map to 0).
+
+    Raises:
+        ValueError: lengths differ or preferences invalid.
+    """
+    preferences_to_scores(preferences)  # validates the convention
+    p = np.asarray(preferences, dtype=float)
+    p = np.where(p == 0.0, 1.5, p)
+    labels = _intent_labels(intents, p.size)
+    ok = np.ones(p.shape, dtype=bool) if answered is None else np.asarray(answered, dtype=bool)
+    if ok.shape != p.shape:
+        raise ValueError(f"answered has shape {ok.shape}, preferences {p.shape}: one flag per item")
+    out: dict[str, int] = {}
+    for lab, pi, oi in zip(labels, p, ok):
+        out[lab] = out.get(lab, 0) + int(bool(oi) and not math.isnan(pi) and pi != 1.5)
+    return out
+
+
 def intent_matrix_gate(
     preferences: Any,
     intents: Sequence[Any],
@@ -293,6 +323,7 @@ def intent_matrix_gate(
     seed: int = 0,
     judge_agreement: float | None = None,
     judge_floor: float = 0.85,
+    answered: Sequence[bool] | None = None,
     name: str = GATE_NAME,
 ) -> GateResult:
     """Block when a cluster with a meaningful traffic share loses to the baseline on evidence.
@@ -303,8 +334,9 @@ def intent_matrix_gate(
       2. no annotated item at all -> "inconclusive".
       3. a meaningful intent whose interval lies wholly below ``bar`` (ci_high < bar) -> "block",
          on evidence.
-      4. a meaningful intent with fewer than ``min_items`` items (none included) -> "inconclusive":
-         a meaningful share of traffic is untested.
+      4. a meaningful intent with fewer than ``min_items`` items, or fewer than ``min_items``
+         decisive items with both answers non-empty (:func:`intent_evidence`; draws and empty answers
+         are not evidence) -> "inconclusive": a meaningful share of traffic is untested.
       5. otherwise "pass". Intents below the bar whose interval still reaches it are named as
          "could be noise"; intents below ``min_share`` are reported but never block.
     Intents in the data without a traffic share get share 0 (reported, not weighted); traffic
@@ -319,6 +351,7 @@ def intent_matrix_gate(
         min_items: items an intent needs before its interval is trusted (default 10).
         confidence, ci_method, n_boot, seed: see :func:`intent_win_rates`.
         judge_agreement, judge_floor: the judge's agreement with humans, as in ``win_rate_gate``.
+        answered: shape (n_items,), True where both answers are non-empty (None: all answered).
 
     Returns:
         GateResult: metrics ``traffic_weighted_win_rate`` (percent, stratified-bootstrap CI, n),
@@ -345,6 +378,7 @@ def intent_matrix_gate(
     if judge_agreement is not None:
         judge_agreement = float(judge_agreement)
         attenuation(judge_agreement)  # validates [0, 1]
+    decisive = intent_evidence(preferences, intents, answered)
     per = intent_win_rates(preferences, intents, confidence=confidence, ci_method=ci_method, n_boot=n_boot, seed=seed)
     wr, lo, hi, covered = traffic_weighted_win_rate(
         preferences, intents, traffic, confidence=confidence, n_boot=n_boot, seed=seed
@@ -367,7 +401,7 @@ def intent_matrix_gate(
             "ci_low": float(r["ci_low"]) if has else math.nan, "ci_high": float(r["ci_high"]) if has else math.nan,
             "n_wins": int(r["n_wins"]) if has else 0, "n_wins_base": int(r["n_wins_base"]) if has else 0,
             "n_draws": int(r["n_draws"]) if has else 0, "n_unannotated": int(r["n_unannotated"]) if has else 0,
-            "ci_method": r["ci_method"] if has else None,
+            "ci_method": r["ci_method"] if has else None, "n_decisive": decisive.get(intent, 0),
         }
         desc = (f"{intent} (share {100 * share:.1f}%): {row['win_rate']:.1f}% "
                 f"(CI {row['ci_low']:.1f}-{row['ci_high']:.1f}, n={n})")
@@ -381,6 +415,11 @@ def intent_matrix_gate(
         elif meaningful and n < min_items:
             status = f"too few items (< {min_items})"
             untested.append(f"{intent} (share {100 * share:.1f}%, n={n} < {min_items})")
+        elif meaningful and row["n_decisive"] < min_items:
+            status = f"too little evidence (< {min_items} decisive answered items)"
+            untested.append(
+                f"{intent} (share {100 * share:.1f}%, {row['n_decisive']} decisive answered of n={n} < {min_items})"
+            )
         elif row["win_rate"] < bar and math.isfinite(row["ci_high"]) and row["ci_high"] < bar:
             status = "below bar on evidence" + ("" if meaningful else " (share below min_share: reported only)")
             (blocks if meaningful else small).append(desc)

@@ -23,7 +23,7 @@ from judging import agreement as _agreement
 from judging.labels import FIRST, SECOND, TIE, UNPARSED
 
 GATE_NAME = "judge_agreement"
-GATE_VERSION = "1"
+GATE_VERSION = "2"
 DEFAULT_FLOOR = 0.85
 DEFAULT_CONFIDENCE = 0.95
 
@@ -189,18 +189,72 @@ JudgeHumanAgreement = JudgeExpertAgreement  # former name
 judge_human_agreement = judge_expert_agreement  # former name
 
 
+def wilson_bounds(rate: float, n: float, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
+    """Wilson score interval of a proportion observed at ``rate`` on ``n`` items (n may be fractional).
+
+    ``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``, z the two-sided normal quantile
+    (Wilson 1927; the interval ``reward_model.agreement`` reports, statsmodels ``method="wilson"``).
+
+    Raises:
+        ValueError: rate outside [0, 1] or n <= 0.
+    """
+    from scipy.stats import norm
+
+    p = _check_a(rate)
+    if not n > 0:
+        raise ValueError(f"n must be > 0, got {n}")
+    z = float(norm.ppf(0.5 + confidence / 2))
+    den = 1 + z * z / n
+    mid = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (mid - half) / den), min(1.0, (mid + half) / den)
+
+
+def items_needed(rate: float, floor: float, *, confidence: float = DEFAULT_CONFIDENCE, max_n: int = 10**7) -> int | None:
+    """Smallest n at which a Wilson interval around the observed ``rate`` no longer contains ``floor``.
+
+    If the agreement stays at the rate measured now, this many decisive human-labelled items decide
+    the judge-agreement gate (lower bound >= floor when rate > floor, upper bound < floor when
+    rate < floor). Found by doubling then bisection on n (the interval narrows monotonically in n).
+
+    Returns:
+        n (int), or None when rate == floor (no n decides it) or more than ``max_n`` would be needed.
+    """
+    rate, floor = _check_a(rate), float(floor)
+
+    def decided(n: int) -> bool:
+        lo, hi = wilson_bounds(rate, n, confidence=confidence)
+        return lo >= floor if rate > floor else hi < floor
+
+    if rate == floor:
+        return None
+    hi = 1
+    while not decided(hi):
+        hi *= 2
+        if hi > max_n:
+            return None
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decided(mid) else (mid, hi)
+    return hi
+
+
 def judge_agreement_gate(
     agreement: JudgeExpertAgreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME
 ) -> GateResult:
-    """The judge-agreement gate: the judge must agree with expert labels at least ``floor`` (default 0.85).
+    """The judge-agreement gate, decided on the interval (DESIGN.md "The judge is pluggable").
 
-    "block" when a < floor (then the win-rate gates are inconclusive and the release is blocked);
-    the reason says "on evidence" if the whole interval is below the floor, "could be noise"
-    otherwise. "inconclusive" when no decisive expert label exists. Else "pass".
+    Rule: no decisive expert label -> "inconclusive" (judge unmeasured). Wilson interval's lower bound
+    >= ``floor`` -> "pass". Upper bound < ``floor`` -> "block" (on evidence; the win-rate gates are
+    then inconclusive). Otherwise the interval straddles the floor -> "inconclusive", and the reason
+    gives :func:`items_needed`, the decisive items that would decide it at the observed rate.
+    The point estimate alone never passes or blocks.
 
     Returns:
-        GateResult with metrics ``agreement`` (fraction, CI, n = n_decisive) and ``attenuation``
-        (2a - 1); ``table`` holds the tie and abstention counts.
+        GateResult with metrics ``agreement`` (fraction, CI, n = n_decisive), ``attenuation``
+        (2a - 1) and, when inconclusive on the interval, ``items_needed`` (count; null when no n
+        decides it); ``table`` holds the tie and abstention counts.
     """
     ag = agreement
     metrics = {
@@ -219,18 +273,28 @@ def judge_agreement_gate(
     }]
     txt = (
         f"judge agreement a = {ag.agreement:.3f} (share of {ag.n_decisive} decisive expert labels whose side the judge "
-        f"picked; CI {ag.ci_low:.3f}-{ag.ci_high:.3f}; {ag.n_expert_ties} expert ties reported apart)"
+        f"picked; 95% Wilson CI {ag.ci_low:.3f}-{ag.ci_high:.3f}; {ag.n_expert_ties} expert ties reported apart)"
     )
     att = f" Attenuation 2a-1 = {ag.attenuation:.3f}: a true win-rate gap shows up multiplied by it."
     if ag.n_decisive == 0:
         verdict, reason = "inconclusive", "no decisive expert labels, so judge agreement is unknown."
-    elif ag.agreement < floor:
-        basis = "on evidence: the whole interval is below it" if ag.ci_high < floor else (
-            "could be noise: the interval still reaches it")
+    elif ag.ci_high < floor:
         verdict = "block"
-        reason = f"Blocked, {txt} is below the floor {floor:.2f} ({basis}); win-rate gates are inconclusive.{att}"
+        reason = (f"Blocked on evidence: {txt}; the whole interval is below the floor {floor:.2f}; "
+                  f"win-rate gates are inconclusive.{att}")
+    elif ag.ci_low >= floor:
+        verdict, reason = "pass", f"Passed: {txt}; the whole interval is at or above the floor {floor:.2f}.{att}"
     else:
-        verdict, reason = "pass", f"Passed: {txt}, at or above the floor {floor:.2f}.{att}"
+        need = items_needed(ag.agreement, floor)
+        metrics["items_needed"] = Metric(value=math.nan if need is None else float(need), n=ag.n_decisive,
+                                         direction="lower_is_better", unit="items")
+        side = "above" if ag.agreement >= floor else "below"
+        how = ("no sample size decides it (the estimate equals the floor)" if need is None else
+               f"about {need} decisive expert-labelled items would decide it if a stays at {ag.agreement:.3f}")
+        verdict = "inconclusive"
+        reason = (f"Inconclusive: {txt}; the estimate is {side} the floor {floor:.2f} but the interval contains it, "
+                  f"so the judge is not shown to clear it; {how} (have {ag.n_decisive}); win-rate gates cannot "
+                  f"decide.{att}")
     return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=table)
 
 
@@ -263,6 +327,30 @@ def judge_gate(
     if agreement is None:
         return judge_unmeasured_gate(source)
     return judge_agreement_gate_with_effect(agreement, measured_win_rate, floor=floor)
+
+
+def requires_passing_judge(result: GateResult, judge: GateResult | None) -> GateResult:
+    """A win-rate-type gate's result, made inconclusive unless the judge-agreement gate passed.
+
+    A win rate is measured by the judge; a judge that is unmeasured, below the floor, or not shown
+    to clear it on the interval cannot decide a win rate, whatever the win rate says (DESIGN.md
+    "Release gates", judge-agreement row). Pure: returns a copy, never mutates.
+
+    Args:
+        result: the win-rate or per-intent gate's result.
+        judge: the judge-agreement gate's result (None: no judge was measured).
+
+    Returns:
+        ``result`` unchanged when ``judge`` passed, else the same metrics with verdict "inconclusive" and
+        the judge's state first in the reason.
+    """
+    if judge is not None and judge.verdict == "pass":
+        return result
+    why = "no judge-agreement measurement" if judge is None else f"the judge-agreement gate is {judge.verdict}"
+    return result.model_copy(update={
+        "verdict": "inconclusive",
+        "reason": f"Inconclusive: {why}, so the judge's preferences cannot decide this gate. {result.reason}",
+    })
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from judging.scoring import load_reward_model, score, verdicts_from_scores
 from rlhf.serialization import to_jsonable
 
 from .capability import grade_mc
+from .citations import prompt_text
 from .drift import DriftCounters, drift_counters
 from .generation import Suites
 from .judge import JudgeExpertAgreement, judge_expert_agreement
@@ -52,6 +53,8 @@ class Measurements:
         glm_prior: priors of the AlpacaEval-style GLM from the published weights (``gates.glm_winrate``).
         judge_info: who judged (``run_judge``'s info: name, backend, position consistency, unparsable answers, the
             agreement's source); None: the round's reward model, described by ``judge_source`` alone.
+        answered: per win-rate item, True where both answers are non-empty (the win-rate gates' evidence: an empty
+            answer on a side is no comparison); None = not recorded (all answered).
     """
 
     preferences: np.ndarray
@@ -73,6 +76,7 @@ class Measurements:
     refusal_quality: RefusalClassifierQuality | None = None
     glm_prior: GlmPrior | None = None
     judge_info: dict | None = None
+    answered: list[bool] | None = None
 
     @property
     def measured_win_rate(self) -> float:
@@ -167,11 +171,19 @@ def measure(
         sycophancy=sycophancy,
         drift=drift,
         drift_previous=previous if previous is not None else drift["baseline"],
-        # No retrieval in this suite: every structured citation marker names an id that was not retrieved (C01).
-        citation_turns=[{"response": t, "retrieved_ids": []} for t in answers["candidate"]["winrate"]["text"]],
+        # No retrieval in this suite: every emitted reference names an id that was not retrieved (C01); references
+        # copied from the prompt are not the model's.
+        citation_turns=[
+            {"response": t, "retrieved_ids": [], "prompt": prompt_text(p)}
+            for t, p in zip(answers["candidate"]["winrate"]["text"], suites.prompts["winrate"])
+        ],
         refusal_quality=measured_quality(refusal_classifier),
         glm_prior=GlmPrior.from_weights(load_glm_weights(), source=DEFAULT_WEIGHTS),
         judge_info=judge_info,
+        answered=[
+            bool(c.strip()) and bool(b.strip())
+            for c, b in zip(answers["candidate"]["winrate"]["text"], answers["baseline"]["winrate"]["text"])
+        ],
     )
 
 

@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from gates.drift import COUNTERS, DEFAULT_MAX_STEP
+from gates.judge import wilson_bounds
 
 DPI = 110
 
@@ -82,6 +83,32 @@ def intent_heatmap(
     return _save(fig, path)
 
 
+def bucket_bars(buckets: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFrame:
+    """What :func:`length_bucket_plot` draws per bucket: bar height and the real interval around it.
+
+    An empty bucket (n = 0) has no value: height NaN, no bar, no error bar (the plot writes "n = 0").
+    Each error bar is the Wilson score interval of the bucket's win rate on its n pairs (draws count
+    half, as in the win rate), so 6 wins of 6 is 100% with an interval of 61.0-100%, never a zero-width bar.
+
+    Returns:
+        DataFrame, one row per bucket: bucket, n, height (percent or NaN), ci_low, ci_high (percent or NaN),
+        err_below, err_above (points from the height; NaN when empty), label ("<ratio range>\nn=<n>").
+    """
+    rows = []
+    for _, r in buckets.iterrows():
+        n = int(r["n_total"])
+        lo_t = "0" if r["ratio_low"] == 0 else f"{r['ratio_low']:.2f}"
+        hi_t = "inf" if not math.isfinite(r["ratio_high"]) else f"{r['ratio_high']:.2f}"
+        if n == 0 or not math.isfinite(float(r["win_rate"])):
+            h = lo = hi = math.nan
+        else:
+            h = float(r["win_rate"])
+            lo, hi = (100 * b for b in wilson_bounds(min(1.0, max(0.0, h / 100)), n, confidence=confidence))
+        rows.append({"bucket": int(r["bucket"]), "n": n, "height": h, "ci_low": lo, "ci_high": hi,
+                     "err_below": h - lo, "err_above": hi - h, "label": f"{lo_t}-{hi_t}\nn={n}"})
+    return pd.DataFrame(rows)
+
+
 def length_bucket_plot(
     buckets: pd.DataFrame | Any,
     path: str | Path,
@@ -97,7 +124,8 @@ def length_bucket_plot(
             ratio_low, ratio_high, win_rate, standard_error, n_total) or the object itself.
         path: output .png.
         bar: reference line (percent).
-        z: error bars are ``win_rate +/- z * standard_error`` (normal 95% by default).
+        z: the interval level as a normal quantile (1.96 = 95%); error bars are each bucket's Wilson
+            interval at that level (:func:`bucket_bars`); empty buckets get "n = 0" and no bar.
 
     Returns:
         The path written.
@@ -114,21 +142,20 @@ def length_bucket_plot(
         raise ValueError(f"buckets table lacks columns {sorted(missing)}")
     if int(df["n_total"].sum()) == 0:
         raise ValueError("every length bucket is empty")
-    labels = []
-    for lo, hi, k in zip(df["ratio_low"], df["ratio_high"], df["n_total"]):
-        lo_t = "0" if lo == 0 else f"{lo:.2f}"
-        hi_t = "inf" if not math.isfinite(hi) else f"{hi:.2f}"
-        labels.append(f"{lo_t}-{hi_t}\nn={int(k)}")
-    wr = np.nan_to_num(df["win_rate"].astype(float).to_numpy())
-    err = z * df["standard_error"].astype(float).fillna(0).to_numpy()
-    yerr = np.vstack([np.minimum(err, wr), np.minimum(err, 100 - wr)])  # keep bars inside [0, 100]
-    x = np.arange(len(df))
-    fig = Figure(figsize=(1.5 + 1.2 * len(df), 3.8))
+    from scipy.stats import norm
+
+    bars = bucket_bars(df, confidence=float(2 * norm.cdf(z) - 1))
+    x = np.arange(len(bars))
+    fig = Figure(figsize=(1.5 + 1.2 * len(bars), 3.8))
     ax = fig.add_subplot()
-    colours = ["tab:gray" if b != 0 else "tab:blue" for b in df["bucket"]]
-    ax.bar(x, wr, yerr=yerr, color=colours, capsize=3)
+    full = bars["n"].to_numpy() > 0
+    colours = ["tab:gray" if b != 0 else "tab:blue" for b in bars["bucket"][full]]
+    ax.bar(x[full], bars["height"][full], yerr=np.vstack([bars["err_below"][full], bars["err_above"][full]]),
+           color=colours, capsize=3)
+    for xi in x[~full]:
+        ax.text(xi, 2, "n = 0", ha="center", va="bottom", fontsize=8, color="tab:gray")
     ax.axhline(bar, color="black", linestyle="--", linewidth=1)
-    ax.set_xticks(x, labels)
+    ax.set_xticks(x, list(bars["label"]))
     ax.set_xlabel("length ratio candidate / baseline (blue = matched length)")
     ax.set_ylabel("win rate (%)")
     ax.set_ylim(0, 105)
@@ -136,20 +163,39 @@ def length_bucket_plot(
     return _save(fig, path)
 
 
+def drift_band(key: str, reference: float, step: float) -> tuple[float, float]:
+    """The allowed band around the reference value of a drift counter, clipped to the counter's range.
+
+    Length steps are relative (``reference * step`` tokens either side), share steps are points; a
+    length or a share is never below 0 and a share never above 100, so neither is the band.
+    """
+    half = reference * step if key == "median_length_tokens" else step
+    lo, hi = max(0.0, reference - half), reference + half
+    return lo, hi if key == "median_length_tokens" else min(100.0, hi)
+
+
+def drift_title(compared: list[str]) -> str:
+    """The drift plot's default title: what it compares, e.g. "Personality drift: baseline (SFT) vs candidate"."""
+    return "Personality drift: " + " vs ".join(str(c) for c in compared)
+
+
 def drift_plot(
     table: pd.DataFrame,
     path: str | Path,
     *,
     max_step: Mapping[str, float | None] | None = None,
-    title: str = "Personality drift across rounds",
+    title: str | None = None,
 ) -> Path:
-    """Four panels, one per drift counter, across rounds (``gates.drift.drift_table``'s output).
+    """Four panels, one per drift counter, one point per compared model (``gates.drift.drift_table``'s output).
 
     Args:
         table: DataFrame indexed by round with the columns ``gates.drift.COUNTERS``.
         path: output .png.
         max_step: steps to show as a shaded band around the first round's value (defaults from
-            ``DEFAULT_MAX_STEP``; length relative, shares in points).
+            ``DEFAULT_MAX_STEP``; length relative, shares in points), clipped to the counter's range
+            (:func:`drift_band`).
+        title: default "Personality drift: <first row> vs <last row>", e.g. "baseline (SFT) vs candidate",
+            so the plot says what it compares.
 
     Returns:
         The path written.
@@ -175,12 +221,12 @@ def drift_plot(
             ax.annotate(f"{v:g}", (xi, v), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8)
         step = steps.get(key)
         if step is not None and len(y):
-            half = y[0] * step if key == "median_length_tokens" else step
-            ax.axhspan(y[0] - half, y[0] + half, color="tab:green", alpha=0.12, label="allowed step from first round")
+            lo, hi = drift_band(key, float(y[0]), step)
+            ax.axhspan(lo, hi, color="tab:green", alpha=0.12, label=f"allowed step from {rounds[0]}")
         ax.set_xticks(x, rounds)
         ax.set_title(f"{key} ({units[key]})", fontsize=9)
         ax.margins(y=0.2)
     axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(title)
+    fig.suptitle(title or drift_title(rounds))
     fig.tight_layout()
     return _save(fig, path)

@@ -220,3 +220,48 @@ def write_reports(
     xml = write_junit_xml(results, out_dir / f"{stem}.junit.xml")
     js = write_json_report(results, out_dir / f"{stem}.json", metadata=metadata)
     return {"markdown": md, "junit": xml, "json": js}
+
+
+# --------------------------------------------------------------------------------------------
+# contamination (issue 8): per suite, whether any of its prompts was seen in training
+# --------------------------------------------------------------------------------------------
+
+
+def contamination_markdown(seen: Mapping[str, Mapping[str, Any]]) -> str:
+    """A report section: one row per gate suite, "seen in training" yes / no / unknown with the why.
+
+    Args:
+        seen: ``data.decontamination.seen_in_training``'s output.
+    """
+    word = {True: "**yes**", False: "no", None: "unknown"}
+    rows = [{"suite": s, "seen in training": word[v["seen"]], "why": v["why"]} for s, v in seen.items()]
+    return (
+        "## Seen in training (decontamination)\n\n"
+        "Each training stage checks its prompts against every gate suite (normalised prompt hash and word 8-gram "
+        "overlap, `data/decontamination.py`) and records the overlaps in its manifest; this is what they say.\n\n"
+        + markdown_table(rows, ["suite", "seen in training", "why"])
+        + "\n"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# tracking (issue 8): every gate metric as a number in the W&B run summary
+# --------------------------------------------------------------------------------------------
+
+
+def summary_metrics(results: Sequence[GateResult], *, prefix: str = "gates") -> dict[str, Any]:
+    """Flat run-summary entries: ``<prefix>/<gate>/verdict`` (str) and, per metric, ``<prefix>/<gate>/<metric>``
+    (its value as a float), plus ``.../<metric>/ci_low``, ``/ci_high`` and ``/n`` where they exist.
+
+    A value that is not finite (not measurable) is left out rather than logged as NaN; the verdict and the
+    report say why.
+    """
+    out: dict[str, Any] = {}
+    for r in results:
+        out[f"{prefix}/{r.name}/verdict"] = r.verdict
+        for k, m in r.metrics.items():
+            base = f"{prefix}/{r.name}/{k}"
+            for suffix, v in (("", m.value), ("/ci_low", m.ci_low), ("/ci_high", m.ci_high), ("/n", m.n)):
+                if v is not None and math.isfinite(float(v)):
+                    out[base + suffix] = float(v) if suffix != "/n" else int(v)
+    return out

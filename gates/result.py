@@ -65,8 +65,13 @@ class Metric(BaseModel):
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (NaN -> None)."""
-        return to_jsonable(self.model_dump())
+        """JSON-ready dict (NaN -> None). A value that is not finite is null with a ``null_reason`` (strict JSON
+        has no NaN; a reader must not take null for zero)."""
+        d = to_jsonable(self.model_dump())
+        if not math.isfinite(self.value):
+            d["null_reason"] = (f"not measurable on n = {self.n} items" if self.n == 0 else
+                                "not measurable: undefined for these inputs (the gate's reason says why)")
+        return d
 
 
 class GateResult(BaseModel):

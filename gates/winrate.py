@@ -60,6 +60,8 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_N_BUCKETS = 5
 DEFAULT_TOLERANCE = 0.10
 DEFAULT_BAR = 50.0
+#: Decisive (non-tie) items, both answers non-empty, that a win rate needs before it can decide.
+DEFAULT_MIN_DECISIVE = 10
 
 _EPS = 1e-12  # slack on bucket edges for float rounding of ln(a / b)
 
@@ -489,6 +491,56 @@ def glm_length_controlled_win_rate(
 # --------------------------------------------------------------------------------------------
 
 
+def win_rate_evidence(
+    preferences: Any,
+    len_candidate: Any,
+    len_baseline: Any,
+    answered: Sequence[bool] | None = None,
+    *,
+    method: Literal["matched", "balanced"] = "matched",
+    n_buckets: int = DEFAULT_N_BUCKETS,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> dict[str, int]:
+    """How much of a win rate is evidence: items the judge decided between two real answers.
+
+    A draw carries no information on which model is better, and neither does a comparison in which
+    one side (or both) said nothing: two empty answers score the same and read as a 50% "win rate"
+    with a zero-width interval. The evidence is therefore the number of *decisive* items (preference
+    != 1.5, not NaN) whose answers are both non-empty, counted in the set the length-controlled
+    figure uses (the matched-length bucket for ``method="matched"``, every item for "balanced").
+
+    Args:
+        preferences, len_candidate, len_baseline: as :func:`length_bucketed_win_rate`, shape (n_items,).
+        answered: shape (n_items,), True where both answers are non-empty (None: all answered).
+        method, n_buckets, tolerance: as :func:`length_bucketed_win_rate`.
+
+    Returns:
+        dict: ``n_items``, ``n_in_set`` (items in the length-controlled set), ``n_decisive`` (decisive
+        items with both answers non-empty in that set), ``n_draws`` (ties in the set),
+        ``n_unanswered`` (items, anywhere, with an empty answer on either side).
+
+    Raises:
+        ValueError: invalid inputs (see :func:`length_bucketed_win_rate`) or ``answered`` of another length.
+    """
+    p, lc, lb = _check_lengths(preferences, len_candidate, len_baseline)
+    ok = np.ones(p.shape, dtype=bool) if answered is None else np.asarray(answered, dtype=bool)
+    if ok.shape != p.shape:
+        raise ValueError(f"answered has shape {ok.shape}, preferences {p.shape}: one flag per item")
+    p = np.where(p == 0.0, 1.5, p)
+    in_set = ~np.isnan(p)
+    if method == "matched":
+        edges_lo = math.log1p(tolerance) + _EPS  # the matched bucket: |ln(lc / lb)| <= ln(1 + tolerance)
+        in_set &= np.abs(np.log(lc / lb)) <= edges_lo
+    decisive = in_set & (p != 1.5)
+    return {
+        "n_items": int(p.size),
+        "n_in_set": int(in_set.sum()),
+        "n_decisive": int((decisive & ok).sum()),
+        "n_draws": int((in_set & (p == 1.5)).sum()),
+        "n_unanswered": int((~ok).sum()),
+    }
+
+
 def win_rate_gate(
     preferences: Any,
     len_candidate: Any,
@@ -502,6 +554,8 @@ def win_rate_gate(
     require_ci_above_bar: bool = False,
     judge_agreement: float | None = None,
     judge_floor: float = 0.85,
+    answered: Sequence[bool] | None = None,
+    min_decisive: int = DEFAULT_MIN_DECISIVE,
     name: str = GATE_NAME,
     glm_prior: Any = None,
 ) -> GateResult:
@@ -511,6 +565,8 @@ def win_rate_gate(
       1. ``judge_agreement`` given and below ``judge_floor`` -> "inconclusive" (the judge's
          verdicts are too attenuated to decide a win rate; the release is then blocked).
       2. no pair in the length-controlled set -> "inconclusive".
+      2b. fewer than ``min_decisive`` decisive items with both answers non-empty in that set
+         (:func:`win_rate_evidence`) -> "inconclusive": draws and empty answers are not evidence.
       3. LC win rate < ``bar`` -> "block". The reason says "on evidence" if the whole interval
          is below the bar, "could be noise" if the interval still reaches it.
       4. ``require_ci_above_bar`` and the interval's low end < bar -> "block" (not shown to clear).
@@ -527,9 +583,12 @@ def win_rate_gate(
         glm_prior: a ``gates.glm_winrate.GlmPrior``; when given, the AlpacaEval-style GLM figure
             (``glm_v1_win_rate``, no difficulty term) is reported as metric ``glm_length_controlled_win_rate``.
             It does not decide: the bucketed figure does.
+        answered: shape (n_items,), True where both answers are non-empty (None: all answered).
+        min_decisive: the minimum evidence, decisive answered items (default 10).
 
     Returns:
         GateResult with metrics ``raw_win_rate``, ``length_controlled_win_rate`` (percent),
+        ``decisive_items`` (count, the evidence; ``n`` = items in the length-controlled set),
         ``points_explained_by_length`` (points) and, when given, ``judge_agreement`` and
         ``glm_length_controlled_win_rate``; ``table`` is alpaca_eval's row (``WIN_RATE_COLUMNS``) with
         the LC columns filled from the bucketed figure (``lc_standard_error`` = its SE).
@@ -544,6 +603,11 @@ def win_rate_gate(
         if not 0.0 <= float(judge_agreement) <= 1.0:
             raise ValueError(f"judge_agreement must be in [0, 1], got {judge_agreement}")
         judge_agreement = float(judge_agreement)
+    if min_decisive < 1:
+        raise ValueError(f"min_decisive must be >= 1, got {min_decisive}")
+    evidence = win_rate_evidence(
+        preferences, len_candidate, len_baseline, answered, method=method, n_buckets=n_buckets, tolerance=tolerance
+    )
     res = length_bucketed_win_rate(
         preferences, len_candidate, len_baseline, n_buckets, tolerance=tolerance, method=method
     )
@@ -561,6 +625,9 @@ def win_rate_gate(
             value=res.points_explained_by_length, n=res.n_total, direction="lower_is_better", unit="points"
         ),
     }
+    metrics["decisive_items"] = Metric(
+        value=float(evidence["n_decisive"]), n=evidence["n_in_set"], direction="higher_is_better", unit="items"
+    )
     if judge_agreement is not None:
         metrics["judge_agreement"] = Metric(
             value=judge_agreement, direction="higher_is_better", unit="fraction"
@@ -584,7 +651,8 @@ def win_rate_gate(
     pct = f"{100 * confidence:g}%"
     lc_txt = (
         f"{method}-length win rate {res.length_controlled_winrate:.1f}% ({pct} CI {lo:.1f}-{hi:.1f}, n={res.n}); "
-        f"raw {res.raw:.1f}%, {res.points_explained_by_length:.1f} points explained by length{glm_txt}"
+        f"raw {res.raw:.1f}%, {res.points_explained_by_length:.1f} points explained by length{glm_txt}; evidence "
+        f"{evidence['n_decisive']} decisive items with both answers non-empty (needs {min_decisive})"
     )
     if judge_agreement is not None and judge_agreement < judge_floor:
         verdict, reason = "inconclusive", (
@@ -593,6 +661,12 @@ def win_rate_gate(
         )
     elif res.n == 0 or not math.isfinite(res.length_controlled_winrate):
         verdict, reason = "inconclusive", f"no pairs in the {method}-length set, so no length-controlled win rate. {lc_txt}."
+    elif evidence["n_decisive"] < min_decisive:
+        verdict, reason = "inconclusive", (
+            f"too little evidence: {evidence['n_decisive']} decisive items with both answers non-empty in the "
+            f"{method}-length set, needs at least {min_decisive} ({evidence['n_draws']} draws there; "
+            f"{evidence['n_unanswered']} of {evidence['n_items']} items have an empty answer on a side). {lc_txt}."
+        )
     elif res.length_controlled_winrate < bar:
         basis = (
             "on evidence: the whole interval is below the bar"

@@ -23,6 +23,7 @@ from datasets import Dataset
 from transformers import set_seed
 from trl import RewardTrainer, TrlParser
 
+from data.decontamination import decontaminate_stage_rows
 from data.loaders import load_pairs
 from data.pairs import prepare_pairs
 from data.schemas import pair_to_trl
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> dict:
         max_reject_rate=args.max_reject_rate,
         rejects_path=out / "rejects-data.jsonl",
         use_first=args.max_train_samples,
+    )
+    decontamination = decontaminate_stage_rows(
+        pairs, args.decontaminate_against, args.decontaminate, label=args.train_data, log=logger.info
     )
     held_out = load_pairs(
         args.agreement_data,
@@ -151,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
             "checkpoint": str(checkpoint.resolve()),
             "checkpoint_hash": content_hash(checkpoint),
             "agreement_scores": str((out / "agreement_scores.jsonl").resolve()),
+            "decontamination": decontamination,
         },
         metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},
     )

@@ -67,6 +67,19 @@ class PipelineArguments(CommonArguments):
             "choices": ["refuse", "escape"],
         },
     )
+    decontaminate: str = field(
+        default="remove",
+        metadata={
+            "help": "Training rows that overlap a gate suite (data/decontamination.py): remove them, fail, or off "
+            "(train on them, still reported in the manifest).",
+            "choices": ["remove", "fail", "off"],
+        },
+    )
+    decontaminate_against: str = field(
+        default="",
+        metadata={"help": "Gates recipe whose suites (*_data keys) training data is checked against; the round "
+                  "flow passes the round's. Empty: not checked (the manifest says so)."},
+    )
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})

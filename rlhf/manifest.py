@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -41,11 +42,45 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     return path
 
 
+NULL_REASON_SUFFIX = "_null_reason"
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-Infinity) replaced by None, so it is strict JSON.
+
+    In a mapping, a key whose value was non-finite gets a sibling ``<key>_null_reason`` saying what it was
+    ("NaN: not measurable (no items, or an undefined ratio)" / "Infinity"), unless the mapping already has
+    one; in a list the element just becomes None. Tuples become lists; other values are kept.
+    """
+    def why(x: float) -> str:
+        return "NaN: not measurable (no items, or an undefined ratio)" if math.isnan(x) else f"{x}: not finite"
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            out[k] = strict_json(v)
+            if isinstance(v, float) and not math.isfinite(v) and f"{k}{NULL_REASON_SUFFIX}" not in value:
+                out[f"{k}{NULL_REASON_SUFFIX}"] = why(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and type(value).__module__ == "numpy":
+        return strict_json(value.item())
+    return value
+
+
+def dumps_strict(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`strict_json`(value) with ``allow_nan=False``: a NaN that slips through fails loudly."""
+    return json.dumps(strict_json(value), allow_nan=False, **kwargs)
+
+
 def write_manifest(output_dir: str | os.PathLike, manifest: dict[str, Any]) -> Path:
     """Write ``manifest`` (plus ``finished_at``) to ``output_dir/manifest.json`` atomically; returns the path."""
     manifest = {**manifest, "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat()}
     path = Path(output_dir) / MANIFEST_NAME
-    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_write_text(path, dumps_strict(manifest, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
 

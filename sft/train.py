@@ -17,6 +17,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 from trl import SFTTrainer, TrlParser
 
+from data.decontamination import decontaminate_stage_rows
 from data.loaders import load_sft
 from data.validation import DataValidationError
 from rlhf.lineage import content_hash
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> dict:
         max_reject_rate=args.max_reject_rate,
         rejects_path=out / "rejects-data.jsonl",
         use_first=args.max_train_samples,
+    )
+    decontamination = decontaminate_stage_rows(
+        conversations, args.decontaminate_against, args.decontaminate, label=args.train_data, log=logger.info
     )
     prepared = prepare_sft_rows(
         conversations, tokenizer, args.max_length, file=args.train_data, special_tokens=args.special_tokens_in_text
@@ -123,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
             "checkpoint_hash": content_hash(checkpoint),
             "pi_ref": str(pi_ref.resolve()),
             "pi_ref_hash": pi_ref_hash,
+            "decontamination": decontamination,
         },
         metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},
     )

@@ -1,13 +1,35 @@
-"""Shared fixtures: the tiny model (2 layers, SmolLM2 tokenizer) built once per machine and cached."""
+"""Shared fixtures: the tiny model (2 layers, SmolLM2 tokenizer) built once per machine and cached; a throwaway
+Prefect home for the whole session.
+
+Prefect: before anything imports prefect, PREFECT_HOME and PREFECT_API_DATABASE_CONNECTION_URL point at a temporary
+directory and PREFECT_API_URL is unset, so no test run, flow run or artifact reaches the user's ~/.prefect database
+or a server their profile names (issue 8). The directory is removed at the end of the session.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TEST_PREFECT_HOME = tempfile.mkdtemp(prefix="rlhf-tests-prefect-")
+os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
+os.environ["PREFECT_API_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{TEST_PREFECT_HOME}/prefect.db"
+os.environ.pop("PREFECT_API_URL", None)
+os.environ.pop("PREFECT_PROFILES_PATH", None)
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # busy shared CPUs start slowly
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_prefect_home():
+    """The session's Prefect home (see module docstring); removed when the session ends."""
+    yield TEST_PREFECT_HOME
+    shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -16,16 +16,19 @@ CORPUS = {"a1", "a2", "b7", "c9", "api-7"}
 
 
 def test_marker_parsing():
+    # issue 8: a markdown link's bracket is not a marker, but its URL is an emitted reference
     text = ("Fact [doc:a1]. Two at once [doc:a2, b7; 12]. A link [text](http://x) is not one, nor a[i], "
             "nor a task box [x], nor [citation needed].")
-    assert citation_ids(text) == ["a1", "a2", "b7", "12"]
-    assert citation_ids("Numbered [1] and [2].") == ["1", "2"]
+    assert citation_ids(text) == ["a1", "a2", "b7", "12", "http://x"]
+    # numbers in brackets are references only with a reference list (issue 8)
+    assert citation_ids("Numbered [1] and [2].") == []
+    assert citation_ids("Numbered [1] and [2].\n\n[1] A. Author, 2020.\n[2] https://e.org/p") == ["ref:1", "https://e.org/p"]
     with pytest.raises(TypeError):
         citation_ids(None)
 
 
 def test_check_citations_hand_worked():
-    t = check_citations("See [doc:b7] and [a2], also [doc:zz99].", retrieved_ids=["a2", "zz99"], corpus=CORPUS)
+    t = check_citations("See [doc:b7] and [[cite:doc:a2]], also [doc:zz99].", retrieved_ids=["a2", "zz99"], corpus=CORPUS)
     assert t.cited == ["b7", "a2", "zz99"]
     assert t.c01_not_retrieved == ["b7"]  # real, but not retrieved this turn
     assert t.c02_unresolved == ["zz99"]  # retrieved id that does not exist
@@ -93,7 +96,7 @@ def test_c03_pattern_names_and_sentence_scope():
 
 TURNS = [
     {"response": "Paris is the capital [doc:a1].", "retrieved_ids": ["a1", "a2"]},
-    {"response": "See [doc:b7] and [a2].", "retrieved_ids": ["a2"]},  # b7: C01
+    {"response": "See [doc:b7] and [doc:a2].", "retrieved_ids": ["a2"]},  # b7: C01
     {"response": "As shown in [doc:zz99].", "retrieved_ids": ["a1"]},  # zz99: C01 and C02
     ("According to a 2019 study, this works.", []),  # C03
     ("Plain answer.", []),
@@ -130,3 +133,51 @@ def test_gate_passes_clean_turns_and_respects_thresholds():
     assert citation_gate([], CORPUS).verdict == "inconclusive"
     with pytest.raises(ValueError, match="percentage"):
         CitationThresholds(max_unresolved_pct=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 8, point 2: citations, not brackets (the demo's false positives)
+# ---------------------------------------------------------------------------------------------
+
+DEMO_FALSE_POSITIVES = [
+    # C01/C02 blocked the demo on these: template placeholders the model writes when it drafts a message
+    {"prompt": "Write a text inviting my friends to dinner on Friday.",
+     "response": "Hey [friend1], want to grab dinner at [restaurant1] on Friday? Let me know!"},
+    # ... and one copied from the prompt
+    {"prompt": "Write a resignation letter to [Employer].",
+     "response": "Dear [Employer],\nI am writing to resign from my position.\nSincerely,\n[Your Name]"},
+]
+
+
+def test_demo_placeholders_are_not_citations():
+    for t in DEMO_FALSE_POSITIVES:
+        assert citation_ids(t["response"], t["prompt"]) == []
+    g = citation_gate([{**t, "retrieved_ids": []} for t in DEMO_FALSE_POSITIVES], None)
+    assert g.verdict == "pass"
+    rows = {r["rule"]: r for r in g.table}
+    assert (rows["C01"]["k"], rows["C01"]["n"]) == (0, 0) and (rows["C02"]["k"], rows["C02"]["n"]) == (0, 0)
+    assert "C01: no markers, nothing to check" in g.reason
+
+
+def test_reference_shapes_are_citations_and_copies_of_the_prompt_are_not():
+    from gates.citations import find_citations
+
+    text = ("See [[cite:paper:p7]], arXiv:2404.04475 and doi:10.1000/xyz. Read https://example.org/a, "
+            "then the docs [2].\n\nReferences:\n1. Unused.\n2. Manual, https://example.org/manual")
+    found = find_citations(text, prompt="Summarise https://example.org/a for me.")
+    assert [(c.kind, c.id, c.copied_from_prompt) for c in found] == [
+        ("cite", "p7", False), ("arxiv", "arxiv:2404.04475", False), ("doi", "doi:10.1000/xyz", False),
+        ("url", "https://example.org/a", True), ("numeric", "https://example.org/manual", False),
+    ]
+    t = check_citations(text, ["p7"], corpus=None, prompt="Summarise https://example.org/a for me.")
+    assert t.cited == ["p7", "arxiv:2404.04475", "doi:10.1000/xyz", "https://example.org/manual"]
+    assert t.c01_not_retrieved == ["arxiv:2404.04475", "doi:10.1000/xyz", "https://example.org/manual"]
+    assert t.c02_unresolved == [] and t.copied_from_prompt == ["https://example.org/a"]
+    g = citation_gate([{"response": text, "retrieved_ids": ["p7"], "prompt": "Summarise https://example.org/a"}],
+                      None)
+    assert g.verdict == "block" and "C01 (cited id not retrieved this turn) 75.0% (3/4 markers" in g.reason
+    assert "C02: no corpus given, resolution not checked" in g.reason
+    assert g.metrics["copied_from_prompt"].value == 1.0
+    # author-year is reference-shaped prose without an identifier: C03, not a marker
+    assert citation_ids("This is well known (Smith et al., 2020).") == []
+    assert c03_hits("This is well known (Smith et al., 2020).")[0][0] == "author_year_parenthetical"

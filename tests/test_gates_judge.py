@@ -74,12 +74,19 @@ def test_judge_human_agreement_hand_worked_with_ties():
 
 
 def test_judge_gate():
-    good = judge_human_agreement([1] * 90 + [2] * 10, [1] * 100)
+    # issue 8: decided on the Wilson interval. 190/200: CI 0.910-0.973, wholly above 0.85 -> pass
+    good = judge_human_agreement([1] * 190 + [2] * 10, [1] * 200)
     assert judge_agreement_gate(good).verdict == "pass"
+    # 90/100 = 0.90 but CI 0.826-0.945 reaches below the floor -> inconclusive, not a pass
+    assert judge_agreement_gate(judge_human_agreement([1] * 90 + [2] * 10, [1] * 100)).verdict == "inconclusive"
+    # 84/100: the estimate is below 0.85 but the interval (0.756-0.899) contains it -> inconclusive, not a block
     bad = judge_human_agreement([1] * 84 + [2] * 16, [1] * 100)
     g = judge_agreement_gate(bad)
-    assert g.verdict == "block" and "could be noise" in g.reason
+    assert g.verdict == "inconclusive" and "interval contains it" in g.reason
     assert g.metrics["attenuation"].value == pytest.approx(0.68)
+    # 70/100: CI 0.604-0.781, wholly below -> block on evidence
+    g70 = judge_agreement_gate(judge_human_agreement([1] * 70 + [2] * 30, [1] * 100))
+    assert g70.verdict == "block" and "on evidence" in g70.reason
     none = judge_human_agreement([1, 2], [0, 0])
     assert judge_agreement_gate(none).verdict == "inconclusive"
 

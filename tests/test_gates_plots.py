@@ -63,3 +63,37 @@ def test_drift_plot(tmp_path):
         drift_plot(t.iloc[0:0], tmp_path / "e.png")
     with pytest.raises(ValueError, match="lacks columns"):
         drift_plot(t.drop(columns=["hedged_pct"]), tmp_path / "e2.png")
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 8, point 5: no empty bucket drawn as a value, every error bar the real interval, clipped drift band
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bucket_bars_leave_empty_buckets_blank_and_use_wilson_intervals(tmp_path):
+    from gates.plots import bucket_bars
+
+    # 6 wins of 6, all in the matched bucket; the other four buckets are empty
+    res = length_bucketed_win_rate([2.0] * 6, [100] * 6, [100] * 6)
+    bars = bucket_bars(res.buckets).set_index("bucket")
+    assert bars.loc[0, "n"] == 6 and bars.loc[0, "height"] == 100.0
+    # Wilson 95% for 6/6: (1 + z^2/12 - z sqrt(z^2/144)) / (1 + z^2/6) = 0.6097
+    assert bars.loc[0, "ci_low"] == pytest.approx(60.97, abs=0.01) and bars.loc[0, "ci_high"] == 100.0
+    assert bars.loc[0, "err_below"] == pytest.approx(39.03, abs=0.01) and bars.loc[0, "err_above"] == 0.0
+    for b in (-2, -1, 1, 2):
+        assert bars.loc[b, "n"] == 0 and np.isnan(bars.loc[b, "height"]) and np.isnan(bars.loc[b, "err_below"])
+    _valid_png(length_bucket_plot(res, tmp_path / "one_bucket.png"))
+
+
+def test_drift_band_is_clipped_and_the_title_says_what_is_compared(tmp_path):
+    from gates.plots import drift_band
+
+    assert drift_band("restating_pct", 4.0, 10.0) == (0.0, 14.0)  # not -6
+    assert drift_band("bullets_pct", 95.0, 10.0) == (85.0, 100.0)
+    assert drift_band("median_length_tokens", 200.0, 0.25) == (150.0, 250.0)
+    t = drift_table({"baseline (SFT)": DriftCounters.from_figures(40, 2, 0, 3),
+                     "candidate": DriftCounters.from_figures(44, 3, 1, 2)})
+    _valid_png(drift_plot(t, tmp_path / "drift.png"))
+    from gates.plots import drift_title
+
+    assert drift_title(list(t.index)) == "Personality drift: baseline (SFT) vs candidate"

@@ -1,0 +1,110 @@
+"""Issue 8, points 4 and 5: the verdict is visible (final Prefect state, artifacts that render, ordered tables),
+files are strict JSON, and a cached rerun keeps the first run's timings."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import sys
+import textwrap
+
+import pytest
+
+from flows.artifacts import embed_images, ordered_rows, verdict_message, verdict_state
+from rlhf.manifest import dumps_strict, strict_json, write_manifest
+
+GATES = [
+    {"name": "judge_agreement", "verdict": "block", "reason": "Blocked on evidence: a = 0.55, CI 0.41-0.69."},
+    {"name": "capability", "verdict": "pass", "reason": "Passed."},
+    {"name": "sycophancy", "verdict": "inconclusive", "reason": "Cannot judge: needs at least 20 eligible items."},
+]
+
+
+def test_blocked_round_ends_in_a_named_state_with_the_reasons():
+    s = verdict_state("block", GATES, {"verdict": "block"})
+    assert s.is_completed() and s.name == "Blocked"
+    assert s.message == ("Release BLOCKED by 2 of 3 gates. judge_agreement block: Blocked on evidence: a = 0.55, "
+                         "CI 0.41-0.69. | sycophancy inconclusive: Cannot judge: needs at least 20 eligible items.")
+    p = verdict_state("pass", [GATES[1]], {"verdict": "pass"})
+    assert p.name == "Passed" and p.message == "Release PASSED: all 1 gates pass (capability)."
+    with pytest.raises(ValueError, match="verdict must be"):
+        verdict_state("inconclusive", GATES, {})
+    assert len(verdict_message("block", [{**GATES[0], "reason": "x" * 5000}] * 20)) == 2000
+
+
+def test_the_flow_run_state_in_prefect_is_the_verdict():
+    from prefect import flow
+    from prefect.testing.utilities import prefect_test_harness
+
+    @flow
+    def tiny_round() -> dict:
+        return verdict_state("block", GATES, {"verdict": "block"})
+
+    with prefect_test_harness(server_startup_timeout=180):
+        state = tiny_round(return_state=True)
+        assert state.type.value == "COMPLETED" and state.name == "Blocked"
+        assert state.message.startswith("Release BLOCKED by 2 of 3 gates. judge_agreement block")
+        assert state.result() == {"verdict": "block"}  # callers (the CLI, tests) still get the manifest
+        assert tiny_round() == {"verdict": "block"}
+
+
+def test_report_plots_are_embedded_as_data_uris(tmp_path):
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 20
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "drift.png").write_bytes(png)
+    md = "## Plots\n\n![drift](plots/drift.png)\n\n![gone](plots/missing.png)\n![web](https://x.org/a.png)\n"
+    out = embed_images(md, tmp_path)
+    uri = out.split("![drift](", 1)[1].split(")", 1)[0]
+    assert uri.startswith("data:image/png;base64,") and base64.b64decode(uri.split(",", 1)[1]) == png
+    assert "![gone](plots/missing.png)" in out and "![web](https://x.org/a.png)" in out
+
+
+def test_table_rows_put_gate_verdict_reason_first_and_share_columns():
+    # as read back from a manifest written with sorted keys
+    rows = [{"agreement": 0.5, "gate": "judge_agreement", "reason": "r1", "verdict": "block"},
+            {"c01": 0.0, "gate": "citation_honesty", "reason": "r2", "verdict": "pass"}]
+    out = ordered_rows(rows)
+    assert [list(r) for r in out] == [["gate", "verdict", "reason", "agreement", "c01"]] * 2
+    assert out[1]["agreement"] is None and out[0]["c01"] is None
+
+
+def test_manifests_are_strict_json_with_a_reason_for_every_null(tmp_path):
+    data = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": float("-inf")}, "ok": 2.5}
+    clean = strict_json(data)
+    assert clean["a"] is None and clean["a_null_reason"].startswith("NaN: not measurable")
+    assert clean["b"] == [1.0, None] and clean["c"] == {"d": None, "d_null_reason": "-inf: not finite"}
+
+    def no_constants(x):
+        raise ValueError(f"non-standard JSON constant {x}")
+
+    path = write_manifest(tmp_path, {"stage": "x", "metrics": data})
+    back = json.loads(path.read_text(), parse_constant=no_constants)  # a strict parser accepts it
+    assert back["metrics"]["a"] is None and back["metrics"]["ok"] == 2.5
+    assert math.isnan(data["a"])  # the input is not mutated
+    assert dumps_strict({"x": float("nan")}) == '{"x": null, "x_null_reason": "NaN: not measurable (no items, or an undefined ratio)"}'
+
+
+def test_cached_rerun_keeps_the_first_runs_seconds(tmp_path, monkeypatch):
+    from flows.stages import run_stage, summarize
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "tinystage.py").write_text(textwrap.dedent('''
+        import sys, time, pathlib
+        from rlhf.manifest import write_manifest
+        out = pathlib.Path(sys.argv[sys.argv.index("--output_dir") + 1])
+        time.sleep(1.0)
+        write_manifest(out, {"stage": "tiny", "outputs": {}})
+    '''))
+    import os
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg), os.getcwd(), *sys.path]))
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text("x: 1\n")
+    first = run_stage("tiny", "tinystage", recipe, tmp_path / "out", log=lambda *_: None)
+    assert not first.cached and first.seconds >= 1.0 and first.rerun_seconds is None
+    again = run_stage("tiny", "tinystage", recipe, tmp_path / "out", log=lambda *_: None)
+    assert again.cached and again.seconds == pytest.approx(first.seconds)  # not 0.0
+    assert again.rerun_seconds is not None and again.rerun_seconds < first.seconds
+    row = summarize([again])[0]
+    assert row["seconds"] == round(first.seconds, 1) and row["rerun_seconds"] == round(again.rerun_seconds, 1)
