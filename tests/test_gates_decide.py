@@ -93,10 +93,15 @@ def test_an_unmeasured_judge_makes_both_win_rate_gates_inconclusive():
 
 
 def test_a_judge_below_the_floor_blocks_and_its_win_rates_cannot_decide():
-    # 80 of 100 decisive labels recovered: a = 0.80 < 0.85
-    judge = judge_expert_agreement(np.r_[np.ones(80), 2 * np.ones(20)].astype(int), np.ones(100, dtype=int))
+    # issue 8: decided on the Wilson interval. 70 of 100 recovered: a = 0.70, CI 0.604-0.781 wholly below 0.85
+    judge = judge_expert_agreement(np.r_[np.ones(70), 2 * np.ones(30)].astype(int), np.ones(100, dtype=int))
     v = verdicts(decide(replace(healthy(), judge=judge), GateStageConfig()))
     assert v["judge_agreement"] == "block" and v["length_controlled_win_rate"] == "inconclusive"
+    # 80 of 100: a = 0.80 < 0.85 but the interval (0.711-0.867) contains the floor -> inconclusive, and so are
+    # the win rates it measured
+    judge = judge_expert_agreement(np.r_[np.ones(80), 2 * np.ones(20)].astype(int), np.ones(100, dtype=int))
+    v = verdicts(decide(replace(healthy(), judge=judge), GateStageConfig()))
+    assert v["judge_agreement"] == "inconclusive" and v["length_controlled_win_rate"] == "inconclusive"
 
 
 def test_capability_is_inconclusive_when_no_answer_parses_and_names_the_counts():

@@ -79,7 +79,7 @@ def test_judge_floor_is_decided_on_the_interval():
     g = judge_agreement_gate(a)
     assert g.verdict == "inconclusive"
     assert "CI 0.640-0.965" in g.reason
-    assert "about 784 decisive human-labelled items would decide it if a stays at 0.875 (have 16)" in g.reason
+    assert "about 784 decisive expert-labelled items would decide it if a stays at 0.875 (have 16)" in g.reason
     assert g.metrics["items_needed"].value == 784
     # 784 is the smallest n whose Wilson lower bound at 0.875 clears 0.85
     assert wilson_bounds(0.875, 784)[0] >= 0.85 > wilson_bounds(0.875, 783)[0]

@@ -11,7 +11,8 @@ import pytest
 @pytest.fixture(scope="module")
 def judge_dir(tmp_path_factory, tiny_model_dir):
     """A reward-model stage directory: a tiny sequence classifier with a saved score head, a manifest, and
-    10 held-out judgments that all pick the experts' side (judge agreement 10/10)."""
+    60 held-out judgments that all pick the experts' side (judge agreement 60/60: its Wilson interval 0.940-1.000
+    clears the 0.85 floor; 10/10 would not, 0.722-1.000, issue 8)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     root = tmp_path_factory.mktemp("reward_model")
@@ -20,8 +21,8 @@ def judge_dir(tmp_path_factory, tiny_model_dir):
     model.save_pretrained(ckpt)
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(ckpt)
     scores = root / "agreement_scores.jsonl"
-    rows = [{"id": f"p{i}", "score_first": 1.0, "score_second": 0.0, "labels": [1, 1, 2]} for i in range(6)]
-    rows += [{"id": f"q{i}", "score_first": -1.0, "score_second": 0.5, "labels": [2, 2, 0]} for i in range(4)]
+    rows = [{"id": f"p{i}", "score_first": 1.0, "score_second": 0.0, "labels": [1, 1, 2]} for i in range(36)]
+    rows += [{"id": f"q{i}", "score_first": -1.0, "score_second": 0.5, "labels": [2, 2, 0]} for i in range(24)]
     scores.write_text("".join(json.dumps(r) + "\n" for r in rows))
     manifest = {"stage": "reward_model", "outputs": {"checkpoint": str(ckpt), "agreement_scores": str(scores)}}
     (root / "manifest.json").write_text(json.dumps(manifest))
@@ -43,14 +44,14 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
              "--max_new_tokens", "4", "--mc_max_new_tokens", "4"]
     rc = main(["--output_dir", str(out), "--baseline_dir", tiny_model_dir, "--candidate_dir", tiny_model_dir,
                "--reward_model_dir", str(judge_dir), "--ppo_unlock_json", str(unlock), "--report_to", "none",
-               "--round_id", "t", *small])
+               "--round_id", "t", "--allow_same_model", "true", *small])  # the same model on purpose (issue 8)
 
     manifest = json.loads((out / "manifest.json").read_text())
     gates = manifest["metrics"]
-    # the judge's verdicts (higher score wins) match the expert majority on all 10 held-out pairs
+    # the judge's verdicts (higher score wins) match the expert majority on all 60 held-out pairs
     assert gates["judge_agreement"]["verdict"] == "pass"
     assert gates["judge_agreement"]["metrics"]["agreement"]["value"] == 1.0
-    assert gates["judge_agreement"]["metrics"]["agreement"]["n"] == 10
+    assert gates["judge_agreement"]["metrics"]["agreement"]["n"] == 60
     # candidate == baseline (same checkpoint, greedy): identical answers, so every preference is a draw (equal
     # scores) and the raw win rate is exactly 50%
     assert gates["length_controlled_win_rate"]["metrics"]["raw_win_rate"]["value"] == pytest.approx(50.0)
@@ -64,3 +65,14 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
     assert "## What was compared" in report and "## Plots" in report
     lines = (out / "generations.jsonl").read_text().splitlines()
     assert len(lines) == 5 + 2 + 2 + 2 + 2 + 2  # winrate, safe, redteam, capability, sycophancy, are_you_sure
+
+
+def test_gate_stage_refuses_a_candidate_that_is_the_baseline(tmp_path, tiny_model_dir, judge_dir):
+    """Issue 8: the same checkpoint as candidate and baseline is refused before anything is generated."""
+    from gates.evaluate import main
+
+    with pytest.raises(ValueError, match="candidate and baseline are the same model .*allow_same_model: true"):
+        main(["--output_dir", str(tmp_path / "g"), "--baseline_dir", tiny_model_dir, "--candidate_dir",
+              tiny_model_dir, "--reward_model_dir", str(judge_dir), "--report_to", "none"])
+    assert not (tmp_path / "g" / "generations.jsonl").exists()
+
