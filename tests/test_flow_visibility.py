@@ -101,10 +101,31 @@ def test_cached_rerun_keeps_the_first_runs_seconds(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pkg), os.getcwd(), *sys.path]))
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text("x: 1\n")
-    first = run_stage("tiny", "tinystage", recipe, tmp_path / "out", log=lambda *_: None)
+    # the cache key is the registered "sft" stage's (code version of its packages); the process is tinystage
+    first = run_stage("sft", "tinystage", recipe, tmp_path / "out", log=lambda *_: None)
     assert not first.cached and first.seconds >= 1.0 and first.rerun_seconds is None
-    again = run_stage("tiny", "tinystage", recipe, tmp_path / "out", log=lambda *_: None)
+    again = run_stage("sft", "tinystage", recipe, tmp_path / "out", log=lambda *_: None)
     assert again.cached and again.seconds == pytest.approx(first.seconds)  # not 0.0
     assert again.rerun_seconds is not None and again.rerun_seconds < first.seconds
     row = summarize([again])[0]
     assert row["seconds"] == round(first.seconds, 1) and row["rerun_seconds"] == round(again.rerun_seconds, 1)
+
+
+def test_the_flow_hands_the_rounds_gate_suites_to_the_training_stages(tmp_path):
+    """Issue 8, point 3: SFT, DPO and the reward model get the round's gate suites (with the user's gates overrides)."""
+    import yaml
+
+    from flows.round import GATE_SUITES_FILE, RoundParameters, gate_suites_file, stage_args
+
+    params = RoundParameters(preset="smoke", overrides={"gates": ["--safe_data", "/data/my_safe.csv"]})
+    path = gate_suites_file(params, tmp_path)
+    suites = yaml.safe_load(path.read_text())
+    assert path == (tmp_path / GATE_SUITES_FILE).resolve()
+    assert suites["safe_data"] == "/data/my_safe.csv"  # the override, not the recipe's
+    assert suites["winrate_data"] == "demo:alpaca_eval/annotations/baseline_gpt4_1106_preview.jsonl.gz"
+    assert "traffic_data" not in suites and "intent_training_data" not in suites  # not gate suites
+    dirs = {"sft": "s", "dpo": "d", "reward_model": "r", "candidate": "d"}
+    for stage in ("sft", "dpo", "reward_model"):
+        args = stage_args(stage, params, tmp_path, dirs)
+        assert args[args.index("--decontaminate_against") + 1] == str(path)
+    assert "--decontaminate_against" not in stage_args("gates", params, tmp_path, dirs)
