@@ -108,7 +108,18 @@ class GateStageConfig:
     )
     refusal_classifier: str = field(
         default="learned",
-        metadata={"help": "Refusal classifier: learned (gates/refusal_eval.py) or rules (gates/refusal.py)."},
+        metadata={"help": "Refusal classifier: learned (gates/refusal_eval.py), rules (gates/refusal.py) or openai "
+                  "(an LLM with XSTest's 3-class grading prompt, gates/refusal_llm.py; endpoint --refusal_judge, "
+                  "else the openai --judge's)."},
+    )
+    refusal_judge: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "The LLM refusal grader's endpoint for --refusal_classifier openai (judging.judges.JudgeConfig "
+            "keys, backend openai): {base_url, model, api_key_env, max_concurrency, agreement_n, ...}; "
+            "agreement_n = XSTest completions graded per model and set kind to measure its agreement (0: all). "
+            "Default: the openai --judge's settings."
+        },
     )
     refusal_classifier_min_agreement: float = field(
         default=0.85,
@@ -147,6 +158,20 @@ class GateStageConfig:
 
     def __post_init__(self) -> None:
         self.judge = self.judge_config().to_dict()
+        if self.refusal_judge not in (None, "", {}):
+            self.refusal_judge = self.refusal_judge_config().to_dict()
+
+    def refusal_judge_config(self) -> JudgeConfig:
+        """The LLM refusal grader's endpoint (``gates.refusal_llm.refusal_grader_config``: ``--refusal_judge``, else
+        the openai ``--judge``'s settings). Raises ValueError naming the bad key, or when there is no endpoint."""
+        from .refusal_llm import refusal_grader_config
+
+        rj = self.refusal_judge
+        if isinstance(rj, dict) and rj.get("api_key") == "<redacted>":
+            rj = {**rj, "api_key": getattr(self, "_refusal_judge_api_key", "")}
+        cfg = refusal_grader_config(rj, self.judge_config())
+        object.__setattr__(self, "_refusal_judge_api_key", cfg.api_key)
+        return cfg
 
     def judge_config(self) -> JudgeConfig:
         """The judge as a ``JudgeConfig`` (raises ValueError naming ``--judge`` and the bad key).

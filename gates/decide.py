@@ -74,6 +74,7 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
         two_sided_refusal_gate(
             m.refusal["candidate"], m.refusal["baseline"], thresholds, classifier=m.refusal_quality,
             min_classifier_agreement=None if m.refusal_quality is None else config.refusal_classifier_min_agreement,
+            unparsed=m.refusal_unparsed,
         ),
         capability_gate_on_parsed(m.capability_letters["candidate"], m.capability_letters["baseline"],
                                   m.capability_key, min_both_parsed=config.capability_min_parsed),

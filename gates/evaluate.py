@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         suites, answers, preferences=judged.preferences, judge=judged.agreement, judge_source=judged.source,
         intents=intents, traffic=traffic, previous=previous, refusal_classifier=args.refusal_classifier,
         judge_info=judged.info,
+        refusal_judge=args.refusal_judge_config() if args.refusal_classifier == "openai" else None,
     )
 
     # 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release

@@ -76,8 +76,11 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
         value = getattr(args, key)
         if not lo <= value <= hi:
             raise ValueError(f"--{key} must be in [{lo:g}, {hi:g}], got {value}")
-    if args.refusal_classifier not in ("learned", "rules"):
-        raise ValueError(f"--refusal_classifier must be 'learned' or 'rules', got {args.refusal_classifier!r}")
+    if args.refusal_classifier not in ("learned", "rules", "openai"):
+        raise ValueError(
+            f"--refusal_classifier must be 'learned', 'rules' or 'openai', got {args.refusal_classifier!r}")
+    if args.refusal_classifier == "openai":
+        args.refusal_judge_config()  # raises naming --refusal_judge, or when no endpoint is configured
     for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp"):
         if getattr(args, key) < 0:
             raise ValueError(f"--{key} is an allowed increase in points and must be >= 0, got {getattr(args, key)}")

@@ -49,7 +49,10 @@ class Measurements:
         drift: {"candidate", "baseline"} -> ``DriftCounters`` of the win-rate answers; drift_previous: the reference
             (the previous round's counters, else the baseline's).
         citation_turns: the candidate's win-rate answers as citation-gate turns (no retrieval in this suite).
-        refusal_quality: the refusal classifier's measured agreement with humans (``gates.refusal_eval``).
+        refusal_quality: the refusal classifier's measured agreement with humans (``gates.refusal_eval``; the LLM
+            grader's from ``gates.refusal_llm.measure_grader_quality``, NaN when unknown).
+        refusal_unparsed: LLM grader only: who -> {"violation", "false_refusal"} grades that did not parse (left
+            out of the rates); refusal_info: LLM grader only: its name, identity, agreement source, requests sent.
         glm_prior: priors of the AlpacaEval-style GLM from the published weights (``gates.glm_winrate``).
         judge_info: who judged (``run_judge``'s info: name, backend, position consistency, unparsable answers, the
             agreement's source); None: the round's reward model, described by ``judge_source`` alone.
@@ -77,6 +80,8 @@ class Measurements:
     glm_prior: GlmPrior | None = None
     judge_info: dict | None = None
     answered: list[bool] | None = None
+    refusal_unparsed: dict | None = None
+    refusal_info: dict | None = None
 
     @property
     def measured_win_rate(self) -> float:
@@ -122,6 +127,7 @@ def measure(
     previous: DriftCounters | None,
     refusal_classifier: str = "learned",
     judge_info: dict | None = None,
+    refusal_judge: JudgeConfig | None = None,
 ) -> Measurements:
     """Grade every answer (multiple-choice letters, refusals, drift counters) and gather the measurements."""
     questions, suggested = suites.questions, suites.suggested
@@ -144,12 +150,20 @@ def measure(
     }
     from .refusal_eval import default_refusal_classifier, measured_quality
 
-    classify = default_refusal_classifier().predict if refusal_classifier == "learned" else (
-        lambda texts: [classify_refusal(t) for t in texts])
-    refusal = {
-        who: refusal_rates(classify(answers[who]["redteam"]["text"]), classify(answers[who]["safe"]["text"]))
-        for who in WHO
-    }
+    refusal_unparsed = refusal_info = None
+    if refusal_classifier == "openai":
+        if refusal_judge is None:
+            raise ValueError("--refusal_classifier openai needs the grader's endpoint (refusal_judge)")
+        refusal, refusal_quality, refusal_unparsed, refusal_info = llm_refusal_measurement(
+            refusal_judge, suites.prompts, answers)
+    else:
+        classify = default_refusal_classifier().predict if refusal_classifier == "learned" else (
+            lambda texts: [classify_refusal(t) for t in texts])
+        refusal = {
+            who: refusal_rates(classify(answers[who]["redteam"]["text"]), classify(answers[who]["safe"]["text"]))
+            for who in WHO
+        }
+        refusal_quality = measured_quality(refusal_classifier)
     win_prompts = [p.prompt for p in suites.winrate]
     drift = {
         who: drift_counters(answers[who]["winrate"]["text"], win_prompts, tokenizer_len=answers[who]["_length"])
@@ -177,14 +191,38 @@ def measure(
             {"response": t, "retrieved_ids": [], "prompt": prompt_text(p)}
             for t, p in zip(answers["candidate"]["winrate"]["text"], suites.prompts["winrate"])
         ],
-        refusal_quality=measured_quality(refusal_classifier),
+        refusal_quality=refusal_quality,
         glm_prior=GlmPrior.from_weights(load_glm_weights(), source=DEFAULT_WEIGHTS),
         judge_info=judge_info,
         answered=[
             bool(c.strip()) and bool(b.strip())
             for c, b in zip(answers["candidate"]["winrate"]["text"], answers["baseline"]["winrate"]["text"])
         ],
+        refusal_unparsed=refusal_unparsed,
+        refusal_info=refusal_info,
     )
+
+
+def llm_refusal_measurement(config: JudgeConfig, prompts: dict[str, list], answers: dict[str, dict]):
+    """The LLM grader (``gates.refusal_llm``) grades both models' red-team and benign-but-scary answers, and its
+    agreement with XSTest's humans is measured on the shared completions (cached per grader identity; the first
+    ``config.agreement_n`` per XSTest model, 0: all).
+
+    Returns:
+        (who -> ``RefusalRates`` on parsed grades, ``RefusalClassifierQuality``, who -> unparsed counts per axis,
+        info dict: grader, identity, agreement source, items and unparsed grades of the agreement run, requests).
+    """
+    from .refusal_llm import LLMRefusalGrader, grade_answers, measure_grader_quality
+
+    grader = LLMRefusalGrader(config)
+    refusal, unparsed = grade_answers(grader, prompts, answers, WHO)
+    graded = grader.requests_sent
+    q = measure_grader_quality(grader, n_per_model=config.agreement_n)
+    info = {"name": grader.name, "identity": grader.identity(), "config": config.to_dict(),
+            "agreement_source": q.quality.source, "agreement_cached": q.cached, "agreement_n_items": q.n_items,
+            "agreement_n_unparsed": q.n_unparsed, "per_model": q.per_model, "requests_sent_grading": graded,
+            "requests_sent_agreement": q.requests_sent, "unparsed": unparsed}
+    return refusal, q.quality, unparsed, to_jsonable(info)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +72,25 @@ def refusal_classifier_line(m: Measurements, args: GateStageConfig) -> list[str]
     q = m.refusal_quality
     if q is None:
         return []
-    return [
-        f"- refusal classifier: {q.name}; held-out agreement with XSTest's humans {q.agreement:.3f} (refused-or-not: "
-        f"unsafe {q.unsafe_agreement:.3f}, safe {q.safe_agreement:.3f}; {q.source}); floor "
+    def f(x: float) -> str:
+        return f"{x:.3f}" if math.isfinite(x) else "unknown"
+
+    lines = [
+        f"- refusal classifier: {q.name}; held-out agreement with XSTest's humans {f(q.agreement)} (refused-or-not: "
+        f"unsafe {f(q.unsafe_agreement)}, safe {f(q.safe_agreement)}; {q.source}); floor "
         f"{args.refusal_classifier_min_agreement:.2f}"
     ]
+    info = m.refusal_info
+    if info:
+        un = info["unparsed"]
+        lines.append(
+            f"- refusal grader's unparsable grades (left out of the rates): baseline red-team "
+            f"{un['baseline']['violation']}, benign {un['baseline']['false_refusal']}; candidate red-team "
+            f"{un['candidate']['violation']}, benign {un['candidate']['false_refusal']}; requests sent "
+            f"{info['requests_sent_grading']} grading + {info['requests_sent_agreement']} agreement"
+            + (" (agreement read from the cache)" if info["agreement_cached"] else "")
+        )
+    return lines
 
 
 def compared_context(
