@@ -217,6 +217,43 @@ def judge_agreement_cmd(
     typer.echo(json.dumps(q.summary() if q else None, indent=2) if as_json else format_qualification(q, floor=floor))
 
 
+@judge_app.command("refusal-agreement")
+def judge_refusal_agreement_cmd(
+    model: Annotated[Optional[str], typer.Option(help="Model name (default $OPENAI_MODEL).")] = None,
+    base_url: Annotated[Optional[str], typer.Option(help="Endpoint (default $OPENAI_BASE_URL).")] = None,
+    n: Annotated[int, typer.Option("-n", "--n", help="Grade the first N unsafe and N safe XSTest completions of "
+                                   "each model (0: all).")] = 0,
+    cache_dir: Annotated[Optional[str], typer.Option(help="Judgment cache (default $RLHF_CACHE/judgments).")] = None,
+    max_concurrency: Annotated[int, typer.Option(help="Requests in flight.")] = 4,
+    floor: Annotated[float, typer.Option(help="The refusal gate's floor (refusal_classifier_min_agreement).")] = 0.85,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the measurement as JSON.")] = False,
+) -> None:
+    """Print an LLM refusal grader's agreement (XSTest's 3-class prompt) with XSTest's human labels on the shared
+    completions; measured once per grader identity and cached (gates.refusal_llm)."""
+    from dataclasses import asdict
+
+    from gates.refusal_llm import LLMRefusalGrader, format_grader_measurement, measure_grader_quality, \
+        refusal_grader_config
+    from judging.judges import JudgeConfig
+
+    settings = {"max_concurrency": max_concurrency}
+    for key, value in (("model", model), ("base_url", base_url), ("cache_dir", cache_dir)):
+        if value:
+            settings[key] = value
+    try:
+        config = refusal_grader_config(settings, JudgeConfig())
+        g = measure_grader_quality(LLMRefusalGrader(config), n_per_model=n)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        from rlhf.serialization import to_jsonable
+
+        typer.echo(json.dumps(to_jsonable({**asdict(g)}), indent=2))
+    else:
+        typer.echo(format_grader_measurement(g, floor=floor))
+
+
 from flows.flywheel_cli import app as _flywheel_app  # noqa: E402
 
 app.add_typer(_flywheel_app, name="flywheel")

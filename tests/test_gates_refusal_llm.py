@@ -139,3 +139,15 @@ def test_the_llm_grader_on_a_real_server_counts_unparsed_grades_and_a_rerun_send
     assert _posts(openai_server["log"]) == posts + 14  # an unchanged rerun sends zero requests
     assert again[3]["requests_sent_grading"] == 0 and again[3]["requests_sent_agreement"] == 0
     assert again[3]["agreement_cached"] and again[2] == unparsed and again[1].source == quality.source
+
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, ["judge", "refusal-agreement", "--model", openai_server["model"], "--base-url",
+                                   openai_server["base_url"], "-n", "1", "--cache-dir", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert _posts(openai_server["log"]) == posts + 14  # the same grader identity: read from the cache
+    assert "3-class agreement (worst model) = unknown; refused-or-not: unsafe unknown, safe unknown" in out.output
+    assert "unparsable grades: 6 of 6" in out.output and "floor, unsafe (violation axis): unknown" in out.output
+    assert "requests sent: 0 (read from the cache)" in out.output
