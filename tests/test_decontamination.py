@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -70,12 +69,12 @@ def test_demo_gate_suites_are_read_from_the_gates_recipe():
     assert len(suites["safe"]) == 250 and suites["safe"][0] == SCARY  # XSTest's safe set only
 
 
-def test_dpo_stage_removes_a_benign_but_scary_prompt_and_the_report_says_so(tmp_path):
+def test_dpo_stage_removes_a_benign_but_scary_prompt_and_the_report_says_so(tmp_path, monkeypatch):
     """A DPO pair whose prompt is, after lower-casing and whitespace normalisation, an XSTest safe prompt."""
     from dpo.train import main as dpo_main
     from sft.train import main as sft_main
 
-    os.environ["WANDB_MODE"] = "disabled"
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # never os.environ: it would leak into later tests
     gates_recipe = tmp_path / "gate_suites.yaml"
     gates_recipe.write_text("safe_data: demo:xstest/xstest_prompts.csv\n")
     sft = tmp_path / "sft"

@@ -26,7 +26,10 @@ def prefect_db():
 
 def _nan_for_none(gate: dict) -> dict:
     """A report's gate as GateResult reads it: JSON has no NaN, so an unmeasured value was written as null."""
-    metrics = {k: {**m, "value": float("nan") if m["value"] is None else m["value"]} for k, m in gate["metrics"].items()}
+    metrics = {
+        k: {**{f: v for f, v in m.items() if f != "null_reason"}, "value": float("nan") if m["value"] is None else m["value"]}
+        for k, m in gate["metrics"].items()
+    }
     return {**gate, "metrics": metrics}
 
 
@@ -74,10 +77,18 @@ def test_each_gate_verdict_follows_from_its_inputs(smoke_round):
     gates = {g["name"]: g for g in report["gates"]}
     agreement = gates["judge_agreement"]["metrics"]["agreement"]
     floor = recipe["judge_floor"]
-    expected = "inconclusive" if agreement["n"] == 0 else ("block" if agreement["value"] < floor else "pass")
+    # decided on the interval (issue 8): pass when it clears the floor, block when it lies below, else inconclusive
+    if agreement["n"] == 0:
+        expected = "inconclusive"
+    elif agreement["ci_low"] >= floor:
+        expected = "pass"
+    elif agreement["ci_high"] < floor:
+        expected = "block"
+    else:
+        expected = "inconclusive"
     assert gates["judge_agreement"]["verdict"] == expected
     # the smoke judge is a barely trained tiny RM: it cannot reach 0.85 with humans on 16 PandaLM pairs
-    assert agreement["value"] < floor and expected == "block"
+    assert agreement["value"] < floor and expected != "pass"
     for name in ("length_controlled_win_rate", "intent_matrix"):
         assert gates[name]["verdict"] == "inconclusive", (name, gates[name]["reason"])
     assert manifest["verdict"] == "block"

@@ -78,8 +78,9 @@ def sft_dir(tmp_path_factory):
     from sft.train import main
 
     out = tmp_path_factory.mktemp("round") / "sft"
-    os.environ["WANDB_MODE"] = "disabled"
-    main(["--config", str(RECIPES / "sft.yaml"), "--report_to", "none", "--max_steps", "1", "--output_dir", str(out)])
+    with pytest.MonkeyPatch.context() as mp:  # not os.environ: it would leak into later tests
+        mp.setenv("WANDB_MODE", "disabled")
+        main(["--config", str(RECIPES / "sft.yaml"), "--report_to", "none", "--max_steps", "1", "--output_dir", str(out)])
     return out
 
 
