@@ -2,8 +2,7 @@
 
 The gate stage measures C03's false-positive cost on it every run (``citations.c03_false_positive_cost``) and
 reports it next to the C03 rate, so a reader knows how much of a C03 count may be false alarm (hand count:
-10 positives, 8 caught; 13 negatives, 3 false alarms: precision 8/11). The same set is in
-tests/test_gates_citations.py.
+10 positives, 8 caught; 13 negatives, 3 false alarms: precision 8/11). tests/test_gates_citations.py holds the hand count on this same set.
 """
 
 C03_LABELLED: tuple[tuple[str, bool], ...] = (

@@ -3,6 +3,7 @@
 import pytest
 from statsmodels.stats.proportion import proportion_confint
 
+from gates.c03_labelled import C03_LABELLED
 from gates.citations import (
     CitationThresholds,
     c03_false_positive_cost,
@@ -42,31 +43,7 @@ def test_check_citations_hand_worked():
 # C03 on a hand-labelled set: True = reference-shaped prose with no identifier
 # ---------------------------------------------------------------------------------------------
 
-LABELLED = [
-    ("According to a 2019 study, people who drink coffee live longer.", True),
-    ("A recent study found that remote workers are more productive.", True),
-    ("Studies have shown that bilingual children score higher on tests.", True),
-    ("This effect is well documented (Smith et al., 2020).", True),
-    ("Johnson et al. (2018) reported a 30% reduction in symptoms.", True),
-    ("Research suggests that sleep improves memory consolidation.", True),
-    ("A 2021 survey of 5,000 adults showed rising anxiety.", True),
-    ("Experts agree that the treatment is safe.", True),  # missed: "agree" is not a pattern verb
-    ("It was published in the New England Journal of Medicine last year.", True),
-    ("Harvard researchers believe the drug works.", True),  # missed: no pattern
-    ("According to the documentation [doc:api-7], the limit is 100 requests.", False),  # has an id
-    ("A 2019 study (https://doi.org/10.1000/xyz) found no effect.", False),  # has a DOI link
-    ("Python 3.11 was released in 2022.", False),
-    ("I can help you study for your exam in 2024.", False),
-    ("The survey results are in the attached spreadsheet.", False),
-    ("Install it with pip (Python, 2023) and run the tests.", False),  # false alarm: looks like (Author, year)
-    ("The report card shows that she improved in math.", False),
-    ("A new report shows the build failed on Windows.", False),  # false alarm: a CI report, not a source
-    ("Our experiments show the cache halves latency (see the table below).", False),
-    ("The data shows three missing values in column B.", False),
-    ("The evidence shows the password was changed yesterday (see the audit log).", False),  # false alarm
-    ("He was born in 1990 and moved to Paris.", False),
-    ("Many papers on this topic were written before 2000.", False),
-]
+LABELLED = list(C03_LABELLED)  # the set the gate stage measures C03's false-positive cost on, every run
 
 
 def test_c03_false_positive_cost_on_the_labelled_set():
