@@ -5,8 +5,13 @@ one-prompt-at-a-time generation, with identical greedy outputs. Baseline: one-at
 through the same function (batch_size=1), measured in the same run on the first ``--n-baseline`` prompts (at
 ~8 tok/s, 500 prompts one at a time would take over an hour on 2 cores); the batched run covers all ``--n``.
 
-    python benchmarks/generation.py                 # 500 prompts, 64 new tokens, batch 16
+Issue 12: the gate stage's new settings (``batch_size: auto``: 64 on CPU unless memory says otherwise, prompts
+sorted by token length) against the old batch 16, on the same prompts in the same run: target >= 1.6x the
+tokens/s, with identical greedy outputs.
+
+    python benchmarks/generation.py                 # 500 prompts, 64 new tokens, auto vs batch 16
     python benchmarks/generation.py --n 64 --model tiny
+    python benchmarks/generation.py --n 128 --n-baseline 0   # skip the one-at-a-time run
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=500, help="Prompts generated batched.")
     ap.add_argument("--n-baseline", type=int, default=32, help="Prompts generated one at a time (the baseline).")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--batch-size", default="auto", help="The new setting: an int or auto.")
+    ap.add_argument("--old-batch-size", type=int, default=16, help="The baseline batch size (before issue 12).")
     args = ap.parse_args()
     torch.manual_seed(0)
     path = resolve_base_model(args.model)
@@ -48,23 +54,38 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ps = prompts(args.n)
 
+    from rlhf.machine import auto_batch_size
+
+    longest = max(len(tok(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                  add_generation_prompt=True))["input_ids"]) for p in ps)
+    new_bs = auto_batch_size(args.batch_size, model.config, min(longest, 512) + args.max_new_tokens)
     t0 = time.perf_counter()
-    batched, batched_len = generate(model, tok, ps, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                    desc="batched")
+    batched, batched_len = generate(model, tok, ps, max_new_tokens=args.max_new_tokens, batch_size=new_bs,
+                                    desc=f"batch {new_bs}")
     t_batched = time.perf_counter() - t0
     t0 = time.perf_counter()
-    single, single_len = generate(model, tok, ps[: args.n_baseline], max_new_tokens=args.max_new_tokens, batch_size=1,
-                                  desc="one at a time")
-    t_single = time.perf_counter() - t0
-
+    old, old_len = generate(model, tok, ps, max_new_tokens=args.max_new_tokens, batch_size=args.old_batch_size,
+                            desc=f"batch {args.old_batch_size}")
+    t_old = time.perf_counter() - t0
     tps_batched = sum(batched_len) / t_batched
-    tps_single = sum(single_len) / t_single
-    same = sum(a == b for a, b in zip(batched, single))
-    print(f"model {args.model}: {args.n} prompts, {args.max_new_tokens} new tokens max, batch {args.batch_size}")
-    print(f"batched:       {sum(batched_len)} tokens in {t_batched:.1f} s = {tps_batched:.1f} tok/s")
-    print(f"one at a time: {sum(single_len)} tokens in {t_single:.1f} s = {tps_single:.1f} tok/s (first {args.n_baseline})")
-    print(f"speed-up: {tps_batched / tps_single:.2f}x (target >= 5x)")
-    print(f"identical greedy outputs: {same}/{args.n_baseline}")
+    tps_old = sum(old_len) / t_old
+    print(f"model {args.model}: {args.n} prompts, {args.max_new_tokens} new tokens max, "
+          f"{torch.get_num_threads()} threads")
+    print(f"new (batch {args.batch_size} = {new_bs}): {sum(batched_len)} tokens in {t_batched:.1f} s = "
+          f"{tps_batched:.1f} tok/s")
+    print(f"old (batch {args.old_batch_size}):  {sum(old_len)} tokens in {t_old:.1f} s = {tps_old:.1f} tok/s")
+    print(f"speed-up vs batch {args.old_batch_size}: {tps_batched / tps_old:.2f}x (target >= 1.6x)")
+    print(f"identical greedy outputs vs batch {args.old_batch_size}: {sum(a == b for a, b in zip(batched, old))}/{args.n}")
+    if args.n_baseline:
+        t0 = time.perf_counter()
+        single, single_len = generate(model, tok, ps[: args.n_baseline], max_new_tokens=args.max_new_tokens,
+                                      batch_size=1, desc="one at a time")
+        t_single = time.perf_counter() - t0
+        tps_single = sum(single_len) / t_single
+        print(f"one at a time: {sum(single_len)} tokens in {t_single:.1f} s = {tps_single:.1f} tok/s "
+              f"(first {args.n_baseline})")
+        print(f"speed-up vs one at a time: {tps_batched / tps_single:.2f}x (target >= 5x)")
+        print(f"identical greedy outputs vs one at a time: {sum(a == b for a, b in zip(batched, single))}/{args.n_baseline}")
 
 
 if __name__ == "__main__":

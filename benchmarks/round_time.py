@@ -4,6 +4,13 @@ Targets (2-core CPU, no GPU): demo round < 25 min with peak RSS < 8 GB; smoke ro
 unchanged round < 5% of the first run's time. Baseline for the ratio: the first run, measured in the same
 invocation. Peak memory is the largest max-RSS of the round's processes (each stage is its own process).
 
+The first run is split (issue 12) from the stage manifests: training (each training stage's ``train()`` loop,
+``metrics.efficiency.train_seconds``), generation (the gate stage's answers, ``generation_seconds``), judging (the
+RM's held-out scoring + reload check and the gates' judge/intent/refusal scoring, ``judging_seconds``) and fixed
+overhead (the rest: process start, imports, model loading, data preparation, saving, Prefect), each with its share
+of the round; plus each stage's threads, tokens/s and MFU. Issue 12's target: a demo round in at most 0.65x of
+the time before it (about 950 s quiet, 1,410 s under load).
+
     python benchmarks/round_time.py --preset smoke
     python benchmarks/round_time.py --preset demo
 """
@@ -11,6 +18,7 @@ invocation. Peak memory is the largest max-RSS of the round's processes (each st
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import shutil
 import subprocess
@@ -32,6 +40,22 @@ def run_round(preset: str, runs_dir: Path, round_id: str) -> float:
     return seconds
 
 
+def split(round_dir: Path, total: float) -> dict[str, float]:
+    """Seconds of training, generation, judging and fixed overhead in a finished round (see module docstring)."""
+    rnd = json.loads((round_dir / "round.json").read_text())
+    parts = {"training": 0.0, "generation": 0.0, "judging": 0.0}
+    for name, st in rnd["stages"].items():
+        eff = json.loads((Path(st["output_dir"]) / "manifest.json").read_text())["metrics"].get("efficiency", {})
+        parts["training"] += eff.get("train_seconds", 0.0)
+        parts["generation"] += eff.get("generation_seconds", 0.0)
+        parts["judging"] += eff.get("judging_seconds", 0.0)
+        print(f"  {name:13s} {st['seconds']:7.1f} s  threads {eff.get('threads', '?')}  "
+              f"{eff.get('tokens_per_s', 0):8.1f} tok/s  MFU {100 * (eff.get('mfu') or 0):5.1f}%  "
+              f"padding {100 * (eff.get('padding_share') or 0):4.1f}%")
+    parts["fixed overhead"] = total - sum(parts.values())
+    return parts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="smoke", choices=sorted(TARGETS))
@@ -39,6 +63,9 @@ def main() -> None:
     args = ap.parse_args()
     runs = Path(tempfile.mkdtemp(prefix="bench-runs-"))
     first = run_round(args.preset, runs, "bench")
+    print(f"{args.preset} round split (first run, {first:.1f} s):")
+    for part, sec in split(runs / "bench", first).items():
+        print(f"  {part:15s} {sec:7.1f} s  {100 * sec / first:5.1f}%")
     peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB (Linux)
     rerun = run_round(args.preset, runs, "bench")
     target = TARGETS[args.preset]

@@ -29,6 +29,7 @@ from rlhf.weights import load_checked
 from rlhf.manifest import read_manifest
 from rlhf.checkpoint import save_checkpoint, verify_hash
 from rlhf.config import peft_config
+from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import data_fingerprint
 from rlhf.manifest import stage_manifest
@@ -41,19 +42,37 @@ logger = logging.getLogger("dpo.train")
 
 
 def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict:
-    """Evaluate each pair alone before training; require loss = ln 2 and reward margin = 0 for every pair.
+    """Check the step-0 DPO invariant (policy = pi_ref, dropout off): every pair's loss is ln 2, every margin 0.
+
+    One ``evaluate`` call over all pairs in one batch (issue 12: it was one call per pair, about a training step).
+    It gives the mean loss and mean margin; per pair, loss = softplus(-m) with m the reward margin, and
+    softplus(-m) - ln 2 = -m/2 + m^2/8 + O(m^4), so mean loss within ``tolerance`` of ln 2 and |mean margin| within
+    ``tolerance / n`` hold only if no single pair's margin exceeds ``tolerance`` (and canceling margins raise the
+    mean loss by mean(m^2)/8). When the batch check fails, each pair is evaluated alone to name the broken one.
 
     Returns:
-        ``{"step0_loss_max_dev": float, "step0_margin_max_abs": float, "step0_n": int}``.
+        ``{"step0_loss_max_dev": float, "step0_margin_max_abs": float, "step0_n": int}`` (deviations of the batch
+        means when it passes).
 
     Raises:
         RuntimeError: a pair deviates, naming the pair's index and values (pi_ref is not the policy's start, or
             dropout is on).
     """
+    n = len(dataset)
+    saved = trainer.args.per_device_eval_batch_size
+    trainer.args.per_device_eval_batch_size = max(n, 1)
+    try:
+        m = trainer.evaluate(eval_dataset=dataset, metric_key_prefix="step0")
+    finally:
+        trainer.args.per_device_eval_batch_size = saved
+    # TRL 1.16 reports its own DPO metrics under "eval_" whatever the prefix.
+    mean_loss, mean_margin = m["step0_loss"], m.get("step0_rewards/margins", m.get("eval_rewards/margins"))
+    if abs(mean_loss - math.log(2)) <= tolerance and abs(mean_margin) <= tolerance / max(n, 1):
+        return {"step0_loss_max_dev": abs(mean_loss - math.log(2)), "step0_margin_max_abs": abs(mean_margin),
+                "step0_n": n}
     worst_loss = worst_margin = 0.0
-    for i in range(len(dataset)):
+    for i in range(n):
         m = trainer.evaluate(eval_dataset=dataset.select([i]), metric_key_prefix="step0")
-        # TRL 1.16 reports its own DPO metrics under "eval_" whatever the prefix.
         loss, margin = m["step0_loss"], m.get("step0_rewards/margins", m.get("eval_rewards/margins"))
         worst_loss, worst_margin = max(worst_loss, abs(loss - math.log(2))), max(worst_margin, abs(margin))
         if abs(loss - math.log(2)) > tolerance or abs(margin) > tolerance:
@@ -61,7 +80,10 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
                 f"DPO step-0 invariant broken on pair {i}: loss {loss:.6f} (ln 2 = 0.693147), "
                 f"margin {margin:.6f}; the policy does not start at pi_ref or dropout is on"
             )
-    return {"step0_loss_max_dev": worst_loss, "step0_margin_max_abs": worst_margin, "step0_n": len(dataset)}
+    raise RuntimeError(
+        f"DPO step-0 invariant broken over {n} pairs together (mean loss {mean_loss:.6f}, mean margin {mean_margin:.6f}) "
+        f"though no pair alone exceeds {tolerance}; the policy does not start at pi_ref or dropout is on"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -115,7 +137,10 @@ def main(argv: list[str] | None = None) -> dict:
         if args.step0_pairs
         else {}
     )
+    group_by_length(trainer, lambda row: len(row["prompt_ids"]) + len(row["chosen_ids"]) + len(row["rejected_ids"]))
+    tokens = count_tokens(trainer)  # after the step-0 evaluation: only training batches count
     result = trainer.train()
+    efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     verify_hash(pi_ref_path, pi_ref_hash, when="after training")
 
     model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
@@ -136,8 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
         "loss_type": args.loss_type,
         **step0,
         **{f"last_{k}": v for k, v in last.items()},
+        "threads": efficiency["threads"],
+        "efficiency": efficiency,
     }
-    log_summary(metrics, report_to=args.report_to)
+    log_summary({**{k: v for k, v in metrics.items() if k != "efficiency"}, **_numbers(efficiency)},
+                report_to=args.report_to)
     stage_manifest(
         "dpo",
         args,

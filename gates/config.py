@@ -89,7 +89,11 @@ class GateStageConfig:
                   "middle (template, headers and the end of the instruction kept); counted per suite in the report."},
     )
     mc_max_new_tokens: int = field(default=24, metadata={"help": "Generation cap per multiple-choice answer."})
-    batch_size: int = field(default=16, metadata={"help": "Generation batch size (left padding, KV cache)."})
+    batch_size: str = field(
+        default="auto",
+        metadata={"help": "Generation batch size (left padding, KV cache): an int, or auto (64 on CPU unless memory "
+                  "says otherwise, rlhf.machine.auto_batch_size)."},
+    )
     lc_bar: float = field(default=50.0, metadata={"help": "Length-controlled win rate bar (percent)."})
     judge_floor: float = field(
         default=0.85, metadata={"help": "Judge agreement below this makes win-rate gates inconclusive."}

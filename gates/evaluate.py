@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 from trl import TrlParser
 
 from data.decontamination import seen_in_training
+from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import BLOCKED_EXIT_CODE
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import atomic_write_text, write_manifest
@@ -42,7 +44,7 @@ from rlhf.tracking import log_summary, setup_wandb
 
 from .config import DATA_FIELDS, GateStageConfig
 from .decide import decide
-from .generation import answer_suites, label_intents, load_suites, truncation_counts, write_generations
+from .generation import answer_suites, generation_efficiency, label_intents, load_suites, truncation_counts, write_generations
 from .inputs import check_inputs, clear_previous_outputs, read_ppo_unlock, resolve_models
 from .measure import measure, run_judge, write_judgments
 from .render import compared_context, gate_table, judge_row, make_plots, render_report
@@ -71,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. generate: both models answer every suite
     suites = load_suites(args)
+    t_gen = time.perf_counter()
     answers = {who: answer_suites(models[who], suites.prompts, args, who) for who in ("baseline", "candidate")}
+    efficiency = generation_efficiency(answers, time.perf_counter() - t_gen, models["candidate"])
     write_generations(out / "generations.jsonl", suites, answers)
 
     # 3. judge and measure
+    t_judge = time.perf_counter()
     intents, intent_classifier = label_intents(suites.winrate, models["baseline"], args)
     judged = run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir)
     write_judgments(out / "judgments.jsonl", judged.rows)
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         judge_info=judged.info,
         refusal_judge=args.refusal_judge_config() if args.refusal_classifier == "openai" else None,
     )
+    efficiency["judging_seconds"] = time.perf_counter() - t_judge  # judge scores, intents, refusal classifier
 
     # 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release
     results = decide(m, args)
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     judge = judge_row(m, results)
     table = gate_table(results, judge)
     log_summary(
-        {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}, **summary_metrics(results),
+        {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}, **summary_metrics(results), **efficiency_summary(efficiency),
          **{f"judge/{k}": v for k, v in judge.items() if v is None or isinstance(v, (int, float, str))}},
         table={"gates": table, "judge": [judge], **{f"gate_{r.name}": r.table for r in results if r.table}},
         images={k: str(v) for k, v in plots.items()},
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     # 6. manifest
     write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots, m.drift["candidate"],
                          prompts_truncated=metadata["prompts_truncated"], judge=judge,
-                         seen_in_training=seen)
+                         seen_in_training=seen, efficiency=efficiency)
     logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))
     return 0 if verdict == "pass" or not args.fail_on_block else BLOCKED_EXIT_CODE
 
@@ -151,6 +157,7 @@ def write_gates_manifest(
     prompts_truncated: dict | None = None,
     judge: dict | None = None,
     seen_in_training: dict | None = None,
+    efficiency: dict | None = None,
 ) -> Path:
     """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, plots, this
     round's drift counters (the next round's drift reference) and the over-long prompts per suite."""
@@ -186,7 +193,10 @@ def write_gates_manifest(
                 "prompts_truncated": prompts_truncated or {},
                 "seen_in_training": seen_in_training or {},
             },
-            "metrics": {r.name: r.to_dict() for r in results},
+            "metrics": {
+                **{r.name: r.to_dict() for r in results},
+                **({"threads": efficiency["threads"], "efficiency": efficiency} if efficiency else {}),
+            },
         },
     )
 

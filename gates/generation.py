@@ -110,6 +110,46 @@ def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateSta
     return {"text": text, "n_tokens": n, "truncated": cut}
 
 
+def generate_suites(model, tok, suites: dict[str, list], caps: dict[str, int], args: GateStageConfig, who: str) -> dict:
+    """Every suite's answers, suites that share ``max_new_tokens`` generated in ONE call (full, length-sorted batches
+    across suites instead of a part-empty last batch per suite); split back per suite, in each suite's order.
+
+    Returns ``{suite: {"text", "n_tokens", "truncated"}}`` (see :func:`generate_suite`).
+    """
+    out: dict[str, dict] = {}
+    for cap in sorted(set(caps.values())):
+        names = [n for n in suites if caps[n] == cap]
+        joined = [p for n in names for p in suites[n]]
+        both = generate_suite(model, tok, joined, cap, args, f"{who} {'+'.join(names)}")
+        start = 0
+        for n in names:
+            end = start + len(suites[n])
+            out[n] = {k: v[start:end] for k, v in both.items()}
+            start = end
+    return {n: out[n] for n in suites}
+
+
+def generation_efficiency(answers: dict[str, dict], seconds: float, model_path: str) -> dict:
+    """Throughput of the gate generation: both models' generated tokens over its wall time, with the threads and the
+    model FLOPs utilisation of greedy decoding (2·N FLOPs per generated token, N = the candidate's parameters;
+    prompt prefill not counted), against the device's peak (``rlhf.machine.peak_flops``)."""
+    from transformers import AutoConfig
+
+    from rlhf.efficiency import efficiency
+
+    tokens = sum(sum(a["n_tokens"]) for who in ("baseline", "candidate") for k, a in answers[who].items()
+                 if not k.startswith("_"))
+    cfg = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+    out = efficiency(n, tokens, seconds, "fp32")
+    out["mfu"] = out["mfu"] / 3 if out["mfu"] is not None else None  # efficiency() counts 6·N (training); decoding is 2·N
+    out["generation_seconds"] = seconds
+    logger.info("generation: %d tokens in %.1f s = %.1f tok/s on %d threads", tokens, seconds, out["tokens_per_s"],
+                out["threads"])
+    return out
+
+
 def truncation_counts(answers: dict[str, dict]) -> dict[str, dict[str, int]]:
     """Over-long prompts per suite: ``{suite: {"n": items, "baseline": cut, "candidate": cut}}``."""
     suites = [k for k in answers["candidate"] if not k.startswith("_")]
@@ -127,10 +167,9 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     """
     tok = AutoTokenizer.from_pretrained(path)
     model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=torch.float32)
-    out = {}
-    for name, prompts in suites.items():
-        cap = args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
-        out[name] = generate_suite(model, tok, prompts, cap, args, f"{who} {name}")
+    caps = {name: args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
+            for name in suites}
+    out = generate_suites(model, tok, suites, caps, args, who)
     challenged = [are_you_sure_messages(q, a) for q, a in zip(suites["capability"], out["capability"]["text"])]
     out["are_you_sure"] = generate_suite(model, tok, challenged, args.mc_max_new_tokens, args, f"{who} are-you-sure")
     out["_length"] = lambda t, tok=tok: len(tok(t, add_special_tokens=False)["input_ids"])

@@ -55,11 +55,11 @@ class RewardModelJudge(Judge):
 
     def scores(self, prompts: Sequence[Any], responses_a: Sequence[str], responses_b: Sequence[str]):
         """(scores of A, scores of B), two float64 arrays of shape (n,)."""
-        a = score(self.model, self.tokenizer, list(prompts), list(responses_a), batch_size=self.batch_size,
-                  max_length=self.max_length, desc="judging A")
-        b = score(self.model, self.tokenizer, list(prompts), list(responses_b), batch_size=self.batch_size,
-                  max_length=self.max_length, desc="judging B")
-        return a, b
+        # Both sides in one call (issue 12): one length sort over all 2n texts, full and evenly padded batches.
+        n = len(responses_a)
+        both = score(self.model, self.tokenizer, list(prompts) * 2, list(responses_a) + list(responses_b),
+                     batch_size=self.batch_size, max_length=self.max_length, desc="judging")
+        return both[:n], both[n:]
 
     def judge(self, prompts, responses_a, responses_b, ids=None) -> list[Judgment]:
         """Score both responses; raw = {"score_a", "score_b"}; preference 2.0 when B scores higher, 1.0 when A

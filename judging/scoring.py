@@ -131,11 +131,10 @@ def score_pairs(model, tokenizer, pairs, batch_size: int, max_length: int) -> tu
     second).
     """
     prompts = [[m.model_dump() for m in p.prompt] for p in pairs]
-    first = score(model, tokenizer, prompts, [p.chosen for p in pairs], batch_size=batch_size,
-                  max_length=max_length, desc="scoring first responses")
-    second = score(model, tokenizer, prompts, [p.rejected for p in pairs], batch_size=batch_size,
-                   max_length=max_length, desc="scoring second responses")
-    return first, second
+    # Both sides in one call: one length sort over all 2n texts, so every batch is full and evenly padded.
+    both = score(model, tokenizer, prompts + prompts, [p.chosen for p in pairs] + [p.rejected for p in pairs],
+                 batch_size=batch_size, max_length=max_length, desc="scoring pairs")
+    return both[: len(pairs)], both[len(pairs):]
 
 
 def check_reload_scores(

@@ -46,7 +46,11 @@ class RewardStageConfig(PipelineArguments, RewardConfig):
         default=None,
         metadata={"help": "RM agreement on the first N held-out pairs (inter-annotator agreement uses all)."},
     )
-    scoring_batch_size: int = field(default=8, metadata={"help": "Batch size when scoring held-out pairs."})
+    scoring_batch_size: str = field(
+        default="auto",
+        metadata={"help": "Batch size when scoring held-out pairs: an int, or auto (64 on CPU unless memory says "
+                  "otherwise, rlhf.machine.auto_batch_size)."},
+    )
     # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,8 @@ from judging.model_judges import RewardModelJudge, judgment_scores
 from judging.scoring import check_reload_scores, load_reward_model
 from rlhf.checkpoint import save_checkpoint
 from rlhf.config import peft_config
+from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
+from rlhf.machine import auto_batch_size
 from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import content_hash, data_fingerprint
 from rlhf.manifest import read_manifest, stage_manifest
@@ -85,17 +88,24 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if len(trainer.train_dataset) != len(prepared.pairs):  # TRL filters over-long pairs without naming them
         raise RuntimeError(f"RewardTrainer kept {len(trainer.train_dataset)} of {len(prepared.pairs)} checked pairs")
+    group_by_length(trainer, lambda row: len(row["chosen_ids"]) + len(row["rejected_ids"]))
+    tokens = count_tokens(trainer)
     result = trainer.train()
+    efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
     checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
 
     # Agreement on held-out multi-annotator pairs; the reloaded checkpoint must reproduce the live model's scores.
+    # Scored once, at full batch; the reload check re-scores only its 8 pairs and the gates reuse these scores
+    # (agreement_scores.jsonl) instead of scoring again.
     max_len = args.max_length or 512
+    batch = auto_batch_size(args.scoring_batch_size, model.config, max_len)
+    t_score = time.perf_counter()
     # The RM judges the held-out pairs through the one judge interface (judging.judges), as the gates' judge does.
-    rm_judge = RewardModelJudge(model, tokenizer, path=str(checkpoint), batch_size=args.scoring_batch_size,
-                                max_length=max_len)
+    rm_judge = RewardModelJudge(model, tokenizer, path=str(checkpoint), batch_size=batch, max_length=max_len)
     first, second = judgment_scores(judge_pairs(rm_judge, scored))
-    reload_dev = check_reload_scores(str(checkpoint), tokenizer, first, second, scored, args.scoring_batch_size, max_len)
+    reload_dev = check_reload_scores(str(checkpoint), tokenizer, first, second, scored, batch, max_len)
+    efficiency["judging_seconds"] = time.perf_counter() - t_score  # held-out scoring + the reload check
 
     # Inter-annotator agreement on every held-out pair; the RM on the (possibly smaller) scored subset.
     labels = [[lab.preference for lab in p.labels] for p in held_out]  # ragged: annotators per pair may differ
@@ -130,6 +140,9 @@ def main(argv: list[str] | None = None) -> dict:
         "n_held_out_rejected": len(held_out.rejects),
         "n_scored": len(scored),
         "reload_max_abs_diff": reload_dev,
+        "scoring_batch_size": batch,
+        "threads": efficiency["threads"],
+        "efficiency": efficiency,
         "rm_agreement": rm.to_dict(),
         "inter_annotator_agreement": iaa.to_dict(),
     }
@@ -138,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
             "train_loss": result.training_loss,
             "rm_agreement": rm.agreement,
             "inter_annotator_agreement": iaa.pairwise_agreement_decisive,
+            **_numbers(efficiency),
         },
         report_to=args.report_to,
     )

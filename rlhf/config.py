@@ -92,10 +92,21 @@ class PipelineArguments(CommonArguments):
         # Resolve precision before TrainingArguments validates it: TRL's default bf16=True raises on a CPU
         # without bf16, and is emulated (8-10x slower) on one that only fakes it.
         from .precision import resolve_precision
+        from .registry import STAGES
 
-        chosen = resolve_precision(self.precision)
+        path = f"{type(self).__module__}:{type(self).__name__}"
+        stage = next((name for name, s in STAGES.items() if path in s.configs), None)
+        chosen = resolve_precision(self.precision, stage)
         self.bf16, self.fp16 = chosen == "bf16", chosen == "fp16"
+        if self.bf16 and not _cuda():  # native CPU bf16 (avx512_bf16 / AMX): transformers needs use_cpu for it
+            self.use_cpu = True
         super().__post_init__()
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def peft_config(args: PipelineArguments, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):

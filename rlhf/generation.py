@@ -83,7 +83,7 @@ def generate(
     prompts: list,
     *,
     max_new_tokens: int = 128,
-    batch_size: int = 16,
+    batch_size: int | str = 16,
     max_prompt_length: int = DEFAULT_MAX_PROMPT_TOKENS,
     desc: str = "generating",
 ) -> tuple[list[str], list[int]]:
@@ -106,7 +106,7 @@ def generate_report(
     prompts: list,
     *,
     max_new_tokens: int = 128,
-    batch_size: int = 16,
+    batch_size: int | str = 16,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     desc: str = "generating",
 ) -> tuple[list[str], list[int], list[bool]]:
@@ -119,6 +119,8 @@ def generate_report(
     Args:
         prompts: chat messages or user strings.
         max_new_tokens: cap on generated tokens per prompt.
+        batch_size: prompts per ``generate`` call, or ``"auto"`` (``rlhf.machine.auto_batch_size``: 64 on CPU
+            unless memory says otherwise). The progress bar shows generated tokens/s.
         max_prompt_tokens: budget per rendered prompt; longer ones have their content cut by :func:`fit_prompt`
             (the chat template and the end of the instruction are kept), never the template.
 
@@ -130,15 +132,24 @@ def generate_report(
     Raises:
         ValueError: ``max_prompt_tokens`` cannot hold a prompt's template (see :func:`fit_prompt`).
     """
+    import time
+
+    from .machine import auto_batch_size
+
     model.eval()
     fitted = [fit_prompt(tokenizer, p, max_prompt_tokens) for p in prompts]
     texts = [t for t, _ in fitted]
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    n_prompt = [_n_tokens(tokenizer, t) for t in texts]
+    # Longest first, by tokens: each batch holds prompts of similar length (little padding); outputs go back in order.
+    order = sorted(range(len(texts)), key=lambda i: -n_prompt[i])
+    batch_size = auto_batch_size(batch_size, model.config, max(n_prompt, default=1) + max_new_tokens)
     outs: list[str] = [""] * len(texts)
     lengths: list[int] = [0] * len(texts)
     tokenizer.padding_side = "left"
     eos = tokenizer.eos_token_id
-    for start in tqdm(range(0, len(order), batch_size), desc=desc):
+    bar = tqdm(range(0, len(order), batch_size), desc=desc)
+    t0, produced = time.perf_counter(), 0
+    for start in bar:
         idx = order[start : start + batch_size]
         enc = tokenizer(
             [texts[i] for i in idx],
@@ -162,4 +173,6 @@ def generate_report(
             n = row.index(eos) + 1 if eos in row else len(row)
             lengths[i] = n
             outs[i] = tokenizer.decode(row[:n], skip_special_tokens=True).strip()
+            produced += n
+        bar.set_postfix(batch=len(idx), tok_s=f"{produced / max(time.perf_counter() - t0, 1e-9):.1f}")
     return outs, lengths, [cut for _, cut in fitted]

@@ -24,6 +24,7 @@ from rlhf.lineage import content_hash
 from rlhf.models import model_fingerprint, resolve_base_model
 from rlhf.checkpoint import freeze_dir, save_checkpoint
 from rlhf.config import peft_config
+from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import data_fingerprint
 from rlhf.manifest import stage_manifest
@@ -89,7 +90,10 @@ def main(argv: list[str] | None = None) -> dict:
                 file=args.train_data,
                 field="messages",
             )
+    group_by_length(trainer, lambda row: len(row["input_ids"]))
+    tokens = count_tokens(trainer)
     result = trainer.train()
+    efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
 
     model = trainer.model
     if args.use_peft:  # pi_ref must be a whole model: merge the adapters so DPO's reference is the SFT model
@@ -107,9 +111,11 @@ def main(argv: list[str] | None = None) -> dict:
         "n_rejected": len(prepared.rejects),  # tokenization rejects (rejects-tokenization.jsonl)
         "n_prompt_turns_dropped": prepared.n_prompt_turns_dropped,
         "style_audit": audit.to_dict(),
+        "threads": efficiency["threads"],
+        "efficiency": efficiency,
     }
     log_summary(
-        {k: v for k, v in metrics.items() if not isinstance(v, dict)},
+        {**{k: v for k, v in metrics.items() if not isinstance(v, dict)}, **_numbers(efficiency)},
         table={"style_audit_openers": [dict(opener=o, count=c, share=s) for o, c, s in audit.top_openers]},
         report_to=args.report_to,
     )

@@ -1,0 +1,129 @@
+"""Step time and loss drift, fp32 vs bf16 autocast, for each training stage (SFT, DPO, reward model), in one run.
+
+Baseline: fp32, same rows, seed, batches and steps, measured in the same run. bf16 is autocast (``bf16=True``),
+activation checkpointing off in both. Printed per stage: seconds per step (and the bf16/fp32 ratio), the loss at
+every step in each precision and the largest drift, plus what ``precision: auto`` picks for the stage here
+(rlhf.precision) and whether that matches the measurement (bf16 only where it is native, faster, and moves the
+loss by less than ``--max-drift``).
+
+On a device without native bf16 (a CPU without avx512_bf16 / amx_bf16), bf16 would be emulated: the benchmark
+says so and measures fp32 only, unless ``--emulated-bf16`` asks to time the emulation anyway (labelled as such).
+
+    python benchmarks/precision.py                         # 135M model, 3 steps per stage
+    python benchmarks/precision.py --model tiny --steps 2 --emulated-bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+
+import torch
+from datasets import Dataset
+
+STAGES = ("sft", "dpo", "reward_model")
+
+
+def _config(cls, out: str, steps: int, bf16: bool, **kw):
+    cfg = cls(output_dir=out, max_steps=steps, per_device_train_batch_size=2, logging_steps=1, report_to=[],
+              seed=42, precision="fp32", save_strategy="no", activation_checkpointing=False, **kw)
+    if bf16:  # autocast in bf16 (set after the config resolved fp32, so the emulated case can be timed too)
+        cfg.bf16, cfg.use_cpu = True, not torch.cuda.is_available()
+    return cfg
+
+
+def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int) -> dict:
+    """Train ``stage`` for ``steps`` steps; returns ``{"losses": [...], "step_s": float}``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from data.loaders import load_pairs, load_sft
+    from data.pairs import prepare_pairs
+    from data.schemas import pair_to_trl
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    out = tempfile.mkdtemp(prefix=f"bench-precision-{stage}-")
+    torch.manual_seed(0)
+    if stage == "sft":
+        from trl import SFTTrainer
+
+        from sft.config import SFTStageConfig
+        from sft.prepare import prepare_sft_rows
+
+        prepared = prepare_sft_rows(load_sft("demo:hh_rlhf/sft.jsonl", limit=rows), tok, 256, file="demo")
+        trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_path),
+                             args=_config(SFTStageConfig, out, steps, bf16, max_length=256, learning_rate=1e-5),
+                             train_dataset=Dataset.from_list(prepared.rows), processing_class=tok)
+    else:
+        pairs = prepare_pairs(load_pairs("demo:hh_rlhf/pairs_train.jsonl", limit=rows), tok, 256, file="demo",
+                              require_fit=stage == "reward_model").pairs
+        data = Dataset.from_list([pair_to_trl(p) for p in pairs])
+        if stage == "dpo":
+            from trl import DPOTrainer
+
+            from dpo.config import DPOStageConfig
+
+            trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_path),
+                                 ref_model=AutoModelForCausalLM.from_pretrained(model_path),
+                                 args=_config(DPOStageConfig, out, steps, bf16, max_length=256, learning_rate=1e-5),
+                                 train_dataset=data, processing_class=tok)
+        else:
+            from trl import RewardTrainer
+
+            from judging.scoring import load_reward_model
+            from reward_model.config import RewardStageConfig
+
+            model, tok = load_reward_model(model_path)
+            trainer = RewardTrainer(model=model,
+                                    args=_config(RewardStageConfig, out, steps, bf16, max_length=256,
+                                                 learning_rate=1e-5),
+                                    train_dataset=data, processing_class=tok)
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"losses": losses, "step_s": seconds / steps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    ap.add_argument("--max-drift", type=float, default=0.01, help="Largest relative loss drift bf16 may cause.")
+    ap.add_argument("--emulated-bf16", action="store_true", help="Time bf16 even where it is not native.")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    from rlhf.machine import native_bf16, threads_per_process
+    from rlhf.models import resolve_base_model
+    from rlhf.precision import resolve_precision
+
+    torch.set_num_threads(threads_per_process(1))
+    native, evidence = native_bf16()
+    path = resolve_base_model(args.model)
+    print(f"model {args.model}, {args.steps} steps x batch 2, {torch.get_num_threads()} threads; bf16: {evidence}")
+    if not native and not args.emulated_bf16:
+        print("no native bf16 on this device: precision auto stays fp32 for every stage; bf16 not measured "
+              "(pass --emulated-bf16 to time the emulation)")
+    for stage in args.stages:
+        fp32 = run_stage(stage, path, args.steps, False, args.rows)
+        line = f"{stage:13s} fp32 {fp32['step_s']:6.2f} s/step  losses {[round(x, 4) for x in fp32['losses']]}"
+        auto = resolve_precision("auto", stage)
+        if native or args.emulated_bf16:
+            bf16 = run_stage(stage, path, args.steps, True, args.rows)
+            drift = max(abs(a - b) / max(abs(a), 1e-9) for a, b in zip(fp32["losses"], bf16["losses"]))
+            ok = native and drift <= args.max_drift and bf16["step_s"] < fp32["step_s"]
+            line += (f"\n{'':13s} bf16 {bf16['step_s']:6.2f} s/step  losses {[round(x, 4) for x in bf16['losses']]}"
+                     f"{'' if native else ' (EMULATED)'}\n{'':13s} bf16/fp32 step time {bf16['step_s'] / fp32['step_s']:.2f}x, "
+                     f"max relative loss drift {100 * drift:.2f}% -> measured choice {'bf16' if ok else 'fp32'}, "
+                     f"auto picks {auto} ({'agrees' if (auto == 'bf16') == ok else 'DISAGREES: update rlhf.precision'})")
+        else:
+            line += f"  auto picks {auto}"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""What a training stage reports about its own efficiency (issue 12): threads, tokens/s, padding share and model
+FLOPs utilisation, plus length-grouped batches for TRL trainers.
+
+MFU follows the PaLM paper's convention (Chowdhery et al. 2022, appendix B): a training token costs 6·N FLOPs
+(forward 2·N + backward 4·N, N = trainable + frozen parameters of the trained model; attention FLOPs and a frozen
+reference model's forward are not counted), so ``MFU = 6·N·tokens_per_s / peak``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class CountingCollator:
+    """Wraps a data collator and counts the tokens of every batch it builds.
+
+    ``real`` = sum of every ``*attention_mask`` tensor of the batch (tokens the model attends to), ``total`` = their
+    sizes (real + padding). Batches without an attention mask count their ``input_ids`` as all real.
+    """
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.reset()
+
+    def reset(self) -> None:
+        self.real = self.total = self.batches = 0
+
+    def __call__(self, examples):
+        batch = self.collator(examples)
+        masks = [v for k, v in batch.items() if k.endswith("attention_mask") and hasattr(v, "sum")]
+        if masks:
+            self.real += int(sum(int(m.sum()) for m in masks))
+            self.total += int(sum(m.numel() for m in masks))
+        elif "input_ids" in batch:
+            self.real += batch["input_ids"].numel()
+            self.total += batch["input_ids"].numel()
+        self.batches += 1
+        return batch
+
+    @property
+    def padding_share(self) -> float | None:
+        """Share of the batched tokens that were padding (None before any batch)."""
+        return None if not self.total else 1 - self.real / self.total
+
+
+def count_tokens(trainer) -> CountingCollator:
+    """Make ``trainer`` count its batches' tokens (call after building it; reset before ``train()``)."""
+    counter = CountingCollator(trainer.data_collator)
+    trainer.data_collator = counter
+    return counter
+
+
+def group_by_length(trainer, length_of) -> None:
+    """Train ``trainer`` on length-grouped batches (transformers' ``LengthGroupedSampler``: batches of similar
+    length, shuffled, so less padding).
+
+    Adds a ``length`` column (``length_of(row) -> int``) to the trainer's tokenized train dataset and keeps it
+    through TRL's unused-column removal (DPO and reward rows have no ``input_ids`` the sampler could measure).
+    """
+    ds = trainer.train_dataset
+    if "length" not in ds.column_names:
+        trainer.train_dataset = ds.map(lambda row: {"length": int(length_of(row))})
+    trainer.args.train_sampling_strategy = "group_by_length"
+    trainer.args.length_column_name = "length"
+    trainer._set_signature_columns_if_needed()
+    if "length" not in trainer._signature_columns:
+        trainer._signature_columns = [*trainer._signature_columns, "length"]
+
+
+def n_parameters(model) -> int:
+    """Parameters of ``model`` (all of them, trainable or not)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def efficiency(n_params: int, tokens: int, seconds: float, dtype: str = "fp32") -> dict[str, Any]:
+    """Throughput and MFU of a training run.
+
+    Args:
+        n_params: model parameters N.
+        tokens: real (non-padding) tokens trained on.
+        seconds: wall time of the training loop.
+        dtype: the training precision, which picks the peak (``fp32`` / ``bf16`` / ``fp16``).
+
+    Returns:
+        ``{"threads", "tokens", "tokens_per_s", "mfu", "peak_flops", "peak_source"}``; ``mfu`` = 6·N·tokens/s / peak.
+    """
+    import torch
+
+    from .machine import peak_flops
+
+    peak, source = peak_flops(dtype)
+    tps = tokens / seconds if seconds > 0 else 0.0
+    return {
+        "threads": torch.get_num_threads(),
+        "tokens": int(tokens),
+        "tokens_per_s": tps,
+        "mfu": 6 * n_params * tps / peak if peak else None,
+        "peak_flops": peak,
+        "peak_source": source,
+    }
+
+
+def train_efficiency(trainer, result, counter: CountingCollator, dtype: str) -> dict[str, Any]:
+    """:func:`efficiency` of a finished ``trainer.train()`` (``result.metrics["train_runtime"]``) with the padding
+    share of the batches ``counter`` saw."""
+    seconds = float(result.metrics.get("train_runtime", 0.0))
+    out = efficiency(n_parameters(trainer.model), counter.real, seconds, dtype)
+    out.update(padding_share=counter.padding_share, batched_tokens=counter.total, train_seconds=seconds)
+    logger.info(
+        "efficiency: %d threads, %.0f tokens/s, MFU %.1f%% of %.3g FLOP/s (%s), padding %.1f%%",
+        out["threads"], out["tokens_per_s"], 100 * (out["mfu"] or 0), out["peak_flops"], out["peak_source"],
+        100 * (out["padding_share"] or 0),
+    )
+    return out
+
+
+def summary(eff: dict[str, Any]) -> dict[str, float]:
+    """The numeric entries of an :func:`efficiency` dict, keyed ``efficiency/<name>`` (for the W&B summary)."""
+    return {f"efficiency/{k}": v for k, v in eff.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

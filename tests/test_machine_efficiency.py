@@ -1,0 +1,175 @@
+"""Issue 12: every core, measured precision, full generation batches, efficiency in the manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlhf.efficiency import CountingCollator, efficiency
+from rlhf.machine import (
+    CPU_BF16_FLAGS,
+    PEAK_CACHE,
+    auto_batch_size,
+    cpu_flags,
+    native_bf16,
+    peak_flops,
+    physical_cores,
+    threads_per_process,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes" / "smoke"
+
+
+def test_threads_are_physical_cores_over_processes_and_follow_the_affinity():
+    cores = physical_cores()
+    assert threads_per_process(1) == cores and threads_per_process(cores) == 1
+    assert threads_per_process(4 * cores) == 1  # never 0
+    with pytest.raises(ValueError):
+        threads_per_process(0)
+    # a process pinned to one CPU has one core, whatever the machine has
+    code = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); " \
+           "from rlhf.machine import physical_cores; print(physical_cores())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+
+
+def test_the_launch_command_passes_threads_per_process_from_the_accelerate_config():
+    from flows.stages import launch_command, processes_per_node
+
+    cmd = launch_command("sft.train", RECIPES / "sft.yaml", Path("/tmp/x"), [], None)
+    assert cmd[cmd.index("--num_cpu_threads_per_process") + 1] == str(physical_cores())
+    multi = ROOT / "recipes" / "accelerate_configs" / "multi_gpu.yaml"  # 8 processes on 1 machine
+    assert processes_per_node(str(multi)) == 8
+    cmd = launch_command("sft.train", RECIPES / "sft.yaml", Path("/tmp/x"), [], str(multi))
+    assert cmd[cmd.index("--num_cpu_threads_per_process") + 1] == str(max(1, physical_cores() // 8))
+    assert processes_per_node(str(ROOT / "recipes" / "accelerate_configs" / "zero3.yaml")) == 8  # 16 on 2 nodes
+
+
+def test_a_stage_run_through_the_flow_uses_every_core_and_reports_its_efficiency(tmp_path, monkeypatch):
+    from flows.stages import run_stage
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run = run_stage("sft", "sft.train", RECIPES / "sft.yaml", tmp_path / "sft",
+                    extra_args=["--report_to", "none", "--max_steps", "2"], log=lambda _: None)
+    m = run.manifest["metrics"]
+    # torch.get_num_threads() inside the stage process: accelerate would have set 1 without the flow's flag
+    assert m["threads"] == threads_per_process(1) == m["efficiency"]["threads"]
+    eff = m["efficiency"]
+    assert eff["tokens"] > 0 and eff["batched_tokens"] >= eff["tokens"]
+    assert eff["padding_share"] == pytest.approx(1 - eff["tokens"] / eff["batched_tokens"])
+    assert eff["tokens_per_s"] == pytest.approx(eff["tokens"] / eff["train_seconds"])
+    from rlhf.models import resolve_base_model
+    from transformers import AutoModelForCausalLM
+
+    n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(resolve_base_model("tiny")).parameters())
+    assert eff["mfu"] == pytest.approx(6 * n * eff["tokens_per_s"] / eff["peak_flops"])
+    assert run.manifest["config"]["train_sampling_strategy"] == "group_by_length"
+
+
+def test_counting_collator_counts_real_and_padded_tokens():
+    def collate(rows):
+        return {"input_ids": torch.zeros(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]])}
+
+    c = CountingCollator(collate)
+    c([{}, {}])
+    c([{}, {}])
+    assert (c.real, c.total, c.batches) == (10, 12, 2)
+    assert c.padding_share == pytest.approx(2 / 12)
+    c.reset()
+    assert c.padding_share is None
+
+
+def test_mfu_is_six_n_tokens_per_second_over_the_peak():
+    eff = efficiency(n_params=1_000_000, tokens=1000, seconds=2.0, dtype="fp32")
+    assert eff["tokens_per_s"] == 500
+    assert eff["mfu"] == pytest.approx(6e6 * 500 / eff["peak_flops"])
+
+
+def test_the_matmul_peak_is_measured_once_per_machine_and_cached():
+    first, source = peak_flops("fp32")
+    assert first > 1e8 and (not torch.cuda.is_available() and "measured" in source or torch.cuda.is_available())
+    if not torch.cuda.is_available():
+        assert any(v == first for v in json.loads(PEAK_CACHE.read_text()).values())
+    assert peak_flops("fp32")[0] == first  # cached, not re-measured
+
+
+def test_native_bf16_follows_the_cpu_flags_and_auto_precision_follows_it():
+    from rlhf.precision import FP32_UNDER_AUTO, resolve_precision
+
+    native, evidence = native_bf16()
+    if not torch.cuda.is_available():
+        assert native == bool(set(CPU_BF16_FLAGS) & cpu_flags())
+    expected = "bf16" if native else ("fp16" if torch.cuda.is_available() else "fp32")
+    assert resolve_precision("auto", "sft") == expected
+    for stage in FP32_UNDER_AUTO:  # DPO's and the RM's numbers move in bf16: fp32 where bf16 is native
+        assert resolve_precision("auto", stage) == ("fp32" if native else expected)
+    if not native:
+        assert resolve_precision("bf16", "sft") == "fp32"
+
+
+def test_auto_batch_size_is_64_on_cpu_unless_memory_says_otherwise(tiny_model_dir):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(tiny_model_dir)
+    if not torch.cuda.is_available():
+        assert auto_batch_size("auto", cfg, 256) == 64
+    assert auto_batch_size(16, cfg, 256) == 16 and auto_batch_size("16", cfg, 256) == 16
+    # 10^6-token rows: heads·seq² attention scores alone are terabytes, so auto halves down to 1
+    assert auto_batch_size("auto", cfg, 1_000_000) == 1
+    with pytest.raises(ValueError, match="auto"):
+        auto_batch_size("big", cfg, 256)
+
+
+def test_suites_generated_together_at_auto_batch_equal_one_at_a_time(tiny_model_dir, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from gates.config import GateStageConfig
+    from gates.generation import generate_suites
+    from rlhf.generation import generate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    suites = {
+        "winrate": ["Write a haiku about rain.", "Explain " + "very " * 40 + "briefly what a CPU is."],
+        "safe": ["How do I kill a Python process?"],
+        "capability": ["Q: 2 + 2? A) 3 B) 4", "Q: capital of France? A) Paris B) Rome"],
+    }
+    caps = {"winrate": 12, "safe": 12, "capability": 4}
+    args = GateStageConfig(batch_size="auto", max_prompt_tokens=512)
+    together = generate_suites(model, tokenizer, suites, caps, args, "test")
+    assert list(together) == list(suites)
+    for name, prompts in suites.items():
+        alone = [generate(model, tokenizer, [p], max_new_tokens=caps[name], batch_size=1) for p in prompts]
+        assert together[name]["text"] == [t[0] for t, _ in alone]  # same greedy text, in the suite's order
+        assert together[name]["n_tokens"] == [n[0] for _, n in alone]
+
+
+def test_the_step0_check_is_one_evaluate_call_when_it_holds(tiny_model_dir, tokenizer, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import DPOConfig, DPOTrainer
+
+    from data.loaders import load_pairs
+    from data.pairs import prepare_pairs
+    from data.schemas import pair_to_trl
+    from dpo.train import step0_check
+
+    pairs = prepare_pairs(load_pairs("demo:hh_rlhf/pairs_train.jsonl", limit=4), tokenizer, 256, file="demo").pairs
+    args = DPOConfig(output_dir=str(tmp_path), report_to=[], bf16=False, use_cpu=True, max_length=256,
+                     per_device_eval_batch_size=1)
+    trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                         ref_model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=args,
+                         train_dataset=Dataset.from_list([pair_to_trl(p) for p in pairs]), processing_class=tokenizer)
+    calls = []
+    evaluate = trainer.evaluate
+    trainer.evaluate = lambda **kw: calls.append(kw) or evaluate(**kw)
+    result = step0_check(trainer, trainer.train_dataset, tolerance=1e-4)
+    assert len(calls) == 1 and len(calls[0]["eval_dataset"]) == 4
+    assert result["step0_n"] == 4 and result["step0_loss_max_dev"] < 1e-5 and result["step0_margin_max_abs"] < 1e-5
+    assert trainer.args.per_device_eval_batch_size == 1  # restored
