@@ -12,6 +12,7 @@ tokens/s, with identical greedy outputs.
     python benchmarks/generation.py                 # 500 prompts, 64 new tokens, auto vs batch 16
     python benchmarks/generation.py --n 64 --model tiny
     python benchmarks/generation.py --n 128 --n-baseline 0   # skip the one-at-a-time run
+    python benchmarks/generation.py --n 64 --n-baseline 0 --skip-heldout --max-new-tokens 32
 """
 
 from __future__ import annotations
@@ -27,12 +28,16 @@ from rlhf.generation import generate
 from rlhf.models import resolve_base_model
 
 
-def prompts(n: int) -> list[str]:
-    """Held-out gate prompts: HH-RLHF held-out, XSTest, HarmBench, AdvBench, MT-bench (first n in that order)."""
+SOURCES = ("demo:hh_rlhf/pairs_heldout.jsonl", "demo:xstest/xstest_prompts.csv",
+           "demo:harmbench/harmbench_behaviors_text_val.csv", "demo:harmbench/advbench_behaviors.csv",
+           "demo:mt_bench/mt_bench_question.jsonl")
+
+
+def prompts(n: int, skip_heldout: bool = False) -> list[str]:
+    """Held-out gate prompts: HH-RLHF held-out, XSTest, HarmBench, AdvBench, MT-bench (first n in that order);
+    ``skip_heldout``: without the long multi-turn HH-RLHF conversations (the refusal suites' short prompts)."""
     out: list[str] = []
-    for src in ("demo:hh_rlhf/pairs_heldout.jsonl", "demo:xstest/xstest_prompts.csv",
-                "demo:harmbench/harmbench_behaviors_text_val.csv", "demo:harmbench/advbench_behaviors.csv",
-                "demo:mt_bench/mt_bench_question.jsonl"):
+    for src in SOURCES[1:] if skip_heldout else SOURCES:
         out += [p.prompt for p in load_eval_prompts(src)]
     if len(out) < n:
         raise SystemExit(f"only {len(out)} prompts available, asked for {n}")
@@ -47,12 +52,14 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", default="auto", help="The new setting: an int or auto.")
     ap.add_argument("--old-batch-size", type=int, default=16, help="The baseline batch size (before issue 12).")
+    ap.add_argument("--skip-heldout", action="store_true",
+                    help="Leave out the long HH-RLHF conversations (prefill-bound): the refusal suites' short prompts.")
     args = ap.parse_args()
     torch.manual_seed(0)
     path = resolve_base_model(args.model)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    ps = prompts(args.n)
+    ps = prompts(args.n, args.skip_heldout)
 
     from rlhf.machine import auto_batch_size
 
