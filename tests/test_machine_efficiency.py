@@ -173,3 +173,24 @@ def test_the_step0_check_is_one_evaluate_call_when_it_holds(tiny_model_dir, toke
     assert len(calls) == 1 and len(calls[0]["eval_dataset"]) == 4
     assert result["step0_n"] == 4 and result["step0_loss_max_dev"] < 1e-5 and result["step0_margin_max_abs"] < 1e-5
     assert trainer.args.per_device_eval_batch_size == 1  # restored
+
+
+def test_dpo_stage_trains_on_length_grouped_batches_and_reports_its_efficiency(tmp_path, monkeypatch):
+    """DPO rows have no input_ids: the stage's ``length`` column must survive TRL's column removal and the
+    preference collator, and the manifest must hold the padding share of the batches trained on."""
+    from dpo.train import main as dpo_main
+    from sft.train import main as sft_main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    sft_main(["--config", str(RECIPES / "sft.yaml"), "--report_to", "none", "--max_steps", "1",
+              "--output_dir", str(tmp_path / "sft")])
+    metrics = dpo_main(["--config", str(RECIPES / "dpo.yaml"), "--report_to", "none", "--output_dir",
+                        str(tmp_path / "dpo"), "--sft_dir", str(tmp_path / "sft")])
+    eff = metrics["efficiency"]
+    assert metrics["step0_n"] == 2 and metrics["step0_loss_max_dev"] < 1e-3
+    assert eff["threads"] == torch.get_num_threads() and eff["tokens"] > 0
+    assert 0 <= eff["padding_share"] < 1
+    assert eff["padding_share"] == pytest.approx(1 - eff["tokens"] / eff["batched_tokens"])
+    manifest = json.loads((tmp_path / "dpo" / "manifest.json").read_text())
+    assert manifest["config"]["train_sampling_strategy"] == "group_by_length"
+    assert manifest["metrics"]["efficiency"] == pytest.approx(eff)
