@@ -30,7 +30,8 @@ def _config(cls, out: str, steps: int, bf16: bool, **kw):
     cfg = cls(output_dir=out, max_steps=steps, per_device_train_batch_size=2, logging_steps=1, report_to=[],
               seed=42, precision="fp32", save_strategy="no", activation_checkpointing=False, **kw)
     if bf16:  # autocast in bf16 (set after the config resolved fp32, so the emulated case can be timed too)
-        cfg.bf16, cfg.use_cpu = True, not torch.cuda.is_available()
+        # transformers reads bf16 into mixed_precision in __post_init__: set both, or autocast never starts
+        cfg.bf16, cfg.mixed_precision, cfg.use_cpu = True, "bf16", not torch.cuda.is_available()
     return cfg
 
 
@@ -74,7 +75,7 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int) ->
             from judging.scoring import load_reward_model
             from reward_model.config import RewardStageConfig
 
-            model, tok = load_reward_model(model_path)
+            model, tok = load_reward_model(model_path, new_head=True)
             trainer = RewardTrainer(model=model,
                                     args=_config(RewardStageConfig, out, steps, bf16, max_length=256,
                                                  learning_rate=1e-5),
