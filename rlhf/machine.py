@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -37,13 +38,41 @@ def _affinity() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs the container's cgroup quota allows (quota / period), or None where there is no quota.
+
+    cgroup v2: ``<root>/cpu.max`` ("max 100000" = no quota, "200000 100000" = 2 CPUs); cgroup v1:
+    ``<root>/cpu/cpu.cfs_quota_us`` (-1 = no quota) over ``<root>/cpu/cpu.cfs_period_us``. A container limited
+    by quota but not by CPU affinity (Docker ``--cpus``, Kubernetes CPU limits) sees every host CPU in
+    ``sched_getaffinity``; this is what it may actually use.
+    """
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+
+
 def physical_cores() -> int:
     """Physical cores this process may run on.
 
     The logical CPUs in the process's affinity mask, counted once per (package, core) from
     ``/sys/devices/system/cpu/cpuN/topology`` (hyper-thread siblings share a core). Without sysfs topology:
     ``psutil.cpu_count(logical=False)`` (else ``os.cpu_count()``), capped at the affinity mask's size.
+    Either way capped at the cgroup CPU quota, rounded up (:func:`cgroup_cpu_limit`).
     """
+    cores = _physical_cores_in_affinity()
+    limit = cgroup_cpu_limit()
+    return cores if limit is None else max(1, min(cores, math.ceil(limit)))
+
+
+def _physical_cores_in_affinity() -> int:
     cpus = _affinity()
     cores = set()
     for cpu in cpus:

@@ -40,6 +40,23 @@ def test_threads_are_physical_cores_over_processes_and_follow_the_affinity():
     assert out.stdout.strip() == "1"
 
 
+def test_a_cgroup_cpu_quota_caps_the_cores(tmp_path):
+    from rlhf.machine import cgroup_cpu_limit
+
+    assert cgroup_cpu_limit(tmp_path) is None  # no cgroup files: no quota
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(tmp_path) is None
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # docker --cpus 1.5
+    assert cgroup_cpu_limit(tmp_path) == 1.5
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_limit(v1) is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    assert cgroup_cpu_limit(v1) == 3.0
+
+
 def test_the_launch_command_passes_threads_per_process_from_the_accelerate_config():
     from flows.stages import launch_command, processes_per_node
 
