@@ -104,7 +104,9 @@ def test_ctrl_c_on_a_round_stops_the_stage_and_exits_130(tmp_path):
         log.close()
     out = (tmp_path / "round.log").read_text()
     assert rc == INTERRUPTED_EXIT_CODE, out[-3000:]
-    assert elapsed < 20, f"took {elapsed:.1f}s to stop"
+    # The stop escalates SIGINT -> (10 s) SIGTERM -> (3 s) SIGKILL -> (3 s), then the flow tears down: at most ~16 s
+    # plus teardown, which took 22 s on a 2-core machine at load 7. Uninterrupted, 100000 steps take hours.
+    assert elapsed < 45, f"took {elapsed:.1f}s to stop"
     assert "round interrupted" in out
     assert not (sft_dir / "manifest.json").exists() and not (runs / "intr" / "round.json").exists()
     time.sleep(1)
