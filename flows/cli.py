@@ -47,6 +47,12 @@ def round_cmd(
     flywheel_data: Annotated[
         Optional[str], typer.Option(help="Flywheel dataset version dir: its pairs train DPO and the reward model.")
     ] = None,
+    launcher: Annotated[
+        str, typer.Option(help="local | slurm (each stage an sbatch job; flows/launch/slurm.py).")
+    ] = "local",
+    slurm: Annotated[
+        Optional[str], typer.Option(help='Slurm job as JSON, e.g. \'{"nodes": 2, "partition": "gpu"}\' (SlurmJob).')
+    ] = None,
 ) -> None:
     """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed;
     130: interrupted (Ctrl-C / SIGTERM: the running stage is stopped, nothing is left that looks finished)."""
@@ -67,6 +73,13 @@ def round_cmd(
         if not sep or not dot:
             raise typer.BadParameter(f"--set {item!r}: expected stage.key=value, e.g. dpo.beta=0.2")
         overrides.setdefault(stage, []).extend([f"--{name}", value])
+    from pydantic import ValidationError
+
+    try:
+        slurm_job = {"slurm": json.loads(slurm)} if slurm else {}
+        RoundParameters(launcher=launcher, **slurm_job)
+    except (ValueError, ValidationError) as err:  # bad JSON or a bad field: a usage error (exit 2), named
+        raise typer.BadParameter(str(err), param_hint="--launcher/--slurm") from None
     params = RoundParameters(
         preset=preset,
         round_id=round_id,
@@ -78,6 +91,8 @@ def round_cmd(
         accelerate_config=accelerate_config,
         force=force or [],
         flywheel_data=flywheel_data,
+        launcher=launcher,
+        **slurm_job,
     )
     from flows.stages import StageFailed
 

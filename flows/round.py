@@ -33,6 +33,7 @@ from rlhf.round_id import artifact_key, check_round_id
 from rlhf.rundir import RoundLock
 
 from .artifacts import embed_images, ordered_rows, verdict_state
+from .launch.slurm import SlurmJob, slurm_launcher
 from .stages import StageRun, check_stage_config, dump, run_stage, summarize
 
 UNLOCK_FILE = "ppo_unlock.json"
@@ -56,6 +57,10 @@ class RoundParameters(BaseModel):
         None, description="Required with ppo_override; recorded in round.json, ppo_unlock.json and the gate report."
     )
     accelerate_config: str | None = Field(None, description="accelerate config file (default: one local process).")
+    launcher: Literal["local", "slurm"] = Field(
+        "local", description="local: accelerate launch on this host. slurm: each stage is an sbatch job (below)."
+    )
+    slurm: SlurmJob = Field(default_factory=SlurmJob, description="Slurm resources (launcher slurm only).")
     force: list[str] = Field(default_factory=list, description="Stages to rerun even if their inputs are unchanged.")
     flywheel_data: str | None = Field(
         None, description="A flywheel dataset version (runs/flywheel/datasets/v-...): the DPO and reward-model data."
@@ -119,7 +124,9 @@ def decide_unlock(params: RoundParameters, rm: StageRun, round_dir: Path) -> dic
     return unlock
 
 
-@task(cache_policy=NO_CACHE, task_run_name="{stage}")
+# Retries: none on a task that trains (a retry would train again from scratch, or twice at once); publishing
+# artifacts is I/O to the Prefect API and is retried (tests/test_launch.py checks every task's setting).
+@task(cache_policy=NO_CACHE, task_run_name="{stage}", retries=0)
 def stage_task(
     stage: str, params: RoundParameters, round_dir: Path, dirs: dict[str, str], parents: list[StageRun]
 ) -> StageRun:
@@ -136,6 +143,7 @@ def stage_task(
         force=stage in params.force,
         log=logger.info,
         runs_dir=params.runs_dir,
+        launcher=slurm_launcher(params.slurm, stage, round_dir.name) if params.launcher == "slurm" else None,
     )
 
 
@@ -155,7 +163,7 @@ def gate_suites_file(params: RoundParameters, round_dir: Path) -> Path:
     return path.resolve()
 
 
-@task(cache_policy=NO_CACHE, task_run_name="check-recipes")
+@task(cache_policy=NO_CACHE, task_run_name="check-recipes", retries=0)
 def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
     """Every stage's recipe and overrides parse, and named data files exist, before anything trains."""
     for stage in stages:
@@ -258,13 +266,14 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     }
     manifest = strict_json(manifest)  # what is returned is what round.json holds: strict JSON
     atomic_write_text(round_dir / "round.json", dump(manifest))
-    _publish(round_id, runs, gates, unlock, verdict)
+    publish_task(round_id, runs, gates, unlock, verdict)
     logger.info("round %s: verdict %s (report %s)", round_id, verdict.upper(), manifest["gate_report"])
     report = json.loads(Path(gates.manifest["outputs"]["report_json"]).read_text())
     return verdict_state(verdict, report["gates"], manifest)
 
 
-def _publish(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict, verdict: str) -> None:
+@task(cache_policy=NO_CACHE, task_run_name="publish", retries=3, retry_delay_seconds=5)
+def publish_task(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict, verdict: str) -> None:
     """Prefect artifacts: the verdict report, the gate table (its judged gates' rows name the judge), the judge,
     the stage table."""
     report = Path(gates.manifest["outputs"]["report_md"])

@@ -137,12 +137,15 @@ def run_stage(
     force: bool = False,
     log=print,
     runs_dir: str | Path | None = None,
+    launcher=None,
 ) -> StageRun:
     """Run one stage unless a finished run with the same cache key is already in ``output_dir``.
 
     The stage's stdout/stderr stream to ``log`` and to ``<output_dir>/stage.log``. The stage runs in its own
     process group (flows/interrupt.py): an interrupt stops all of it, and nothing of it outlives the launcher.
     A stale ``output_dir`` is removed only if a stage created it (marker file) inside ``runs_dir`` (when given).
+    ``launcher`` (same arguments as :func:`launch_command`, called once ``output_dir`` exists) gives the command
+    instead of the local ``accelerate launch``, e.g. :func:`flows.launch.slurm.slurm_launcher`'s submit-and-wait.
 
     Raises:
         rlhf.rundir.RoundError: ``output_dir`` exists but was not created by a stage, or lies outside ``runs_dir``.
@@ -171,7 +174,7 @@ def run_stage(
     if output_dir.exists():  # stale or unfinished: start clean, so nothing old can pass for new
         remove_stage_dir(output_dir, runs_dir)
     create_stage_dir(output_dir)
-    cmd = launch_command(module, recipe, output_dir, list(extra_args), accelerate_config)
+    cmd = (launcher or launch_command)(module, recipe, output_dir, list(extra_args), accelerate_config)
     log(f"[{stage}] $ {' '.join(cmd)}")
     t0 = time.perf_counter()
     tail: list[str] = []
