@@ -69,13 +69,28 @@ def test_precision_on_cpu_is_fp32_and_bad_values_are_refused():
         resolve_precision("int8")
 
 
-# Stage recipes only: accelerate_configs/ are accelerate's files, and flywheel/simulator.yaml is the traffic
-# simulator's parameters, parsed strictly by flywheel.simulate.load_simulator_config (tests/test_flywheel_simulate.py).
-@pytest.mark.parametrize("recipe", sorted(p.relative_to(RECIPES).as_posix() for p in RECIPES.glob("*/*.yaml")
-                                          if p.parent.name not in ("accelerate_configs", "flywheel")))
+# Stage recipes, in every preset folder, nested ones too (recipes/8b/full/): accelerate_configs/ are accelerate's
+# files (parsed below), and flywheel/simulator.yaml is the traffic simulator's parameters, parsed strictly by
+# flywheel.simulate.load_simulator_config (tests/test_flywheel_simulate.py).
+ACCELERATE_CONFIGS = sorted(p.name for p in (RECIPES / "accelerate_configs").glob("*.yaml"))
+STAGE_RECIPES = sorted(p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.yaml")
+                       if p.relative_to(RECIPES).parts[0] not in ("accelerate_configs", "flywheel"))
+
+
+def test_every_recipe_file_has_a_strict_parser():
+    """No YAML file under recipes/ escapes the strict parses: stage recipes, accelerate configs, the simulator."""
+    every = {p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.y*ml")}
+    covered = {*STAGE_RECIPES, *(f"accelerate_configs/{n}" for n in ACCELERATE_CONFIGS), "flywheel/simulator.yaml"}
+    assert every == covered
+    assert {"8b/full/sft.yaml", "8b/full/dpo.yaml", "8b/full/reward.yaml", "8b/lora/sft.yaml", "8b/lora/dpo.yaml",
+            "8b/lora/reward.yaml"} <= covered
+
+
+@pytest.mark.parametrize("recipe", STAGE_RECIPES)
 def test_every_recipe_parses_strictly(recipe):
     from trl import TrlParser
 
+    from flows.stages import check_stage_config
     from rlhf.registry import by_recipe
 
     entry = by_recipe(Path(recipe).stem)  # the registry says which config(s) parse this file
@@ -84,6 +99,42 @@ def test_every_recipe_parses_strictly(recipe):
     )
     (args,) = [a for a in parsed if hasattr(a, "output_dir")]
     assert args.output_dir == "/tmp/x"
+    check_stage_config(entry.name, RECIPES / recipe, [])  # the round's own pre-flight check passes too
+
+
+def check_accelerate_config(path: Path):
+    """Parse an accelerate config the way ``accelerate launch`` does: accelerate's loader refuses unknown top-level
+    keys; the ``deepspeed_config`` mapping becomes launch arguments, so each of its keys must be one."""
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+
+    config = ClusterConfig.from_yaml_file(path)
+    known = {a.dest for a in launch_command_parser()._actions}
+    unknown = sorted(set(config.deepspeed_config or {}) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown deepspeed_config key(s) {unknown}")
+    return config
+
+
+@pytest.mark.parametrize("name", ACCELERATE_CONFIGS)
+def test_every_accelerate_config_parses_strictly(name):
+    config = check_accelerate_config(RECIPES / "accelerate_configs" / name)
+    assert config.num_processes % config.num_machines == 0  # the same number of processes on every node
+    if name.startswith("zero3"):
+        assert config.deepspeed_config["zero_stage"] == 3 and config.mixed_precision == "bf16"
+        assert config.deepspeed_config["zero3_save_16bit_model"] is True  # a save gathers full weights
+
+
+def test_unknown_accelerate_config_key_is_an_error(tmp_path):
+    text = (RECIPES / "accelerate_configs" / "zero3_1node.yaml").read_text()
+    bad = tmp_path / "top.yaml"
+    bad.write_text(text + "num_gpus: 8\n")
+    with pytest.raises(ValueError, match="num_gpus"):
+        check_accelerate_config(bad)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(text.replace("zero_stage: 3", "zero_stage: 3\n  zero3_save_16bit: true"))
+    with pytest.raises(ValueError, match="zero3_save_16bit"):
+        check_accelerate_config(nested)
 
 
 def test_unknown_recipe_key_is_an_error(tmp_path):
