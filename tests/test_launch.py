@@ -147,6 +147,12 @@ def test_sacct_without_a_row_yet_is_no_state():
     assert slurm.parse_sacct("") is None
 
 
+def test_scontrol_shows_a_recently_finished_job():
+    row = "JobId=7 JobName=rlhf-r1-sft UserId=root(0) JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 RunTime=00:00:09"
+    assert slurm.parse_scontrol(row) == slurm.JobState("FAILED", 1, "scontrol")
+    assert slurm.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+
+
 def test_slurm_job_fields_are_checked():
     with pytest.raises(ValueError, match="nodez"):
         slurm.SlurmJob(nodez=2)

@@ -30,11 +30,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 EXIT_FILE = ".slurm_exit"
@@ -44,6 +44,14 @@ DEFAULT_ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "a
 ACTIVE_STATES = frozenset(
     "PENDING CONFIGURING RUNNING COMPLETING SUSPENDED REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SIGNALING "
     "STAGE_OUT RESV_DEL_HOLD STOPPED".split()
+)
+
+# Pending reasons no amount of waiting resolves (the request exceeds what the partition/account allows): the job
+# is cancelled and the stage fails, instead of the flow waiting forever on a job that cannot start.
+NEVER_STARTS = frozenset(
+    "PartitionNodeLimit PartitionTimeLimit PartitionConfig BadConstraints InvalidAccount InvalidQOS "
+    "DependencyNeverSatisfied QOSMaxNodePerJobLimit QOSMaxGRESPerJob QOSMaxCpuPerJobLimit AssocMaxNodesPerJobLimit "
+    "AssocMaxGRESPerJob AssocMaxCpuPerJobLimit".split()
 )
 
 
@@ -57,7 +65,8 @@ class SlurmJob(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not a default
 
     nodes: int = Field(1, ge=1, description="Nodes (accelerate machines).")
-    gpus_per_node: int = Field(8, ge=1, description="GPUs a node = processes a node.")
+    gpus_per_node: int = Field(8, ge=0, description="GPUs a node (0: a CPU job).")
+    processes_per_node: int | None = Field(None, ge=1, description="Processes a node (default: one a GPU).")
     cpus_per_task: int = Field(64, ge=1, description="CPU cores for each node's launcher (shared by its processes).")
     time_limit: str = Field("24:00:00", description="sbatch --time (HH:MM:SS or D-HH:MM:SS).")
     partition: str | None = Field(None, description="sbatch --partition (default: the cluster's).")
@@ -70,9 +79,20 @@ class SlurmJob(BaseModel):
     extra_sbatch: list[str] = Field(default_factory=list, description='More #SBATCH options, e.g. "--exclusive".')
     poll_s: float = Field(30.0, gt=0, description="Seconds between sacct/squeue polls.")
 
+    @model_validator(mode="after")
+    def _processes(self) -> "SlurmJob":
+        if self.gpus_per_node == 0 and self.processes_per_node is None:
+            raise ValueError("a CPU job (gpus_per_node 0) needs processes_per_node")
+        return self
+
+    @property
+    def per_node(self) -> int:
+        """Processes a node: ``processes_per_node``, else one a GPU."""
+        return self.processes_per_node or self.gpus_per_node
+
     @property
     def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return self.nodes * self.per_node
 
 
 def job_name(round_id: str, stage: str) -> str:
@@ -99,7 +119,7 @@ def render_sbatch(
     accelerate_config: str | Path | None = None,
 ) -> str:
     """The sbatch script (text) that runs ``accelerate launch -m <module> --config <recipe> --output_dir <dir>
-    <extra_args>`` on ``job.nodes`` x ``job.gpus_per_node`` processes. Paths are written as given: pass absolute
+    <extra_args>`` on ``job.nodes`` x ``job.per_node`` processes. Paths are written as given: pass absolute
     ones (compute nodes start in ``job.workdir``). ``accelerate_config`` defaults to the ZeRO-3 config."""
     output_dir = Path(output_dir)
     return _environment().get_template("stage.sbatch.j2").render(
@@ -108,6 +128,7 @@ def render_sbatch(
         job_name=job_name(round_id, stage),
         nodes=job.nodes,
         gpus_per_node=job.gpus_per_node,
+        per_node=job.per_node,
         world_size=job.world_size,
         cpus_per_task=job.cpus_per_task,
         time_limit=job.time_limit,
@@ -180,7 +201,12 @@ class JobState:
 
     state: str
     exit_code: int | None
-    source: str  # sacct | squeue | gone
+    source: str  # sacct | squeue | scontrol | gone
+    reason: str = ""  # squeue's reason of a pending job (e.g. PartitionNodeLimit)
+
+    @property
+    def never_starts(self) -> bool:
+        return self.state == "PENDING" and self.reason in NEVER_STARTS
 
     @property
     def done(self) -> bool:
@@ -203,23 +229,40 @@ def parse_sacct(text: str) -> JobState | None:
     return JobState(state, value if state not in ACTIVE_STATES else None, "sacct")
 
 
+def parse_scontrol(text: str) -> JobState | None:
+    """``JobState`` and ``ExitCode`` of ``scontrol show job -o <id>`` (Slurm keeps a finished job there for
+    MinJobAge, 300 s by default); None when it does not know the job."""
+    state = re.search(r"\bJobState=(\S+)", text)
+    code = re.search(r"\bExitCode=(\d+):(\d+)", text)
+    if state is None:
+        return None
+    parsed = parse_sacct(f"{state.group(1)}|{code.group(1)}:{code.group(2)}" if code else f"{state.group(1)}|0:0")
+    return replace(parsed, source="scontrol")
+
+
 def job_state(job_id: str, exit_file: Path | None = None) -> JobState:
-    """Ask ``sacct`` (final states and exit codes), else ``squeue`` (queued/running); a job neither knows has left
-    the queue on a cluster without accounting: its exit code is then the one the script wrote to ``exit_file``.
+    """Ask ``sacct`` (final states and exit codes, where the cluster keeps accounting), else ``squeue`` (queued or
+    running), else ``scontrol show job`` (a recently finished job); a job none of them knows has left the queue
+    long ago: its exit code is the one the script wrote to ``exit_file`` (1 when there is none).
 
     Raises:
-        SlurmError: neither sacct nor squeue is on PATH.
+        SlurmError: squeue is not on PATH.
     """
     if shutil.which("sacct"):
         out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"],
                              capture_output=True, text=True)
-        state = parse_sacct(out.stdout) if out.returncode == 0 else None
+        state = parse_sacct(out.stdout) if out.returncode == 0 else None  # "accounting storage is disabled": rc 1
         if state is not None:
             return state
-    squeue = _tool("squeue")
-    out = subprocess.run([squeue, "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    out = subprocess.run([_tool("squeue"), "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True)
     if out.returncode == 0 and out.stdout.strip():
-        return JobState(out.stdout.split()[0], None, "squeue")
+        state, _, reason = out.stdout.strip().splitlines()[0].partition("|")
+        return JobState(state, None, "squeue", reason)
+    if shutil.which("scontrol"):
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+        state = parse_scontrol(out.stdout) if out.returncode == 0 else None
+        if state is not None:
+            return state
     code = None
     if exit_file is not None and exit_file.is_file():
         code = int(exit_file.read_text().strip() or 1)
@@ -246,7 +289,7 @@ class _Tail:
 
 def run(script: Path, poll_s: float = 30.0, max_poll_failures: int = 10) -> int:
     """Submit ``script``, stream its output, wait for the job; return its exit code. SIGINT/SIGTERM cancel the job
-    (``scancel``). A failed poll (sacct/squeue hiccup) is retried up to ``max_poll_failures`` times in a row: polling
+    (``scancel``); so does a pending reason that never resolves (:data:`NEVER_STARTS`, then SlurmError). A failed poll (sacct/squeue hiccup) is retried up to ``max_poll_failures`` times in a row: polling
     is I/O; the job itself is never resubmitted."""
     script = Path(script).resolve()
     out_dir = script.parent
@@ -272,8 +315,13 @@ def run(script: Path, poll_s: float = 30.0, max_poll_failures: int = 10) -> int:
             state = None
         tail.pump()
         if state is not None and state.state != last:
-            print(f"rlhf launch: Slurm job {job_id} {state.state} ({state.source})", flush=True)
+            why = f", {state.reason}" if state.reason and state.reason != "None" else ""
+            print(f"rlhf launch: Slurm job {job_id} {state.state} ({state.source}{why})", flush=True)
             last = state.state
+        if state is not None and state.never_starts:
+            subprocess.run(["scancel", job_id], capture_output=True)
+            raise SlurmError(f"Slurm job {job_id} can never start ({state.reason}): it asks for more than the "
+                             f"partition or account allows (see {script}); cancelled")
         if state is not None and state.done:
             break
         time.sleep(poll_s)
