@@ -89,3 +89,29 @@ def test_a_job_the_cluster_can_never_start_is_cancelled_and_fails_loudly(on_clus
     job_id = str(err.value).split("Slurm job ", 1)[1].split()[0]
     shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
     assert "JobState=CANCELLED" in shown
+
+
+def test_ctrl_c_of_the_launcher_cancels_the_job(on_cluster, tmp_path):
+    """SIGINT (what the flow sends a stage's process group on Ctrl-C) reaches the submit-and-wait process, which
+    cancels the job: nothing keeps training on the cluster after the round was stopped."""
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / slurm.SCRIPT_FILE
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={tmp_path}/slurm-%j.out\necho started\nsleep 120\n")
+    proc = subprocess.Popen([sys.executable, "-m", "flows.launch.slurm", "run", str(script), "--poll-s", "0.3"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "RUNNING" in line:
+            break
+    job_id = lines[0].split("submitted Slurm job ", 1)[1].split()[0]
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 128 + signal.SIGINT
+    assert f"SIGINT: cancelled Slurm job {job_id}" in rest
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    assert "JobState=CANCELLED" in shown

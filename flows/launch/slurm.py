@@ -298,6 +298,14 @@ def run(script: Path, poll_s: float = 30.0, max_poll_failures: int = 10) -> int:
 
     def cancel(signum, frame):
         subprocess.run(["scancel", job_id], capture_output=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # return only once the job has really ended (CANCELLED)
+            try:
+                if job_state(job_id, out_dir / EXIT_FILE).done:
+                    break
+            except (OSError, subprocess.SubprocessError, SlurmError):
+                break
+            time.sleep(0.5)
         print(f"rlhf launch: {signal.Signals(signum).name}: cancelled Slurm job {job_id}", flush=True)
         raise SystemExit(128 + signum)
 
