@@ -82,18 +82,26 @@ def start_slurm(cpus: int | None = None):
     procs: list[subprocess.Popen] = []
 
     def spawn(*cmd: str) -> None:
-        log = open(tmp / f"{Path(cmd[0]).name}.out", "w")
+        log = open(tmp / f"{Path(cmd[0]).name}.out", "w")  # noqa: SIM115 - the daemon writes to it until stopped
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
 
     try:
-        spawn("munged", "-F", "-f", f"--socket={tmp}/munge.sock", f"--key-file={key}", f"--log-file={tmp}/munged.log",
-              f"--pid-file={tmp}/munged.pid", f"--seed-file={tmp}/munged.seed")
+        spawn(
+            "munged",
+            "-F",
+            "-f",
+            f"--socket={tmp}/munge.sock",
+            f"--key-file={key}",
+            f"--log-file={tmp}/munged.log",
+            f"--pid-file={tmp}/munged.pid",
+            f"--seed-file={tmp}/munged.seed",
+        )
         _wait(lambda: (tmp / "munge.sock").exists(), procs, tmp, "munged socket")
         spawn("slurmctld", "-D", "-f", str(conf))
         spawn("slurmd", "-D", "-N", "localhost", "-f", str(conf))
 
         def idle() -> bool:
-            out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True)
+            out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, check=False)
             return out.returncode == 0 and out.stdout.strip() == "idle"
 
         _wait(idle, procs, tmp, "node idle")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import stat
 import subprocess
 import sys
@@ -69,7 +68,7 @@ def accelerate_args(argv: list[str]):
 def test_sbatch_script_matches_its_golden_file_and_is_valid_bash():
     text = render_sft()
     check_golden("slurm_sft_2x8.sbatch", text)
-    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
     directives = dict(ln[len("#SBATCH --"):].split("=", 1) for ln in text.splitlines()
                       if ln.startswith("#SBATCH --") and "=" in ln)
     assert directives["nodes"] == "2" and directives["gpus-per-node"] == "8" and directives["ntasks-per-node"] == "1"
@@ -99,7 +98,7 @@ def test_sbatch_refuses_an_allocation_smaller_than_it_asked_for(tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(render_sft(job))
     env = {"PATH": os.environ["PATH"], "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gpu-node-17"}
-    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=False)
     assert out.returncode == 3
     assert "asked for 2 node(s), Slurm gave 1; not training" in out.stderr
 
@@ -148,7 +147,7 @@ def test_sacct_without_a_row_yet_is_no_state():
 
 
 def test_scontrol_shows_a_recently_finished_job():
-    row = "JobId=7 JobName=rlhf-r1-sft UserId=root(0) JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 RunTime=00:00:09"
+    row = "JobId=7 JobName=rlhf-r1-sft UserId=root(0) JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 RunTime=0:09"
     assert slurm.parse_scontrol(row) == slurm.JobState("FAILED", 1, "scontrol")
     assert slurm.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
 
@@ -211,7 +210,8 @@ def test_each_pod_joins_the_c10d_rendezvous_at_pod_0_with_its_index_as_rank(tmp_
     out = subprocess.run(container["command"], env=env, capture_output=True, text=True, check=True)
     args = accelerate_args(json.loads(out.stdout))
     assert (args.num_machines, args.num_processes, args.machine_rank) == (2, 16, 1)
-    assert (args.rdzv_backend, args.main_process_ip, args.main_process_port) == ("c10d", "rlhf-r1-dpo-0.rlhf-r1-dpo", 29500)
+    assert (args.rdzv_backend, args.main_process_port) == ("c10d", 29500)
+    assert args.main_process_ip == "rlhf-r1-dpo-0.rlhf-r1-dpo"  # pod 0 through the headless Service
     assert args.config_file == "recipes/accelerate_configs/zero3.yaml" and args.max_restarts == 0
     assert args.training_script == "dpo.train"
     assert args.training_script_args == ["--config", "recipes/8b/full/dpo.yaml", "--output_dir",

@@ -67,7 +67,8 @@ def test_a_failing_slurm_job_fails_the_stage_with_its_own_error(on_cluster, tmp_
     out_dir = tmp_path / "runs" / "r1" / "sft"
     with pytest.raises(StageFailed, match=r"exit 1\): FileNotFoundError: .*no-such-file\.jsonl") as err:
         run_stage("sft", "sft.train", SMOKE / "sft.yaml", out_dir, accelerate_config=CPU_CONFIG,
-                  extra_args=["--round_id", "r1", "--report_to", "none", "--train_data", str(tmp_path / "no-such-file.jsonl")],
+                  extra_args=["--round_id", "r1", "--report_to", "none",
+                              "--train_data", str(tmp_path / "no-such-file.jsonl")],
                   log=lambda *_: None, launcher=slurm.slurm_launcher(cpu_job(), "sft", "r1"))
     assert err.value.returncode == 1
     log = (out_dir / "stage.log").read_text()
@@ -76,8 +77,9 @@ def test_a_failing_slurm_job_fails_the_stage_with_its_own_error(on_cluster, tmp_
 
 
 def test_a_job_the_cluster_can_never_start_is_cancelled_and_fails_loudly(on_cluster, tmp_path):
-    """2 nodes asked of a 1-node partition: sbatch accepts it and it would pend forever (PartitionConfig, then PartitionNodeLimit); the
-    launcher cancels it and fails, naming the reason, instead of waiting or training on fewer nodes."""
+    """2 nodes asked of a 1-node partition: sbatch accepts it and it would pend forever (PartitionConfig, then
+    PartitionNodeLimit); the launcher cancels it and fails, naming the reason, instead of waiting or training on
+    fewer nodes."""
     import subprocess
 
     job = cpu_job().model_copy(update={"nodes": 2})
@@ -87,7 +89,8 @@ def test_a_job_the_cluster_can_never_start_is_cancelled_and_fails_loudly(on_clus
     with pytest.raises(slurm.SlurmError, match=r"can never start \(Partition(NodeLimit|Config)\).*cancelled") as err:
         slurm.run(script, poll_s=0.5)
     job_id = str(err.value).split("Slurm job ", 1)[1].split()[0]
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                           check=False).stdout
     assert "JobState=CANCELLED" in shown
 
 
@@ -113,5 +116,6 @@ def test_ctrl_c_of_the_launcher_cancels_the_job(on_cluster, tmp_path):
     rest = proc.communicate(timeout=30)[0]
     assert proc.returncode == 128 + signal.SIGINT
     assert f"SIGINT: cancelled Slurm job {job_id}" in rest
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                           check=False).stdout
     assert "JobState=CANCELLED" in shown

@@ -31,7 +31,8 @@ from pathlib import PurePosixPath
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlhf.registry import STAGES, stage as registry_stage
+from rlhf.registry import STAGES
+from rlhf.registry import stage as registry_stage
 
 
 class KubernetesJob(BaseModel):
@@ -47,7 +48,9 @@ class KubernetesJob(BaseModel):
     memory: str = Field("900Gi", description="Memory request and limit of a pod.")
     shm: str = Field("64Gi", description="/dev/shm size (NCCL and the data loaders use shared memory).")
     port: int = Field(29500, ge=1024, le=65535, description="c10d rendezvous port on pod 0.")
-    collective_timeout_s: int = Field(1800, ge=1, description="Timeout of every collective (RLHF_COLLECTIVE_TIMEOUT_S).")
+    collective_timeout_s: int = Field(
+        1800, ge=1, description="Timeout of every collective (RLHF_COLLECTIVE_TIMEOUT_S)."
+    )
     pvc: str = Field(..., description="ReadWriteMany PersistentVolumeClaim holding the runs folder.")
     runs_mount: str = Field("/runs", description="Where the claim is mounted; stage outputs go below it.")
     workdir: str = Field("/workspace/rlhf-flywheel", description="Repository root inside the image.")
@@ -85,8 +88,11 @@ def render_manifests(
     """
     entry = registry_stage(stage)
     name = resource_name(round_id, stage)
-    labels = {"app.kubernetes.io/name": "rlhf-flywheel", "rlhf/round": resource_name(round_id, ""),
-              "rlhf/stage": stage.replace("_", "-")}
+    labels = {
+        "app.kubernetes.io/name": "rlhf-flywheel",
+        "rlhf/round": resource_name(round_id, ""),
+        "rlhf/stage": stage.replace("_", "-"),
+    }
     output_dir = PurePosixPath(job.runs_mount) / round_id / stage
     recipe = PurePosixPath("recipes") / preset / f"{entry.recipe}.yaml"
     launch = [
@@ -103,8 +109,10 @@ def render_manifests(
         "--config", str(recipe), "--output_dir", str(output_dir), *extra_args,
     ]  # fmt: skip
     # the machine rank is the pod's completion index, read by the shell at start
-    script = f'mkdir -p {shlex.quote(str(output_dir.parent))} && exec {shlex.join(launch[:3])} ' \
-             f'--machine_rank "$JOB_COMPLETION_INDEX" {shlex.join(launch[3:])}'
+    script = (
+        f"mkdir -p {shlex.quote(str(output_dir.parent))} && exec {shlex.join(launch[:3])} "
+        f'--machine_rank "$JOB_COMPLETION_INDEX" {shlex.join(launch[3:])}'
+    )
     env = [
         {"name": "RLHF_EXPECTED_WORLD_SIZE", "value": str(job.world_size)},
         {"name": "RLHF_COLLECTIVE_TIMEOUT_S", "value": str(job.collective_timeout_s)},
@@ -124,7 +132,10 @@ def render_manifests(
                 "env": env,
                 "ports": [{"containerPort": job.port, "name": "rendezvous"}],
                 "resources": {"requests": resources, "limits": dict(resources)},
-                "volumeMounts": [{"name": "runs", "mountPath": job.runs_mount}, {"name": "shm", "mountPath": "/dev/shm"}],
+                "volumeMounts": [
+                    {"name": "runs", "mountPath": job.runs_mount},
+                    {"name": "shm", "mountPath": "/dev/shm"},
+                ],
             }
         ],
         "volumes": [
@@ -167,15 +178,22 @@ def to_yaml(docs: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flows.launch.kubernetes",
-                                 description="Print the Kubernetes manifests (Service + Indexed Job) of one stage.")
+    ap = argparse.ArgumentParser(
+        prog="python -m flows.launch.kubernetes",
+        description="Print the Kubernetes manifests (Service + Indexed Job) of one stage.",
+    )
     ap.add_argument("--stage", required=True, choices=list(STAGES))
     ap.add_argument("--preset", required=True, help="recipe folder under recipes/, e.g. 8b/full")
     ap.add_argument("--round-id", required=True)
     for name, f in KubernetesJob.model_fields.items():
         if f.annotation in (str, int):
-            ap.add_argument(f"--{name.replace('_', '-')}", type=f.annotation, required=f.is_required(),
-                            default=None if f.is_required() else f.default, help=f.description)
+            ap.add_argument(
+                f"--{name.replace('_', '-')}",
+                type=f.annotation,
+                required=f.is_required(),
+                default=None if f.is_required() else f.default,
+                help=f.description,
+            )
     ap.add_argument("stage_args", nargs=argparse.REMAINDER, help="after --: arguments for the stage")
     args = vars(ap.parse_args(argv))
     extra = [a for a in args.pop("stage_args") if a != "--"]

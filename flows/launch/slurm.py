@@ -42,16 +42,41 @@ SCRIPT_FILE = "job.sbatch"
 DEFAULT_ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs" / "zero3.yaml"
 # Slurm job states that are not final (squeue's and sacct's long names)
 ACTIVE_STATES = frozenset(
-    "PENDING CONFIGURING RUNNING COMPLETING SUSPENDED REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING SIGNALING "
-    "STAGE_OUT RESV_DEL_HOLD STOPPED".split()
+    [
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "RESV_DEL_HOLD",
+        "STOPPED",
+    ]
 )
 
 # Pending reasons no amount of waiting resolves (the request exceeds what the partition/account allows): the job
 # is cancelled and the stage fails, instead of the flow waiting forever on a job that cannot start.
 NEVER_STARTS = frozenset(
-    "PartitionNodeLimit PartitionTimeLimit PartitionConfig BadConstraints InvalidAccount InvalidQOS "
-    "DependencyNeverSatisfied QOSMaxNodePerJobLimit QOSMaxGRESPerJob QOSMaxCpuPerJobLimit AssocMaxNodesPerJobLimit "
-    "AssocMaxGRESPerJob AssocMaxCpuPerJobLimit".split()
+    [
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "PartitionConfig",
+        "BadConstraints",
+        "InvalidAccount",
+        "InvalidQOS",
+        "DependencyNeverSatisfied",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxGRESPerJob",
+        "QOSMaxCpuPerJobLimit",
+        "AssocMaxNodesPerJobLimit",
+        "AssocMaxGRESPerJob",
+        "AssocMaxCpuPerJobLimit",
+    ]
 )
 
 
@@ -72,7 +97,9 @@ class SlurmJob(BaseModel):
     partition: str | None = Field(None, description="sbatch --partition (default: the cluster's).")
     account: str | None = Field(None, description="sbatch --account.")
     port: int = Field(29500, ge=1024, le=65535, description="Main process port on the first node.")
-    collective_timeout_s: int = Field(1800, ge=1, description="Timeout of every collective (RLHF_COLLECTIVE_TIMEOUT_S).")
+    collective_timeout_s: int = Field(
+        1800, ge=1, description="Timeout of every collective (RLHF_COLLECTIVE_TIMEOUT_S)."
+    )
     python: str | None = Field(None, description="Python on the compute nodes (default: the flow's, shared FS).")
     workdir: str | None = Field(None, description="Repository root on the compute nodes (default: the flow's cwd).")
     setup: list[str] = Field(default_factory=list, description='Shell lines run first, e.g. "module load cuda".')
@@ -80,7 +107,7 @@ class SlurmJob(BaseModel):
     poll_s: float = Field(30.0, gt=0, description="Seconds between sacct/squeue polls.")
 
     @model_validator(mode="after")
-    def _processes(self) -> "SlurmJob":
+    def _processes(self) -> SlurmJob:
         if self.gpus_per_node == 0 and self.processes_per_node is None:
             raise ValueError("a CPU job (gpus_per_node 0) needs processes_per_node")
         return self
@@ -122,29 +149,33 @@ def render_sbatch(
     <extra_args>`` on ``job.nodes`` x ``job.per_node`` processes. Paths are written as given: pass absolute
     ones (compute nodes start in ``job.workdir``). ``accelerate_config`` defaults to the ZeRO-3 config."""
     output_dir = Path(output_dir)
-    return _environment().get_template("stage.sbatch.j2").render(
-        stage=stage,
-        round_id=round_id,
-        job_name=job_name(round_id, stage),
-        nodes=job.nodes,
-        gpus_per_node=job.gpus_per_node,
-        per_node=job.per_node,
-        world_size=job.world_size,
-        cpus_per_task=job.cpus_per_task,
-        time_limit=job.time_limit,
-        partition=job.partition,
-        account=job.account,
-        extra_sbatch=job.extra_sbatch,
-        setup=job.setup,
-        port=job.port,
-        collective_timeout_s=job.collective_timeout_s,
-        python=job.python or sys.executable,
-        workdir=job.workdir or os.getcwd(),
-        accelerate_config=accelerate_config or DEFAULT_ACCELERATE_CONFIG,
-        module=module,
-        stage_args=["--config", str(recipe), "--output_dir", str(output_dir), *extra_args],
-        log_path=output_dir / "slurm-%j.out",
-        exit_file=output_dir / EXIT_FILE,
+    return (
+        _environment()
+        .get_template("stage.sbatch.j2")
+        .render(
+            stage=stage,
+            round_id=round_id,
+            job_name=job_name(round_id, stage),
+            nodes=job.nodes,
+            gpus_per_node=job.gpus_per_node,
+            per_node=job.per_node,
+            world_size=job.world_size,
+            cpus_per_task=job.cpus_per_task,
+            time_limit=job.time_limit,
+            partition=job.partition,
+            account=job.account,
+            extra_sbatch=job.extra_sbatch,
+            setup=job.setup,
+            port=job.port,
+            collective_timeout_s=job.collective_timeout_s,
+            python=job.python or sys.executable,
+            workdir=job.workdir or os.getcwd(),
+            accelerate_config=accelerate_config or DEFAULT_ACCELERATE_CONFIG,
+            module=module,
+            stage_args=["--config", str(recipe), "--output_dir", str(output_dir), *extra_args],
+            log_path=output_dir / "slurm-%j.out",
+            exit_file=output_dir / EXIT_FILE,
+        )
     )
 
 
@@ -189,7 +220,7 @@ def submit(script: str | Path) -> str:
         SlurmError: ``sbatch`` is not on PATH, or it refused the script (its stderr is in the message).
     """
     sbatch = _tool("sbatch")
-    proc = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True)
+    proc = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SlurmError(f"sbatch {script} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout}")
     return proc.stdout.strip().split(";")[0]  # "<id>[;<cluster>]"
@@ -249,17 +280,23 @@ def job_state(job_id: str, exit_file: Path | None = None) -> JobState:
         SlurmError: squeue is not on PATH.
     """
     if shutil.which("sacct"):
-        out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         state = parse_sacct(out.stdout) if out.returncode == 0 else None  # "accounting storage is disabled": rc 1
         if state is not None:
             return state
-    out = subprocess.run([_tool("squeue"), "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True)
+    out = subprocess.run(
+        [_tool("squeue"), "-h", "-j", job_id, "-o", "%T|%r"], capture_output=True, text=True, check=False
+    )
     if out.returncode == 0 and out.stdout.strip():
         state, _, reason = out.stdout.strip().splitlines()[0].partition("|")
         return JobState(state, None, "squeue", reason)
     if shutil.which("scontrol"):
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False)
         state = parse_scontrol(out.stdout) if out.returncode == 0 else None
         if state is not None:
             return state
@@ -289,7 +326,8 @@ class _Tail:
 
 def run(script: Path, poll_s: float = 30.0, max_poll_failures: int = 10) -> int:
     """Submit ``script``, stream its output, wait for the job; return its exit code. SIGINT/SIGTERM cancel the job
-    (``scancel``); so does a pending reason that never resolves (:data:`NEVER_STARTS`, then SlurmError). A failed poll (sacct/squeue hiccup) is retried up to ``max_poll_failures`` times in a row: polling
+    (``scancel``); so does a pending reason that never resolves (:data:`NEVER_STARTS`, then SlurmError). A failed
+    poll (sacct/squeue hiccup) is retried up to ``max_poll_failures`` times in a row: polling
     is I/O; the job itself is never resubmitted."""
     script = Path(script).resolve()
     out_dir = script.parent
@@ -297,7 +335,7 @@ def run(script: Path, poll_s: float = 30.0, max_poll_failures: int = 10) -> int:
     print(f"rlhf launch: submitted Slurm job {job_id} ({script})", flush=True)
 
     def cancel(signum, frame):
-        subprocess.run(["scancel", job_id], capture_output=True)
+        subprocess.run(["scancel", job_id], capture_output=True, check=False)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # return only once the job has really ended (CANCELLED)
             try:
@@ -327,9 +365,11 @@ def run(script: Path, poll_s: float = 30.0, max_poll_failures: int = 10) -> int:
             print(f"rlhf launch: Slurm job {job_id} {state.state} ({state.source}{why})", flush=True)
             last = state.state
         if state is not None and state.never_starts:
-            subprocess.run(["scancel", job_id], capture_output=True)
-            raise SlurmError(f"Slurm job {job_id} can never start ({state.reason}): it asks for more than the "
-                             f"partition or account allows (see {script}); cancelled")
+            subprocess.run(["scancel", job_id], capture_output=True, check=False)
+            raise SlurmError(
+                f"Slurm job {job_id} can never start ({state.reason}): it asks for more than the "
+                f"partition or account allows (see {script}); cancelled"
+            )
         if state is not None and state.done:
             break
         time.sleep(poll_s)
