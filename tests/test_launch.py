@@ -304,3 +304,19 @@ def test_every_task_has_its_declared_retries_and_training_never_retries():
         found.update({f"{module}.{n}": t.retries for n, t in vars(mod).items() if isinstance(t, Task)})
     assert found == TASK_RETRIES
     assert found["flows.round.stage_task"] == 0
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--launcher", "slurm", "--slurm", '{"nodez": 2}'], "nodez"),  # a misspelt field
+    (["--launcher", "slurm", "--slurm", "{nodes: 2}"], "Expecting property name"),  # not JSON
+    (["--launcher", "lsf"], "lsf"),
+])
+def test_round_cli_refuses_a_bad_launcher_before_anything_runs(args, named, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert not any(tmp_path.iterdir())  # no round folder: nothing started
