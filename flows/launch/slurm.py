@@ -186,6 +186,7 @@ def slurm_launcher(job: SlurmJob, stage: str, round_id: str):
     def launch(module: str, recipe: Path, output_dir: Path, extra_args: list[str], accelerate_config: str | None):
         output_dir = Path(output_dir).resolve()
         script = output_dir / SCRIPT_FILE
+        (output_dir / EXIT_FILE).unlink(missing_ok=True)  # a kept folder (resume): no earlier job's exit code
         script.write_text(
             render_sbatch(
                 job,
