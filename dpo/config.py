@@ -1,7 +1,7 @@
 """DPO stage config: TRL's ``DPOConfig`` plus the pipeline's arguments.
 
 Changed defaults (vs TRL 1.16) and why: activation (gradient) checkpointing off and bf16 resolved per device (see
-sft/config.py); max_length 512; save_strategy "no" (the stage saves its final checkpoint atomically);
+sft/config.py); max_length 512; save_strategy "steps" (Trainer checkpoints for resume, see sft/config.py);
 report_to ["wandb"] (offline unless a key is set). ``beta`` and ``loss_type`` are TRL's own fields.
 """
 
@@ -33,5 +33,11 @@ class DPOStageConfig(PipelineArguments, DPOConfig):
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
     )
     max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + completion."})
-    save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
+    # Resume (issue 11, rlhf/resume.py): Trainer checkpoints every save_steps, the last save_total_limit kept; the
+    # stage removes them once its own final checkpoint and manifest are written.
+    save_strategy: str = field(default="steps", metadata={"help": "Trainer checkpoints for resume: steps | epoch | no."})
+    save_steps: float = field(default=50, metadata={"help": "Save a Trainer checkpoint every N optimizer steps."})
+    save_total_limit: int | None = field(
+        default=2, metadata={"help": "Trainer checkpoints kept (oldest removed); 2 survive a kill during a save."}
+    )
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

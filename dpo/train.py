@@ -25,6 +25,7 @@ from data.loaders import load_pairs
 from data.schemas import pair_to_trl
 from rlhf.lineage import content_hash
 from rlhf.rundir import install_failure_hook
+from rlhf.resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
 from rlhf.weights import load_checked
 from rlhf.manifest import read_manifest
 from rlhf.checkpoint import save_checkpoint, verify_hash
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config(args),
+        callbacks=[ResumeCallback()],  # marks complete Trainer checkpoints (rlhf/resume.py)
     )
     step0 = (
         step0_check(
@@ -139,7 +141,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     group_by_length(trainer, lambda row: len(row["prompt_ids"]) + len(row["chosen_ids"]) + len(row["rejected_ids"]))
     tokens = count_tokens(trainer)  # after the step-0 evaluation: only training batches count
-    result = trainer.train()
+    resumed_from = resolve_resume(args, trainer.model)  # a missing or incomplete checkpoint is an error
+    result = trainer.train(resume_from_checkpoint=resumed_from)
+    check_finished(trainer, resumed_from)
+    training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     verify_hash(pi_ref_path, pi_ref_hash, when="after training")
 
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
         if k.startswith(("rewards/", "logps/", "loss"))
     }
     metrics = {
-        "train_loss": result.training_loss,
+        "train_loss": training["train_loss"],  # over every step, a resumed run included
         "train_steps": result.global_step,
         "n_pairs": len(prepared.pairs),
         "n_data_rejected": len(pairs.rejects),
@@ -182,8 +187,10 @@ def main(argv: list[str] | None = None) -> dict:
             "decontamination": decontamination,
         },
         metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},
+        extra={"training": training},
     )
-    logger.info("DPO done: loss %.4f over %d steps", result.training_loss, result.global_step)
+    prune_trainer_checkpoints(out)  # resume state only; after the manifest, so a kill before it keeps them
+    logger.info("DPO done: loss %.4f over %d steps", training["train_loss"], result.global_step)
     return metrics
 
 

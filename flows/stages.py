@@ -6,6 +6,12 @@ file's bytes, the extra arguments, the hashes of the data files the recipe names
 inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, and
 the version of the code the stage runs (the packages it imports, from rlhf.registry). A matching key next to a
 finished manifest means the stage is skipped.
+
+Resume (issue 11, point 4): the key is also written at a stage's start (``ATTEMPT_KEY_FILE``). A rerun that finds an
+unfinished folder (no manifest) started with the same key and holding a complete Trainer checkpoint keeps the
+folder and launches the stage with ``--resume_from_checkpoint <newest complete checkpoint>`` (rlhf/resume.py);
+anything else (other inputs, ``force``, no complete checkpoint, a stage without Trainer checkpoints such as PPO)
+starts clean as before.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ import yaml
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
 from rlhf.registry import STAGES, stage as registry_stage
-from rlhf.rundir import create_stage_dir, read_failure, remove_stage_dir
+from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir
 
 from .interrupt import run_process_group
 
 CACHE_KEY_FILE = ".cache_key"
+ATTEMPT_KEY_FILE = ".attempt_key"  # the key a stage was started with (a rerun resumes only the same inputs)
 TIMING_FILE = ".seconds"  # the first (computing) run's wall time, kept so a cached rerun can report it
 
 
@@ -171,15 +178,26 @@ def run_stage(
             return StageRun(stage, str(output_dir), manifest, key, cached=True, seconds=first_run_seconds(output_dir),
                             rerun_seconds=time.perf_counter() - t_check)
         log(f"[{stage}] inputs unchanged but {damage}: recomputing")
-    if output_dir.exists():  # stale or unfinished: start clean, so nothing old can pass for new
-        remove_stage_dir(output_dir, runs_dir)
-    create_stage_dir(output_dir)
-    cmd = (launcher or launch_command)(module, recipe, output_dir, list(extra_args), accelerate_config)
+    resume = None if force else resumable_checkpoint(output_dir, key)
+    if resume is not None:  # unfinished, same inputs, a complete Trainer checkpoint: continue from it
+        (output_dir / FAILURE_NAME).unlink(missing_ok=True)
+        log(f"[{stage}] unfinished run with the same inputs: resuming from {resume}")
+    else:
+        if output_dir.exists():  # stale or unfinished: start clean, so nothing old can pass for new
+            remove_stage_dir(output_dir, runs_dir)
+        create_stage_dir(output_dir)
+        atomic_write_text(output_dir / ATTEMPT_KEY_FILE, key)
+    launch_args = list(extra_args)
+    if resume is not None and "--resume_from_checkpoint" not in launch_args:
+        launch_args += ["--resume_from_checkpoint", str(resume)]
+    cmd = (launcher or launch_command)(module, recipe, output_dir, launch_args, accelerate_config)
     log(f"[{stage}] $ {' '.join(cmd)}")
     t0 = time.perf_counter()
     tail: list[str] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(output_dir / "stage.log", "w", buffering=1) as logf:
+    with open(output_dir / "stage.log", "a" if resume else "w", buffering=1) as logf:
+        if resume:
+            logf.write(f"\n===== resumed from {resume} =====\n")
 
         def on_line(line: str) -> None:
             nonlocal tail
@@ -196,6 +214,26 @@ def run_stage(
     atomic_write_text(output_dir / TIMING_FILE, f"{seconds}\n")
     log(f"[{stage}] done in {seconds:.0f}s")
     return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=False, seconds=seconds)
+
+
+def resumable_checkpoint(output_dir: Path, key: str) -> Path | None:
+    """The Trainer checkpoint a rerun of ``output_dir`` resumes from, or None (start clean).
+
+    Only a folder the pipeline created (``STAGE_MARKER``), unfinished (no manifest), started with this cache key
+    (``ATTEMPT_KEY_FILE``), holding a complete checkpoint (:func:`rlhf.resume.last_complete_checkpoint`).
+    """
+    from rlhf.resume import last_complete_checkpoint
+
+    output_dir = Path(output_dir)
+    attempt = output_dir / ATTEMPT_KEY_FILE
+    if (
+        not (output_dir / STAGE_MARKER).is_file()
+        or (output_dir / MANIFEST_NAME).is_file()
+        or not attempt.is_file()
+        or attempt.read_text().strip() != key
+    ):
+        return None
+    return last_complete_checkpoint(output_dir)
 
 
 def first_run_seconds(output_dir: Path) -> float | None:

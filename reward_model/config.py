@@ -4,7 +4,7 @@ The PPO unlock override is a flow parameter (``judging.unlock``), not a field he
 stage's cache key.
 
 Changed defaults (vs TRL 1.16): activation (gradient) checkpointing off, bf16 resolved per device, max_length 512,
-save_strategy "no", report_to ["wandb"] (see sft/config.py for why).
+save_strategy "steps" (resume), report_to ["wandb"] (see sft/config.py for why).
 """
 
 from __future__ import annotations
@@ -56,5 +56,11 @@ class RewardStageConfig(PipelineArguments, RewardConfig):
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
     )
     max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + response."})
-    save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
+    # Resume (issue 11, rlhf/resume.py): Trainer checkpoints every save_steps, the last save_total_limit kept; the
+    # stage removes them once its own final checkpoint and manifest are written.
+    save_strategy: str = field(default="steps", metadata={"help": "Trainer checkpoints for resume: steps | epoch | no."})
+    save_steps: float = field(default=50, metadata={"help": "Save a Trainer checkpoint every N optimizer steps."})
+    save_total_limit: int | None = field(
+        default=2, metadata={"help": "Trainer checkpoints kept (oldest removed); 2 survive a kill during a save."}
+    )
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

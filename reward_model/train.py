@@ -40,6 +40,7 @@ from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import content_hash, data_fingerprint
 from rlhf.manifest import read_manifest, stage_manifest
 from rlhf.rundir import install_failure_hook
+from rlhf.resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
 from rlhf.tracking import log_summary
 
 from .config import RewardStageConfig
@@ -85,12 +86,16 @@ def main(argv: list[str] | None = None) -> dict:
         train_dataset=Dataset.from_list([pair_to_trl(p) for p in prepared.pairs]),
         processing_class=tokenizer,
         peft_config=peft_config(args, task_type="SEQ_CLS", modules_to_save=["score"]),
+        callbacks=[ResumeCallback()],  # marks complete Trainer checkpoints (rlhf/resume.py)
     )
     if len(trainer.train_dataset) != len(prepared.pairs):  # TRL filters over-long pairs without naming them
         raise RuntimeError(f"RewardTrainer kept {len(trainer.train_dataset)} of {len(prepared.pairs)} checked pairs")
     group_by_length(trainer, lambda row: len(row["chosen_ids"]) + len(row["rejected_ids"]))
     tokens = count_tokens(trainer)
-    result = trainer.train()
+    resumed_from = resolve_resume(args, trainer.model)  # a missing or incomplete checkpoint is an error
+    result = trainer.train(resume_from_checkpoint=resumed_from)
+    check_finished(trainer, resumed_from)
+    training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
     checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
@@ -131,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     metrics = {
-        "train_loss": result.training_loss,
+        "train_loss": training["train_loss"],  # over every step, a resumed run included
         "train_steps": result.global_step,
         "n_pairs": len(prepared.pairs),
         "n_data_rejected": len(pairs.rejects),
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     log_summary(
         {
-            "train_loss": result.training_loss,
+            "train_loss": training["train_loss"],
             "rm_agreement": rm.agreement,
             "inter_annotator_agreement": iaa.pairwise_agreement_decisive,
             **_numbers(efficiency),
@@ -172,7 +177,9 @@ def main(argv: list[str] | None = None) -> dict:
             "decontamination": decontamination,
         },
         metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},
+        extra={"training": training},
     )
+    prune_trainer_checkpoints(out)  # resume state only; after the manifest, so a kill before it keeps them
     return metrics
 
 

@@ -13,7 +13,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROJECT = "rlhf-flywheel"
+RUN_ID_FILE = "wandb_run_id"  # in the stage folder: a resumed stage continues the same W&B run (issue 11)
 _requested = False  # setup_wandb ran in this process
+_run_id: str | None = None
 
 
 def wandb_mode() -> str:
@@ -46,14 +48,42 @@ def setup_wandb(*, run_name: str, group: str | None, output_dir: str | os.PathLi
         os.environ["WANDB_RUN_GROUP"] = group
     wandb_dir = Path(output_dir)
     wandb_dir.mkdir(parents=True, exist_ok=True)
+    global _run_id
+    _run_id = stage_run_id(wandb_dir)
+    os.environ["WANDB_RUN_ID"] = _run_id
+    os.environ["WANDB_RESUME"] = "allow"  # the first run creates it, a resumed stage continues it
     os.environ["WANDB_DIR"] = str(wandb_dir.resolve())
     os.environ.setdefault("WANDB_SILENT", "true")
     # The Trainer's callback would otherwise upload checkpoints as artifacts; checkpoints stay on disk.
     os.environ["WANDB_LOG_MODEL"] = "false"
     logger.info(
-        "W&B %s: project=%s group=%s run=%s dir=%s", mode, os.environ["WANDB_PROJECT"], group, run_name, wandb_dir
+        "W&B %s: project=%s group=%s run=%s id=%s dir=%s", mode, os.environ["WANDB_PROJECT"], group, run_name, _run_id,
+        wandb_dir,
     )
     return mode
+
+
+def stage_run_id(output_dir: str | os.PathLike) -> str:
+    """The W&B run id of the stage in ``output_dir``: read from ``<output_dir>/wandb_run_id``, or made (8 random
+    lowercase letters and digits, as W&B makes them) and written there atomically on the stage's first start. The
+    flow keeps the folder of a stage it resumes, so the resumed process logs to the same run."""
+    import secrets
+    import string
+
+    from .manifest import atomic_write_text
+
+    path = Path(output_dir) / RUN_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    alphabet = string.ascii_lowercase + string.digits
+    run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+    atomic_write_text(path, run_id + "\n")
+    return run_id
+
+
+def wandb_run_id() -> str | None:
+    """The W&B run id :func:`setup_wandb` chose in this process (None when W&B was not set up)."""
+    return _run_id
 
 
 def log_summary(

@@ -4,7 +4,8 @@ Changed defaults (vs TRL 1.16) and why:
     activation (gradient) checkpointing off: the 135M model fits without it; on CPU it costs a second forward per step.
     bf16 None -> resolved per device by ``precision`` (TRL's bf16=True is emulated, 8-10x slower, on these CPUs).
     report_to ["wandb"]: offline unless a key is set (rlhf/tracking.py).
-    max_length 512, save_strategy "no" (the stage saves its own final checkpoint atomically).
+    max_length 512; save_strategy "steps" every 50 steps, 2 kept (resume, rlhf/resume.py; the final checkpoint is
+    still the stage's own atomic save).
 """
 
 from __future__ import annotations
@@ -37,5 +38,11 @@ class SFTStageConfig(PipelineArguments, SFTConfig):
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
     )
     max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
-    save_strategy: str = field(default="no", metadata={"help": "Intermediate Trainer checkpoints."})
+    # Resume (issue 11, rlhf/resume.py): Trainer checkpoints every save_steps, the last save_total_limit kept; the
+    # stage removes them once its own final checkpoint and manifest are written.
+    save_strategy: str = field(default="steps", metadata={"help": "Trainer checkpoints for resume: steps | epoch | no."})
+    save_steps: float = field(default=50, metadata={"help": "Save a Trainer checkpoint every N optimizer steps."})
+    save_total_limit: int | None = field(
+        default=2, metadata={"help": "Trainer checkpoints kept (oldest removed); 2 survive a kill during a save."}
+    )
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

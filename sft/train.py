@@ -29,6 +29,7 @@ from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import data_fingerprint
 from rlhf.manifest import stage_manifest
 from rlhf.rundir import install_failure_hook
+from rlhf.resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
 from rlhf.weights import atomic_copytree, load_checked
 from rlhf.tracking import log_summary
 
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=peft_config(args),
+        callbacks=[ResumeCallback()],  # marks complete Trainer checkpoints (rlhf/resume.py)
     )
     # TRL drops rows whose labels are all masked ("Dropping fully masked examples"); we name and count them.
     kept = set(trainer.train_dataset["id"]) if "id" in trainer.train_dataset.column_names else None
@@ -92,7 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
             )
     group_by_length(trainer, lambda row: len(row["input_ids"]))
     tokens = count_tokens(trainer)
-    result = trainer.train()
+    resumed_from = resolve_resume(args, trainer.model)  # a missing or incomplete checkpoint is an error
+    result = trainer.train(resume_from_checkpoint=resumed_from)
+    check_finished(trainer, resumed_from)
+    training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
 
     model = trainer.model
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     pi_ref_hash = freeze_dir(pi_ref)
 
     metrics = {
-        "train_loss": result.training_loss,
+        "train_loss": training["train_loss"],  # over every step, a resumed run included
         "train_steps": result.global_step,
         "n_rows": len(prepared.rows),
         "n_data_rejected": len(conversations.rejects),  # schema rejects (lenient mode), listed in rejects-data.jsonl
@@ -136,8 +141,10 @@ def main(argv: list[str] | None = None) -> dict:
             "decontamination": decontamination,
         },
         metrics={**metrics, "rejects_files": sorted(str(p) for p in out.glob("rejects-*.jsonl"))},
+        extra={"training": training},
     )
-    logger.info("SFT done: loss %.4f, pi_ref %s (hash %s)", result.training_loss, pi_ref, pi_ref_hash[:16])
+    prune_trainer_checkpoints(out)  # resume state only; after the manifest, so a kill before it keeps them
+    logger.info("SFT done: loss %.4f, pi_ref %s (hash %s)", training["train_loss"], pi_ref, pi_ref_hash[:16])
     return metrics
 
 
