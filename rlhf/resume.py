@@ -223,6 +223,11 @@ class ResumeCallback(TrainerCallback):
     def __init__(self):
         raw = os.environ.get(FAULT_ENV)
         self.kill_after = int(raw) if raw else None
+        self.start_step: int | None = None  # the global step training began at (the resumed checkpoint's)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start_step = int(state.global_step)  # after the Trainer restored the checkpoint's state
+        return control
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -277,10 +282,12 @@ def training_record(trainer, resumed_from: str | None, result) -> dict[str, Any]
     state, args = trainer.state, trainer.args
     losses = [e["loss"] for e in state.log_history if "loss" in e]
     full = mean_train_loss(state)
+    # the step training began at, as the Trainer restored it (the checkpoint itself may be rotated away by now)
+    start = next((c.start_step for c in trainer.callback_handler.callbacks if isinstance(c, ResumeCallback)), None)
     return {
         "resumed_from": resumed_from,
-        "resumed_from_step": checkpoint_step(resumed_from) if resumed_from else None,
-        "steps_this_run": int(state.global_step - (checkpoint_step(resumed_from) if resumed_from else 0)),
+        "resumed_from_step": start if resumed_from else None,
+        "steps_this_run": int(state.global_step - (start or 0)),
         "global_step": int(state.global_step),
         "max_steps": int(state.max_steps),
         "epoch": state.epoch,
