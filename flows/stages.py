@@ -167,10 +167,9 @@ def run_stage(
     key_file = output_dir / CACHE_KEY_FILE
     if (
         not force
-        and key_file.is_file()
-        and key_file.read_text().strip() == key
+        and any(f.is_file() and f.read_text().strip() == key for f in (key_file, output_dir / ATTEMPT_KEY_FILE))
         and (output_dir / MANIFEST_NAME).is_file()
-    ):
+    ):  # the attempt key counts too: the stage finished (manifest last) but the flow died before writing .cache_key
         manifest = read_manifest(output_dir)
         damage = outputs_intact(output_dir, manifest)
         if damage is None:
