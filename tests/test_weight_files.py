@@ -19,10 +19,10 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "smoke"
 
 @pytest.fixture(scope="module")
 def sharded(tiny_model_dir, tmp_path_factory) -> Path:
-    """The tiny model saved in 4 MB shards with an index (as large checkpoints are)."""
+    """The tiny model saved in 1 MB shards with an index (as large checkpoints are)."""
     out = tmp_path_factory.mktemp("sharded") / "model"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    model.save_pretrained(out, max_shard_size="4MB")
+    model.save_pretrained(out, max_shard_size="1MB")
     for f in Path(tiny_model_dir).glob("tokenizer*"):
         shutil.copy(f, out)
     assert len(list(out.glob("model-*.safetensors"))) >= 3 and (out / "model.safetensors.index.json").is_file()
