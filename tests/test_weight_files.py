@@ -25,7 +25,7 @@ def sharded(tiny_model_dir, tmp_path_factory) -> Path:
     model.save_pretrained(out, max_shard_size="1MB")
     for f in Path(tiny_model_dir).glob("tokenizer*"):
         shutil.copy(f, out)
-    assert len(list(out.glob("model-*.safetensors"))) >= 3 and (out / "model.safetensors.index.json").is_file()
+    assert len(list(out.glob("model-*.safetensors"))) >= 2 and (out / "model.safetensors.index.json").is_file()
     return out
 
 
