@@ -200,10 +200,13 @@ def load_prompt_source(script_args: PPOScriptArguments, output_dir: Path) -> tup
 def _load(cls: Any, path: str, what: str) -> torch.nn.Module:
     """Load a model in fp32 (autocast handles bf16 where the device has it) and refuse an incomplete one (weight
     files checked against the config first: rlhf.weights.check_weight_files)."""
-    from rlhf.weights import check_weight_files
+    from rlhf.weights import IncompleteCheckpoint, check_weight_files
 
     if os.path.isdir(path):
-        check_weight_files(cls, path, what=what)
+        try:
+            check_weight_files(cls, path, what=what)
+        except IncompleteCheckpoint as err:  # PPO's loader reports ValueError, as before
+            raise ValueError(f"{what} at {path}: weights missing from the checkpoint or unusable: {err}") from None
     model, info = cls.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     missing = list(info.get("missing_keys") or [])
     if missing:
