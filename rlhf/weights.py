@@ -107,7 +107,7 @@ def _saved_tensors(path: Path, what: str) -> dict[str, tuple[str, tuple[int, ...
     """
     import json
 
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     index = path / "model.safetensors.index.json"
     files = sorted(path.glob("*.safetensors"))
@@ -131,9 +131,9 @@ def _saved_tensors(path: Path, what: str) -> dict[str, tuple[str, tuple[int, ...
             raise IncompleteCheckpoint(f"{what} {f}: zero-byte weight file (a partial save)")
         try:
             with safe_open(str(f), framework="pt") as st:
-                for key in st.keys():
+                for key in st.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                     saved[key] = (str(f), tuple(st.get_slice(key).get_shape()))
-        except Exception as err:  # safetensors raises its own SafetensorError on a truncated file
+        except (SafetensorError, OSError, ValueError) as err:  # SafetensorError: a truncated or garbled file
             raise IncompleteCheckpoint(f"{what} {f}: unreadable weight file ({type(err).__name__}: {err})") from None
     for key, shard in weight_map.items():
         if key not in saved:
@@ -160,9 +160,9 @@ def check_weight_files(
             empty tensor.
     """
     path = Path(path)
-    if not list(path.glob("*.safetensors")) and not (path / "model.safetensors.index.json").is_file():
-        if list(path.glob("*.bin")):
-            return {}
+    has_safetensors = list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
+    if not has_safetensors and list(path.glob("*.bin")):
+        return {}
     saved = _saved_tensors(path, what)
     want, tied, prefix = expected_shapes(cls, path, **kwargs)
     heads = tuple(new_heads)
