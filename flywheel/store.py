@@ -2,16 +2,19 @@
 
 Embedded default: a DuckDB file (``duckdb:///runs/flywheel/signals.duckdb``, or just a path). At scale: PostgreSQL
 by URL (``postgresql+psycopg://user@host:port/db``). Both go through the same code: SQLAlchemy Core defines the
-tables and builds every query; only the bulk load differs (DuckDB scans an Arrow table in place, PostgreSQL takes
-``COPY ... FROM STDIN``), and both then run the same ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``.
+tables and builds every query; only the staging differs (DuckDB scans an Arrow table in place, PostgreSQL takes
+``COPY ... FROM STDIN`` into a temporary table), and both then run the same ``INSERT ... SELECT ... WHERE NOT
+EXISTS`` anti-joins (deduplication without a unique index on DuckDB; PostgreSQL keeps its primary keys and adds
+``ON CONFLICT DO NOTHING`` for concurrent writers).
 
 Tables:
-    texts(hash PK, text, norm_hash)      every prompt and response once, under its sha256; ``norm_hash`` is the hash
+    texts(hash, text, norm_hash)         every prompt and response once, under its sha256; ``norm_hash`` is the hash
                                          of the normalised text (selection deduplicates prompts on it)
-    events(event_id PK, conversation_id, turn_id, user_id, model_version, intent, signal, ts,
+    events(event_id, conversation_id, turn_id, user_id, model_version, intent, signal, ts,
            prompt_hash -> texts, response_hash -> texts)
     ingests(file_hash PK, path, rows, finished_at)   a file is listed only once all its rows are committed
-    judge_scores(judge, prompt_hash, response_hash PK, score)   the judge's score per turn, cached by content hash
+    (``texts.hash``, ``events.event_id`` and the judge key are unique; primary keys on PostgreSQL only)
+    judge_scores(judge, prompt_hash, response_hash, score)   the judge's score per turn, cached by content hash
 
 Ingestion (:func:`SignalStore.ingest`) reads JSONL or Parquet, validates every row against
 :class:`flywheel.schema.EventRow` (errors name file, row, field and reason; nothing is written then), and writes a
@@ -51,14 +54,15 @@ metadata = sa.MetaData()
 texts = sa.Table(
     "texts",
     metadata,
-    sa.Column("hash", sa.String(64), primary_key=True),
+    sa.Column("hash", sa.String(64), nullable=False),
     sa.Column("text", sa.Text, nullable=False),
     sa.Column("norm_hash", sa.String(64), nullable=False),
+    sa.PrimaryKeyConstraint("hash").ddl_if(dialect="postgresql"),
 )
 events = sa.Table(
     "events",
     metadata,
-    sa.Column("event_id", sa.String, primary_key=True),
+    sa.Column("event_id", sa.String, nullable=False),
     sa.Column("conversation_id", sa.String, nullable=False),
     sa.Column("turn_id", sa.Integer, nullable=False),
     sa.Column("user_id", sa.String, nullable=False),
@@ -68,6 +72,7 @@ events = sa.Table(
     sa.Column("ts", sa.DateTime, nullable=False),  # UTC, naive
     sa.Column("prompt_hash", sa.String(64), nullable=False),
     sa.Column("response_hash", sa.String(64), nullable=False),
+    sa.PrimaryKeyConstraint("event_id").ddl_if(dialect="postgresql"),
 )
 ingests = sa.Table(
     "ingests",
@@ -80,18 +85,15 @@ ingests = sa.Table(
 judge_scores = sa.Table(
     "judge_scores",
     metadata,
-    sa.Column("judge", sa.String(64), primary_key=True),
-    sa.Column("prompt_hash", sa.String(64), primary_key=True),
-    sa.Column("response_hash", sa.String(64), primary_key=True),
+    sa.Column("judge", sa.String(64), nullable=False),
+    sa.Column("prompt_hash", sa.String(64), nullable=False),
+    sa.Column("response_hash", sa.String(64), nullable=False),
     sa.Column("score", sa.Float, nullable=False),
+    sa.PrimaryKeyConstraint("judge", "prompt_hash", "response_hash").ddl_if(dialect="postgresql"),
 )
 
 #: Columns of the ``events`` table, in order (``response_hash`` last: the staging table has the text instead).
 EVENT_COLUMNS = [c.name for c in events.columns]
-_STAGING_EVENTS_DDL = (
-    "event_id text, conversation_id text, turn_id integer, user_id text, model_version text, intent text, "
-    "signal text, ts timestamp, prompt_hash text, response text"
-)
 _INPUT_FIELDS = list(EventRow.model_fields)
 
 
@@ -198,7 +200,7 @@ class SignalStore:
         logger.info("%s: %d rows, %d new events, %d duplicates", path, n, report.inserted, report.duplicates)
         return report
 
-    def _stage(self, conn: sa.Connection, name: str, table: pa.Table, like: str | None = None) -> None:
+    def _stage(self, conn: sa.Connection, name: str, table: pa.Table) -> None:
         """Make ``table`` readable as ``name`` inside ``conn``'s transaction: DuckDB scans the Arrow table in place;
         PostgreSQL gets a temporary table filled by ``COPY ... FROM STDIN`` (CSV written by pyarrow)."""
         raw = conn.connection.driver_connection
@@ -207,10 +209,7 @@ class SignalStore:
             return
         import pyarrow.csv as pacsv
 
-        cols = like or ", ".join(
-            f"{c} text" if pa.types.is_string(t) else f"{c} double precision"
-            for c, t in zip(table.column_names, table.schema.types)
-        )
+        cols = ", ".join(f"{c} {_pg_type(t)}" for c, t in zip(table.column_names, table.schema.types))
         conn.exec_driver_sql(f"CREATE TEMP TABLE IF NOT EXISTS {name} ({cols})")
         conn.exec_driver_sql(f"TRUNCATE {name}")
         buf = io.BytesIO()
@@ -231,33 +230,55 @@ class SignalStore:
             return f"sha256({column})"
         return f"encode(sha256(convert_to({column}, 'UTF8')), 'hex')"
 
+    @property
+    def _or_nothing(self) -> str:
+        """PostgreSQL keeps its primary keys, so a concurrent writer's row is skipped there, not an error; DuckDB
+        has no key on the bulk tables (one writer per file; the anti-joins are the whole guarantee)."""
+        return " ON CONFLICT DO NOTHING" if self.dialect == "postgresql" else ""
+
     def _load(self, conn: sa.Connection, batch: pa.Table) -> None:
         """Stage one validated batch and insert it (texts once, events once) inside ``conn``'s transaction.
 
-        Prompts (few distinct values) are hashed here, with their normal-form hash; responses (about one per turn)
-        are hashed by the database in the INSERT, which is several times faster than Python for millions of rows.
+        Bulk design (the same statements on both databases, but for the hash function's spelling): repeated event
+        ids inside the batch are dropped in Arrow (first row kept); prompts (few distinct values) are hashed here,
+        with their normal-form hash; responses are made distinct in Arrow (dictionary encoding) and hashed by the
+        database, once per distinct text; then one ``INSERT ... SELECT`` per table, each an anti-join against the
+        rows already stored (``NOT EXISTS``; earlier batches of the same file are visible in the transaction). No
+        unique index is maintained on DuckDB (its ART index on a string key was the ingest's bottleneck).
         """
-        text_tab, event_tab = _split_texts(batch, self._hashes)
+        batch = _unique_events(batch)
+        prompts, responses, event_tab = _split_texts(batch, self._hashes)
         if len(self._hashes) > 200_000:
             self._hashes.clear()  # bounded memory; a miss only costs a re-hash
-        self._stage(conn, "staging_texts", text_tab)
-        self._stage(conn, "staging_events", event_tab, like=_STAGING_EVENTS_DDL)
-        sha = self._sha256("response")
-        # The same statements for both databases (but for the hash function's spelling).
+        self._stage(conn, "staging_prompts", prompts)
+        self._stage(conn, "staging_responses", responses)
+        self._stage(conn, "staging_events", event_tab)
+        x = self._or_nothing
+        conn.exec_driver_sql("DROP TABLE IF EXISTS staging_rh")
         conn.exec_driver_sql(
-            "INSERT INTO texts (hash, text, norm_hash) SELECT hash, text, norm_hash FROM staging_texts "
-            "ON CONFLICT (hash) DO NOTHING"
+            f"CREATE TEMP TABLE staging_rh AS SELECT idx, {self._sha256('text')} AS hash, text FROM staging_responses"
         )
         conn.exec_driver_sql(
-            f"INSERT INTO texts (hash, text, norm_hash) SELECT {sha}, response, '' "
-            "FROM (SELECT DISTINCT response FROM staging_events) r ON CONFLICT (hash) DO NOTHING"
+            "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, s.norm_hash FROM staging_prompts s "
+            f"WHERE NOT EXISTS (SELECT 1 FROM texts t WHERE t.hash = s.hash){x}"
+        )
+        # a text first stored as a response, now seen as a prompt, gets its normal-form hash
+        conn.exec_driver_sql(
+            "UPDATE texts SET norm_hash = s.norm_hash FROM staging_prompts s "
+            "WHERE texts.hash = s.hash AND texts.norm_hash = ''"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, '' FROM staging_rh s "
+            f"WHERE NOT EXISTS (SELECT 1 FROM texts t WHERE t.hash = s.hash){x}"
         )
         cols = ", ".join(EVENT_COLUMNS)
-        src = ", ".join(EVENT_COLUMNS[:-1]) + f", {sha}"
+        src = ", ".join(f"e.{c}" for c in EVENT_COLUMNS[:-1]) + ", r.hash"
         conn.exec_driver_sql(
-            f"INSERT INTO events ({cols}) SELECT {src} FROM staging_events ON CONFLICT (event_id) DO NOTHING"
+            f"INSERT INTO events ({cols}) SELECT {src} FROM staging_events e JOIN staging_rh r ON r.idx = e.response_idx "
+            f"WHERE NOT EXISTS (SELECT 1 FROM events s WHERE s.event_id = e.event_id){x}"
         )
-        self._unstage(conn, "staging_texts", "staging_events")
+        conn.exec_driver_sql("DROP TABLE staging_rh")
+        self._unstage(conn, "staging_prompts", "staging_responses", "staging_events")
 
     # ---- reads -----------------------------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -378,8 +399,9 @@ class SignalStore:
             self._stage(conn, "staging_scores", tab)
             conn.exec_driver_sql(
                 "INSERT INTO judge_scores (judge, prompt_hash, response_hash, score) "
-                "SELECT judge, prompt_hash, response_hash, score FROM staging_scores "
-                "ON CONFLICT (judge, prompt_hash, response_hash) DO NOTHING"
+                "SELECT s.judge, s.prompt_hash, s.response_hash, s.score FROM staging_scores s WHERE NOT EXISTS ("
+                "SELECT 1 FROM judge_scores j WHERE j.judge = s.judge AND j.prompt_hash = s.prompt_hash "
+                f"AND j.response_hash = s.response_hash){self._or_nothing}"
             )
             self._unstage(conn, "staging_scores")
 
@@ -526,9 +548,31 @@ def _hash_column(col: pa.ChunkedArray, cache: dict[str, str]) -> tuple[pa.Array,
     return pc.take(hashes, enc.indices), pa.array(uniq, pa.string()), hashes
 
 
-def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.Table]:
-    """(prompt texts table: hash, text, norm_hash; staging events table: ``EVENT_COLUMNS`` with the response text
-    in place of its hash)."""
+def _pg_type(t: pa.DataType) -> str:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_integer(t):
+        return "bigint"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    return "double precision"
+
+
+def _unique_events(batch: pa.Table) -> pa.Table:
+    """The batch with each ``event_id`` once (its first row), in the original order."""
+    if pc.count_distinct(batch["event_id"]).as_py() == batch.num_rows:
+        return batch
+    first = (
+        pa.table({"id": batch["event_id"], "i": pa.array(np.arange(batch.num_rows))})
+        .group_by("id", use_threads=False)
+        .aggregate([("i", "min")])["i_min"]
+    )
+    return batch.take(pa.array(np.sort(first.to_numpy())))
+
+
+def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(prompt texts: ``hash, text, norm_hash``; distinct responses: ``idx, text``; staging events: ``EVENT_COLUMNS``
+    with ``response_idx`` (the row of its response in the second table) in place of ``response_hash``)."""
     p_row, p_txt, p_hash = _hash_column(batch["prompt"], cache)
     p_norm = pa.array(
         [
@@ -537,7 +581,11 @@ def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.T
         ],
         pa.string(),
     )
-    text_tab = pa.table({"hash": p_hash, "text": p_txt, "norm_hash": p_norm})
+    prompts = pa.table({"hash": p_hash, "text": p_txt, "norm_hash": p_norm})
+    enc = pc.dictionary_encode(batch["response"].combine_chunks())
+    responses = pa.table(
+        {"idx": pa.array(np.arange(len(enc.dictionary), dtype=np.int32)), "text": enc.dictionary}
+    )
     event_tab = pa.table(
         {
             "event_id": batch["event_id"],
@@ -549,7 +597,7 @@ def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.T
             "signal": batch["signal"],
             "ts": batch["timestamp"],
             "prompt_hash": p_row,
-            "response": batch["response"],
+            "response_idx": pc.cast(enc.indices, pa.int32()),
         }
     )
-    return text_tab, event_tab
+    return prompts, responses, event_tab
