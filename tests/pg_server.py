@@ -49,8 +49,9 @@ def _as_user() -> list[str]:
 
 
 @contextmanager
-def start_postgres():
-    """Yield a SQLAlchemy URL (``postgresql+psycopg://postgres@127.0.0.1:<port>/postgres``) of a fresh server."""
+def start_postgres(settings: dict[str, str] | None = None):
+    """Yield a SQLAlchemy URL (``postgresql+psycopg://postgres@127.0.0.1:<port>/postgres``) of a fresh server;
+    ``settings``: extra server settings (``{"shared_buffers": "512MB"}``)."""
     bin_dir = _bin_dir()
     prefix = _as_user()
     tmp = Path(tempfile.mkdtemp(prefix="rlhf-pg-"))
@@ -69,6 +70,7 @@ def start_postgres():
         if r.returncode != 0:
             raise PostgresUnavailable(f"initdb failed: {r.stderr.strip()[-400:]}")
         opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {tmp} -c fsync=off"
+        opts += "".join(f" -c {k}={v}" for k, v in (settings or {}).items())
         r = subprocess.run(
             [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start"],
             capture_output=True,
