@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -132,7 +133,10 @@ def main() -> int:
     ap.add_argument("--no-pg", action="store_true")
     ap.add_argument("--memory-limit", default="2GB", help="DuckDB memory_limit")
     ap.add_argument(
-        "--duckdb-compression", default=None, help="DuckDB force_compression (e.g. uncompressed); default: auto"
+        "--duckdb-compression",
+        default="uncompressed",
+        help="DuckDB force_compression: 'uncompressed' (default here: about twice the write speed, a larger file; the "
+        "size is printed) or 'auto' (DuckDB chooses per column, the store's default)",
     )
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -148,10 +152,9 @@ def main() -> int:
         (tmp / "pg").mkdir()
         pg_files = generate(tmp / "pg", args.pg_events)
 
-    result: dict = {"threads": args.threads, "duckdb_compression": args.duckdb_compression or "auto"}
-    secs, cpu, rows, store = ingest(
-        f"duckdb:///{tmp / 'bench.duckdb'}", files, args.threads, args.memory_limit, args.duckdb_compression
-    )
+    compression = None if args.duckdb_compression == "auto" else args.duckdb_compression
+    result: dict = {"threads": args.threads, "duckdb_compression": args.duckdb_compression}
+    secs, cpu, rows, store = ingest(f"duckdb:///{tmp / 'bench.duckdb'}", files, args.threads, args.memory_limit, compression)
     load_ingest = os.getloadavg()[0]
     t_judge = fill_judge_cache(store, "b" * 64)
     t_sel, cpu_sel, summary = select(store)
@@ -209,6 +212,7 @@ def main() -> int:
             f"{p['ingest_rows_per_s']:,} rows/s (load average {p['load_avg_1m']})"
         )
     print(json.dumps(result))
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -13,6 +13,10 @@ API (small on purpose; other stages and issues reuse it):
 * :func:`check` - ``check(train_prompts, suites) -> DecontaminationReport``: every (training row, suite prompt)
   pair that matches by hash or shares a word n-gram.
 * :func:`suites_from_gates_recipe` - the gate suites' prompts named by a gates recipe (``*_data`` keys).
+* :func:`check_per_turn` - as :func:`check`, but each row is also checked turn by turn (``decontaminate(...,
+  per_turn=True)``): a suite prompt that is one user turn of a multi-turn row is found even though the joined
+  turns differ from it.
+* :func:`suites_from_generations` - the prompts a round's gates actually sent (``gates/generations.jsonl``).
 
 A training prompt overlaps a suite prompt when (a) their normalised texts are equal (``prompt_hash``), or
 (b) they share at least one word n-gram, n = :data:`DEFAULT_N` = 8. GPT-3 used 13-grams and PaLM 8-grams;
@@ -169,6 +173,83 @@ def row_text(row: Any) -> str:
     return "\n".join(m.content for m in (messages or []) if m.role == "user")
 
 
+def row_turns(row: Any) -> list[str]:
+    """Each user turn of a training row on its own (a Conversation / PreferencePair / ExpertPair); a str is one turn."""
+    if isinstance(row, str):
+        return [row]
+    messages = getattr(row, "prompt", None) if not hasattr(row, "messages") else row.messages
+    if isinstance(messages, str):
+        return [messages]
+    return [m.content for m in (messages or []) if m.role == "user"]
+
+
+def check_per_turn(rows: Sequence[Any], suites: Mapping[str, Sequence[str]], *, n: int = DEFAULT_N) -> DecontaminationReport:
+    """:func:`check` with each row checked as its joined user turns (:func:`row_text`, what :func:`check` sees)
+    AND as each user turn alone (:func:`row_turns`), so a single-turn suite prompt asked inside a multi-turn
+    conversation is found by its hash, which the joined text would miss.
+
+    An overlap is reported once per (row, suite prompt): "exact" when any of the row's texts is the same
+    normalised text, else "ngram" with the largest number of n-grams one text shares. ``train_index`` and
+    ``n_train`` count rows, not turns.
+
+    Raises:
+        TypeError: a prompt is not a str. ValueError: n < 1.
+    """
+    texts: list[str] = []
+    owner: list[int] = []
+    for i, row in enumerate(rows):
+        for t in dict.fromkeys([row_text(row), *row_turns(row)]):
+            texts.append(t)
+            owner.append(i)
+    flat = check(texts, suites, n=n)
+    best: dict[tuple[int, str, int], Overlap] = {}
+    for o in flat.overlaps:
+        key = (owner[o.train_index], o.suite, o.suite_index)
+        mine = Overlap(key[0], o.suite, o.suite_index, o.match, o.shared_ngrams, o.suite_prompt)
+        have = best.get(key)
+        rank = (mine.match == "exact", mine.shared_ngrams)
+        if have is None or rank > (have.match == "exact", have.shared_ngrams):
+            best[key] = mine
+    overlaps = [best[k] for k in sorted(best)]
+    return DecontaminationReport(
+        n=n,
+        n_train=len(rows),
+        suites=flat.suites,
+        overlaps=overlaps,
+        contaminated_rows=sorted({o.train_index for o in overlaps}),
+        seen={name: len({o.suite_index for o in overlaps if o.suite == name}) for name in suites},
+    )
+
+
+def suites_from_generations(path: str | Path) -> dict[str, list[str]]:
+    """The prompts a round's gates actually sent, per suite, from ``runs/<r>/gates/generations.jsonl`` (rows with
+    ``suite`` and ``prompt``: a str, or a list of chat messages whose user turns are joined as in
+    :func:`suites_from_gates_recipe`).
+
+    Raises:
+        FileNotFoundError: no file. ValueError: a line that is not a JSON object with ``suite`` and ``prompt``
+            (file and line named).
+    """
+    import json
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{path}: no gate generations to decontaminate against")
+    out: dict[str, list[str]] = {}
+    for i, line in enumerate(p.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            suite, prompt = row["suite"], row["prompt"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path} line {i}: not a JSON object with 'suite' and 'prompt' ({err})") from None
+        if isinstance(prompt, list):
+            prompt = "\n".join(m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user")
+        out.setdefault(str(suite), []).append(str(prompt))
+    return out
+
+
 def suites_from_gates_recipe(path: str | Path) -> dict[str, list[str]]:
     """The gate suites' prompts a gates recipe names: ``{"winrate": [...], "safe": [...], ...}``.
 
@@ -204,9 +285,18 @@ def suites_from_gates_recipe(path: str | Path) -> dict[str, list[str]]:
 
 
 def decontaminate(
-    rows: list, suites: Mapping[str, Sequence[str]], *, mode: str = "remove", n: int = DEFAULT_N, label: str = "train_data"
+    rows: list,
+    suites: Mapping[str, Sequence[str]],
+    *,
+    mode: str = "remove",
+    n: int = DEFAULT_N,
+    label: str = "train_data",
+    per_turn: bool = False,
 ) -> tuple[list, dict[str, Any]]:
     """Check ``rows`` against ``suites`` and apply ``mode``; returns (rows to train on, manifest record).
+
+    ``per_turn=True`` checks each row with :func:`check_per_turn` (joined user turns and each user turn alone);
+    the record then has ``"per_turn": True``. The default checks the joined user turns (:func:`check`).
 
     mode "remove": overlapping rows are dropped (listed in the record); "fail": raise if any overlaps;
     "off": nothing removed, overlaps still reported (nothing trains on contaminated data unseen).
@@ -220,7 +310,7 @@ def decontaminate(
     """
     if mode not in MODES:
         raise ValueError(f"decontaminate must be one of {MODES}, got {mode!r}")
-    report = check([row_text(r) for r in rows], suites, n=n)
+    report = check_per_turn(rows, suites, n=n) if per_turn else check([row_text(r) for r in rows], suites, n=n)
     ids = [getattr(r, "id", str(i)) for i, r in enumerate(rows)]
     overlaps = [{**asdict(o), "train_id": ids[o.train_index]} for o in report.overlaps]
     bad = set(report.contaminated_rows)
@@ -242,6 +332,8 @@ def decontaminate(
         "kept_overlapping": len(bad) if mode == "off" else 0,
         "overlaps": overlaps,
     }
+    if per_turn:
+        record["per_turn"] = True
     return kept, record
 
 

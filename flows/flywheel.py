@@ -58,7 +58,9 @@ class ImportParameters(BaseModel):
         None, description="runs/<r>/gates/generations.jsonl: decontaminate against the prompts the round's gates sent."
     )
     gates_recipe: str | None = Field(
-        None, description="Or: decontaminate against every prompt of the suite files a gate recipe names."
+        None,
+        description="Or: decontaminate against every prompt of the suite files a gate recipe (or a round's "
+        "gate_suites.yaml) names.",
     )
     heldout_fraction: float = Field(0.3, description="Share of labelled tasks kept as agreement data (not trained).")
 
@@ -293,7 +295,8 @@ def _markdown(report: dict) -> str:
 def flywheel_import(params: ImportParameters) -> dict:
     """Label Studio export -> expert pairs -> decontamination -> dataset version. Returns its manifest."""
     from flywheel.annotation import read_label_studio_export, write_dataset_version
-    from flywheel.decontaminate import decontaminate, gate_suites_from_generations, gate_suites_from_recipe
+    from data.decontamination import suites_from_gates_recipe, suites_from_generations
+    from flywheel.annotation import decontaminate_pairs
     from rlhf.lineage import file_hash
 
     logger = get_run_logger()
@@ -303,16 +306,16 @@ def flywheel_import(params: ImportParameters) -> dict:
     pairs, unlabelled = read_label_studio_export(params.labels, tasks)
     suites: dict[str, list[str]] = {}
     if params.gate_generations:
-        suites.update(gate_suites_from_generations(params.gate_generations))
+        suites.update(suites_from_generations(params.gate_generations))
     if params.gates_recipe:
-        for name, prompts in gate_suites_from_recipe(params.gates_recipe).items():
+        for name, prompts in suites_from_gates_recipe(params.gates_recipe).items():
             suites.setdefault(name, []).extend(prompts)
     if not suites:
         raise ValueError(
             "flywheel-import: no gate suites to decontaminate against; pass gate_generations "
             "(runs/<r>/gates/generations.jsonl) or gates_recipe"
         )
-    kept, report = decontaminate(pairs, suites)
+    kept, report = decontaminate_pairs(pairs, suites)
     lineage = {
         "selection": exported["selection_hash"],
         "export": exported["export_hash"],

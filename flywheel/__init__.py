@@ -3,5 +3,5 @@ preference pairs (DESIGN.md "The flywheel", principle 4). Weak signals select, t
 
 Modules: schema (event rows), store (DuckDB / PostgreSQL), simulate (traffic simulator), judge (per-turn judge
 scores cached by content hash), select (disagreement selection), quality (weak-signal agreement with experts),
-scrub (PII), annotation (Label Studio round trip), decontaminate (imported pairs vs gate suites).
+scrub (PII), annotation (Label Studio round trip); imported pairs go through data.decontamination (per user turn).
 """

@@ -38,6 +38,7 @@ from rlhf.manifest import atomic_write_text
 
 __all__ = [
     "LABEL_CONFIG",
+    "decontaminate_pairs",
     "AnnotationImportError",
     "build_tasks",
     "read_label_studio_export",
@@ -314,6 +315,37 @@ def read_label_studio_export(path: str | Path, tasks: Sequence[dict]) -> tuple[l
 def _held_out(task_id: str, fraction: float) -> bool:
     """Deterministic split on the task id's hash: the same task is held out in every rerun."""
     return int(json_hash(task_id)[:8], 16) / 0xFFFFFFFF < fraction
+
+
+def decontaminate_pairs(pairs: Sequence[ExpertPair], suites: dict[str, Sequence[str]]) -> tuple[list[ExpertPair], dict]:
+    """Imported pairs through the same decontamination as all training data (:mod:`data.decontamination`:
+    normalised-prompt hash + word 8-gram overlap) against every gate suite, each user turn of a pair's prompt
+    also checked alone (``per_turn=True``: a suite prompt asked as one turn of a longer conversation is found).
+    Overlapping pairs are removed.
+
+    Args:
+        pairs: imported expert pairs.
+        suites: ``{suite name: prompts}`` (every gate suite of the round).
+
+    Returns:
+        ``(kept, report)``; report: ``{"method", "n_in", "n_removed", "n_kept", "per_suite": {suite: pairs
+        removed that overlap it}, "removed": [pair ids], "record": data.decontamination's manifest record}``.
+    """
+    from data.decontamination import decontaminate
+
+    kept, record = decontaminate(list(pairs), suites, mode="remove", per_turn=True, label="flywheel import")
+    per_suite = {name: len({o["train_index"] for o in record["overlaps"] if o["suite"] == name}) for name in suites}
+    removed_idx = sorted({o["train_index"] for o in record["overlaps"]})
+    report = {
+        "method": f"data.decontamination (normalised prompt hash + word {record['n']}-gram overlap, per user turn)",
+        "n_in": len(pairs),
+        "n_removed": len(removed_idx),
+        "n_kept": len(kept),
+        "per_suite": per_suite,
+        "removed": [pairs[i].id for i in removed_idx],
+        "record": record,
+    }
+    return kept, report
 
 
 def write_dataset_version(

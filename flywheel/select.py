@@ -154,9 +154,9 @@ def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: Sele
 
     n_turns = len(turns)
     budget = cfg.budget if cfg.budget is not None else math.ceil(cfg.budget_fraction * n_turns)
-    df = turns.copy()
+    df = turns.copy(deep=False)  # the caller's frame is not modified (copy-on-write); millions of turns not copied
     df["judge_score"] = pd.to_numeric(df["judge_score"], errors="coerce")
-    scored = df[df["judge_score"].notna()].copy()
+    scored = df[df["judge_score"].notna()]
     scored["q"] = judge_quality(scored["judge_score"].to_numpy())
     strength = _strengths(scored, cfg)
     scored["disagreement"] = strength.max(axis=1)

@@ -274,11 +274,6 @@ class SignalStore:
             "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, s.norm_hash FROM staging_prompts s "
             f"WHERE NOT EXISTS (SELECT 1 FROM texts t WHERE t.hash = s.hash){x}"
         )
-        # a text first stored as a response, now seen as a prompt, gets its normal-form hash
-        conn.exec_driver_sql(
-            "UPDATE texts SET norm_hash = s.norm_hash FROM staging_prompts s "
-            "WHERE texts.hash = s.hash AND texts.norm_hash = ''"
-        )
         conn.exec_driver_sql(
             "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, '' FROM staging_rh s "
             f"WHERE NOT EXISTS (SELECT 1 FROM texts t WHERE t.hash = s.hash){x}"
@@ -330,10 +325,12 @@ class SignalStore:
             .group_by(events.c.conversation_id, events.c.turn_id)
             .subquery("t")
         )
-        # only prompts have a normal-form hash: joining that small part of ``texts`` keeps the hash table small
+        # Only prompts have a normal-form hash: joining that small part of ``texts`` keeps the hash table small. A
+        # prompt whose text was first stored as a response has none (texts are written once, never updated): it
+        # falls back to its own content hash (deduplicated by exact text only).
         p = sa.select(texts.c.hash, texts.c.norm_hash).where(texts.c.norm_hash != "").subquery("p")
-        cols = [*per_turn.c, p.c.norm_hash.label("prompt_norm_hash")]
-        source = per_turn.join(p, p.c.hash == per_turn.c.prompt_hash)
+        cols = [*per_turn.c, sa.func.coalesce(p.c.norm_hash, per_turn.c.prompt_hash).label("prompt_norm_hash")]
+        source = per_turn.outerjoin(p, p.c.hash == per_turn.c.prompt_hash)
         if judge is not None:
             js = judge_scores.alias("js")
             cols.append(js.c.score.label("judge_score"))

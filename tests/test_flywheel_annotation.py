@@ -12,12 +12,12 @@ from flywheel.annotation import (
     LABEL_CONFIG,
     AnnotationImportError,
     build_tasks,
+    decontaminate_pairs,
     read_label_studio_export,
     simulate_annotations,
     write_dataset_version,
     write_export,
 )
-from flywheel.decontaminate import decontaminate
 from flywheel.scrub import Scrubber
 
 PLANTED = {
@@ -200,7 +200,8 @@ def test_decontamination_removes_pairs_seen_in_a_gate_suite(exported):
     export, _, tmp = exported
     ls = simulate_annotations(export.tasks, truth=lambda d: 1, noise=0.0, p_unlabelled=0.0)
     pairs, _ = read_label_studio_export(_export_file(tmp, ls), export.tasks)
-    kept, report = decontaminate(pairs, {"winrate": ["how do I boil an EGG"], "safe": ["Unrelated prompt"]})
+    # the shared rule (data.decontamination): same text up to case and spacing, or a shared word 8-gram
+    kept, report = decontaminate_pairs(pairs, {"winrate": ["how do I  boil an EGG?"], "safe": ["Unrelated prompt"]})
     assert [p.id for p in kept] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2"]
     assert (report["n_in"], report["n_removed"], report["per_suite"]) == (4, 1, {"winrate": 1, "safe": 0})
     assert report["removed"] == ["c2:0:0-1"]
