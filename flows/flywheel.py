@@ -34,7 +34,16 @@ class FlywheelParameters(BaseModel):
         "file <out_dir>/signals.duckdb.",
     )
     events: list[str] = Field(default_factory=list, description="Event files to ingest (.jsonl / .parquet).")
-    reward_model_dir: str = Field(..., description="The judge: the round's reward-model stage dir or a checkpoint.")
+    reward_model_dir: str | None = Field(
+        None, description="The round's reward-model stage dir or checkpoint (the reward_model judge backend's model)."
+    )
+    judge: dict | str | None = Field(
+        None,
+        description="The gates' judge (judging.judges.JudgeConfig: the gates recipe's judge: mapping or its JSON); "
+        "default: judge of gates_recipe, else the reward_model backend.",
+    )
+    gates_recipe: str | None = Field(None, description="Take the judge from this gates recipe's judge: key.")
+    judge_reference: str | None = Field(None, description="Reply A each turn is compared with (flywheel.judge).")
     traffic_data: str = Field("demo:traffic/alpaca_eval_clusters.csv", description="Traffic table (intent,share).")
     budget_fraction: float = Field(0.005, description="Share of turns to label (default 0.5%).")
     budget: int | None = Field(None, description="Number of turns to label (overrides budget_fraction).")
@@ -83,14 +92,25 @@ def ingest_task(db: str, files: list[str]) -> list[dict]:
 
 @task(cache_policy=NO_CACHE)
 def judge_task(db: str, params: FlywheelParameters) -> dict:
-    from flywheel.judge import judge_turns, reward_model_judge
+    from flywheel.judge import DEFAULT_REFERENCE, gates_judge, judge_turns
+    from judging.judges import JudgeConfig
     from flywheel.store import SignalStore
 
     store = SignalStore(db)
-    judge = reward_model_judge(
-        params.reward_model_dir, batch_size=params.judge_batch_size, max_length=params.judge_max_length
+    config = params.judge
+    if config is None and params.gates_recipe:
+        import yaml
+
+        config = (yaml.safe_load(Path(params.gates_recipe).read_text()) or {}).get("judge")
+    if config is None:
+        config = {"backend": "reward_model"}
+    if isinstance(config, str):
+        config = json.loads(config)
+    config = {"batch_size": params.judge_batch_size, "max_length": params.judge_max_length, **config}
+    judge = gates_judge(
+        config, reward_model=params.reward_model_dir, reference=params.judge_reference or DEFAULT_REFERENCE
     )
-    out = {"judge": judge.id, **judge_turns(store, judge)}
+    out = {"judge": judge.id, "judge_config": JudgeConfig.from_dict(config).to_dict(), **judge_turns(store, judge)}
     store.close()
     return out
 

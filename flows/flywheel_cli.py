@@ -65,8 +65,14 @@ def _run(flow_fn, params):
 
 @app.command("export")
 def export_cmd(
-    reward_model: Annotated[str, typer.Option(help="The judge: reward-model stage dir or checkpoint.")],
+    reward_model: Annotated[
+        str | None, typer.Option(help="The round's reward model (stage dir or checkpoint): the default judge.")
+    ] = None,
     out_dir: Annotated[str, typer.Option(help="Store, selection, export and report go here.")] = "runs/flywheel",
+    judge: Annotated[
+        str | None, typer.Option(help="The gates' judge as JSON (judging.judges.JudgeConfig), e.g. '{\"backend\": \"openai\"}'.")
+    ] = None,
+    gates_recipe: Annotated[str | None, typer.Option(help="Take the judge from this gates recipe's judge: key.")] = None,
     events: Annotated[list[str] | None, typer.Option(help="Event file to ingest first (repeatable).")] = None,
     db: Annotated[str | None, typer.Option(help="Store URL (default <out-dir>/signals.duckdb).")] = None,
     traffic_data: Annotated[str, typer.Option()] = "demo:traffic/alpaca_eval_clusters.csv",
@@ -85,6 +91,8 @@ def export_cmd(
         db=db,
         events=events or [],
         reward_model_dir=reward_model,
+        judge=judge,
+        gates_recipe=gates_recipe,
         traffic_data=traffic_data,
         budget_fraction=budget_fraction,
         budget=budget,

@@ -90,3 +90,40 @@ def test_scores_are_cached_by_content_hash(tiny_rm, tmp_path):
     other = Judge("f" * 64, lambda p, r: np.zeros(len(p)))
     assert judge_turns(store, other)["scored"] == 3
     store.close()
+
+
+def test_default_judge_is_the_gates_reward_model_backend(tiny_rm, tmp_path):
+    """reward_model_judge is gates_judge with the gates' default config: same id, same scores."""
+    from flywheel.judge import gates_judge
+
+    a = reward_model_judge(tiny_rm)
+    b = gates_judge({"backend": "reward_model"}, reward_model=tiny_rm)
+    assert a.id == b.id and len(a.id) == 64
+    np.testing.assert_allclose(a.score(["Hi"], ["Hello!"]), b.score(["Hi"], ["Hello!"]), atol=1e-6)
+    assert gates_judge({"backend": "reward_model", "max_length": 64}, reward_model=tiny_rm).id != a.id
+
+
+def test_pairwise_labels_backend_scores_turns_against_the_reference(tmp_path):
+    """A non-reward-model backend of judging.judges (labels: imported expert verdicts) through the same interface:
+    each turn is the pair (reference, response); the score is the preference of the response (2 better, 1 worse,
+    1.5 tie); a turn the judge cannot answer for is an error from the backend, never a silent score."""
+    from flywheel.judge import DEFAULT_REFERENCE, gates_judge
+    from judging.judges import pair_id
+
+    turns = [("How do I boil an egg?", "Boil it for nine minutes."), ("Hi", "Go away."), ("Yo", "Hey.")]
+    verdicts = [2, 1, "tie"]
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(
+        "".join(json.dumps({"id": pair_id(p, DEFAULT_REFERENCE, r), "verdict": v}) + "\n" for (p, r), v in zip(turns, verdicts))
+    )
+    judge = gates_judge({"backend": "labels", "labels": str(labels)})
+    store = SignalStore(tmp_path / "s.duckdb")
+    store.ingest(_events(tmp_path / "a.jsonl", [_row(i, f"c{i}", 0, p, r) for i, (p, r) in enumerate(turns)]))
+    assert judge_turns(store, judge) == {"turns": 3, "cached": 0, "scored": 3}
+    got = store.turns(judge.id).to_pandas().set_index("conversation_id")["judge_score"].to_dict()
+    assert got == {"c0": 2.0, "c1": 1.0, "c2": 1.5}
+    assert judge_turns(store, judge)["cached"] == 3
+    store.ingest(_events(tmp_path / "b.jsonl", [_row(9, "c9", 0, "Unlabelled?", "Yes.")]))
+    with pytest.raises(KeyError, match="no label"):
+        judge_turns(store, judge)
+    store.close()
