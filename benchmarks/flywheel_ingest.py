@@ -100,7 +100,11 @@ def fill_judge_cache(store, judge: str) -> float:
     """Store a deterministic pseudo-score per turn (its response hash's first 6 hex digits / 0xFFFFFF), vectorised.
     Returns seconds (not part of the target: a real judge scoring millions of turns is a GPU job)."""
     t0 = time.perf_counter()
-    keys = store.turns().select(["prompt_hash", "response_hash"])
+    import sqlalchemy as sa
+
+    from flywheel.store import events
+
+    keys = store.fetch_arrow(sa.select(events.c.prompt_hash, events.c.response_hash).distinct())
     digits = pc.utf8_slice_codeunits(keys["response_hash"], 0, 6)
     score = np.array([int(h, 16) for h in pc.unique(digits).to_pylist()], dtype=np.float64) / 0xFFFFFF
     score = pc.take(pa.array(score), pc.index_in(digits, value_set=pc.unique(digits)))
@@ -156,6 +160,7 @@ def main() -> int:
     result: dict = {"threads": args.threads, "duckdb_compression": args.duckdb_compression}
     secs, cpu, rows, store = ingest(f"duckdb:///{tmp / 'bench.duckdb'}", files, args.threads, args.memory_limit, compression)
     load_ingest = os.getloadavg()[0]
+    result["peak_rss_mb_after_ingest"] = round(peak_rss_mb())
     t_judge = fill_judge_cache(store, "b" * 64)
     t_sel, cpu_sel, summary = select(store)
     result["duckdb"] = {

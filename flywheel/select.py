@@ -156,7 +156,8 @@ def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: Sele
     budget = cfg.budget if cfg.budget is not None else math.ceil(cfg.budget_fraction * n_turns)
     df = turns.copy(deep=False)  # the caller's frame is not modified (copy-on-write); millions of turns not copied
     df["judge_score"] = pd.to_numeric(df["judge_score"], errors="coerce")
-    scored = df[df["judge_score"].notna()]
+    has_score = df["judge_score"].notna().to_numpy()
+    scored = df if has_score.all() else df[has_score]  # no copy of millions of rows when every turn is scored
     scored["q"] = judge_quality(scored["judge_score"].to_numpy())
     strength = _strengths(scored, cfg)
     scored["disagreement"] = strength.max(axis=1)
