@@ -120,7 +120,7 @@ def select(store, judge: str = "b" * 64) -> tuple[float, float, dict]:
 
     traffic = load_traffic(demo_path("traffic/alpaca_eval_clusters.csv"))
     t0, c0 = time.perf_counter(), cpu_s()
-    turns = store.turns(judge).to_pandas()
+    turns = store.turns_frame(judge)
     sel = select_turns(turns, traffic)
     return (
         time.perf_counter() - t0,

@@ -123,7 +123,7 @@ def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
     from rlhf.lineage import json_hash
 
     store = SignalStore(db)
-    turns = store.turns(judge_id).to_pandas()
+    turns = store.turns_frame(judge_id)
     store.close()
     src = params.traffic_data
     traffic = load_traffic(demo_path(src[5:]) if src.startswith("demo:") else src)

@@ -109,7 +109,7 @@ def judge_turns(store: SignalStore, judge: Judge, *, chunk: int = 256) -> dict[s
         ``{"turns": n, "cached": already scored (distinct texts), "scored": newly scored (distinct texts)}``, plus
         ``"unparsed"`` (distinct texts the judge gave no usable answer for, left unscored) when there are any.
     """
-    turns = store.turns(judge.id).to_pandas()
+    turns = store.turns_frame(judge.id)
     todo = turns[turns["judge_score"].isna()][["prompt_hash", "response_hash"]].drop_duplicates()
     keys = list(todo.itertuples(index=False, name=None))
     n_distinct = len(turns[["prompt_hash", "response_hash"]].drop_duplicates())

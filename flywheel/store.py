@@ -360,6 +360,11 @@ class SignalStore:
         """:meth:`turns_query` as an Arrow table."""
         return self.fetch_arrow(self.turns_query(judge))
 
+    def turns_frame(self, judge: str | None = None):
+        """:meth:`turns_query` as a pandas DataFrame, converted column by column while the Arrow table is released
+        (``self_destruct``), so millions of turns are not held twice."""
+        return self.turns(judge).to_pandas(self_destruct=True, split_blocks=True)
+
     def texts_for(self, hashes: Sequence[str]) -> dict[str, str]:
         """``{hash: text}`` for the given content hashes (unknown hashes are absent)."""
         out: dict[str, str] = {}
