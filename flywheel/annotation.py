@@ -16,8 +16,11 @@ of the selection, the export and the labels file). A malformed export is a clear
 field; a task nobody labelled (no annotation, or only cancelled ones) is listed in the manifest, never dropped
 silently.
 
-Formats as documented by Label Studio (task format and export format guides, ``Pairwise`` tag); the tests run
-against those documented shapes, not against a running Label Studio server.
+Formats as documented by Label Studio (task format and export format guides, ``Pairwise`` tag). The tests run
+against those documented shapes and, in ``tests/test_flywheel_label_studio.py``, through a real Label Studio
+server's API (project with :data:`LABEL_CONFIG`, task import, several annotator accounts, JSON export). The server's
+default export leaves tasks without annotations out; they are reported as ``"not in the export"`` (export with
+``download_all_tasks=true`` to have them as ``"no annotation"``).
 """
 
 from __future__ import annotations
