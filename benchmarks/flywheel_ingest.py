@@ -161,6 +161,11 @@ def main() -> int:
     secs, cpu, rows, store = ingest(f"duckdb:///{tmp / 'bench.duckdb'}", files, args.threads, args.memory_limit, compression)
     load_ingest = os.getloadavg()[0]
     result["peak_rss_mb_after_ingest"] = round(peak_rss_mb())
+    print(
+        f"DuckDB ingest: {rows:,} events in {secs:.1f} s = {rows / secs:,.0f} rows/s ({cpu:.1f} CPU s), load average "
+        f"{load_ingest:.2f}, peak RSS so far {result['peak_rss_mb_after_ingest']} MB",
+        flush=True,
+    )
     t_judge = fill_judge_cache(store, "b" * 64)
     t_sel, cpu_sel, summary = select(store)
     result["duckdb"] = {
