@@ -30,6 +30,7 @@ import io
 import json
 import logging
 import re
+import threading
 import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -123,6 +124,14 @@ class IngestReport:
     skipped_file: bool = False
 
 
+_WRITE_LOCKS: dict[str, threading.Lock] = {}
+
+
+def _write_lock(url: str) -> threading.Lock:
+    """One lock per store URL in this process (PostgreSQL too: harmless, its keys already guard it)."""
+    return _WRITE_LOCKS.setdefault(url, threading.Lock())
+
+
 def _url(url_or_path: str | Path) -> str:
     s = str(url_or_path)
     if "://" in s:
@@ -190,7 +199,9 @@ class SignalStore:
         """
         path = Path(path)
         fhash = _file_hash(path)
-        with self.engine.begin() as conn:
+        # DuckDB keeps no unique index on events: its anti-joins are the guarantee, so writes to one file are
+        # serialised (other processes are kept out by DuckDB's own file lock; this lock covers threads here).
+        with _write_lock(self.url), self.engine.begin() as conn:
             if conn.execute(sa.select(ingests.c.rows).where(ingests.c.file_hash == fhash)).first() is not None:
                 logger.info("%s: already ingested (same content), skipped", path)
                 return IngestReport(str(path), fhash, 0, 0, 0, skipped_file=True)
@@ -418,7 +429,7 @@ class SignalStore:
             )
         if not tab.num_rows:
             return
-        with self.engine.begin() as conn:
+        with _write_lock(self.url), self.engine.begin() as conn:
             self._stage(conn, "staging_scores", tab)
             conn.exec_driver_sql(
                 "INSERT INTO judge_scores (judge, prompt_hash, response_hash, score) "
