@@ -93,8 +93,8 @@ def ingest_task(db: str, files: list[str]) -> list[dict]:
 @task(cache_policy=NO_CACHE)
 def judge_task(db: str, params: FlywheelParameters) -> dict:
     from flywheel.judge import DEFAULT_REFERENCE, gates_judge, judge_turns
-    from judging.judges import JudgeConfig
     from flywheel.store import SignalStore
+    from judging.judges import JudgeConfig
 
     store = SignalStore(db)
     config = params.judge
@@ -314,9 +314,8 @@ def _markdown(report: dict) -> str:
 @flow(name="flywheel-import", log_prints=True)
 def flywheel_import(params: ImportParameters) -> dict:
     """Label Studio export -> expert pairs -> decontamination -> dataset version. Returns its manifest."""
-    from flywheel.annotation import read_label_studio_export, write_dataset_version
     from data.decontamination import suites_from_gates_recipe, suites_from_generations
-    from flywheel.annotation import decontaminate_pairs
+    from flywheel.annotation import decontaminate_pairs, read_label_studio_export, write_dataset_version
     from rlhf.lineage import file_hash
 
     logger = get_run_logger()

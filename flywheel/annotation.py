@@ -41,9 +41,9 @@ from rlhf.manifest import atomic_write_text
 
 __all__ = [
     "LABEL_CONFIG",
-    "decontaminate_pairs",
     "AnnotationImportError",
     "build_tasks",
+    "decontaminate_pairs",
     "read_label_studio_export",
     "simulate_annotations",
     "write_dataset_version",

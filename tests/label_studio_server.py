@@ -56,7 +56,7 @@ def start_label_studio():
     exe = label_studio_bin()
     tmp = Path(tempfile.mkdtemp(prefix="rlhf-label-studio-"))
     port = _free_port()
-    log = open(tmp / "server.log", "wb")
+    log = open(tmp / "server.log", "wb")  # noqa: SIM115 - closed in the finally below, after the server stops
     env = {
         **os.environ,
         "LABEL_STUDIO_BASE_DATA_DIR": str(tmp / "data"),

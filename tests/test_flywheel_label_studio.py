@@ -76,7 +76,7 @@ def test_round_trip_through_the_label_studio_api(label_studio, tmp_path):
         listed = api.get("/api/tasks", params={"project": project, "page_size": 100}).json()["tasks"]
         by_key = {t["data"]["task_key"]: t["id"] for t in listed}
         # Truth: the longer reply is better (B when its index is the longer one); annotator 2 calls one a tie.
-        longer = lambda d: 2 if len(d["response_b"]) > len(d["response_a"]) else 1  # noqa: E731
+        longer = lambda d: 2 if len(d["response_b"]) > len(d["response_a"]) else 1
         sim = simulate_annotations(tasks, longer, n_annotators=3, noise=0.0, p_unlabelled=0.0)
         sim[0]["annotations"][2]["result"] = [
             {"from_name": "tie", "to_name": "prompt", "type": "choices", "value": {"choices": ["Tie"]}}
