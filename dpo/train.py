@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> dict:
     training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     verify_hash(pi_ref_path, pi_ref_hash, when="after training")
+    if not trainer.accelerator.is_main_process:  # multi-process (DDP): rank 0 alone saves and writes the manifest
+        return {"train_loss": result.training_loss, "train_steps": result.global_step, "rank": trainer.args.process_index}
 
     model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
     checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
@@ -168,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
         **{f"last_{k}": v for k, v in last.items()},
         "threads": efficiency["threads"],
         "efficiency": efficiency,
+        "processes": trainer.args.world_size,
+        "loss_curve": [h["loss"] for h in trainer.state.log_history if "loss" in h],  # per logging step
     }
     log_summary({**{k: v for k, v in metrics.items() if k != "efficiency"}, **_numbers(efficiency)},
                 report_to=args.report_to)

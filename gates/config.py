@@ -94,6 +94,20 @@ class GateStageConfig:
         metadata={"help": "Generation batch size (left padding, KV cache): an int, or auto (64 on CPU unless memory "
                   "says otherwise, rlhf.machine.auto_batch_size)."},
     )
+    engine: str = field(
+        default="transformers",
+        metadata={"help": "Generation engine: transformers (batched generate, KV cache) or vllm (needs the vllm "
+                  "package and a CUDA GPU; rlhf/vllm_engine.py). Either way the prompts are sharded over the "
+                  "processes of a multi-process launch.", "choices": ["transformers", "vllm"]},
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=1, metadata={"help": "engine vllm: GPUs each process splits a model over (tensor parallel)."}
+    )
+    collective_timeout_s: float = field(
+        default=1800.0,
+        metadata={"help": "Timeout of every collective of a multi-process gate launch, in seconds (the "
+                  "RLHF_COLLECTIVE_TIMEOUT_S environment variable overrides it; rlhf/distributed.py)."},
+    )
     lc_bar: float = field(default=50.0, metadata={"help": "Length-controlled win rate bar (percent)."})
     judge_floor: float = field(
         default=0.85, metadata={"help": "Judge agreement below this makes win-rate gates inconclusive."}
@@ -161,6 +175,10 @@ class GateStageConfig:
     report_to: list[str] = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers (wandb or none)."})
 
     def __post_init__(self) -> None:
+        if self.engine not in ("transformers", "vllm"):
+            raise ValueError(f"engine must be transformers or vllm, got {self.engine!r}")
+        if self.vllm_tensor_parallel_size < 1:
+            raise ValueError(f"vllm_tensor_parallel_size must be at least 1, got {self.vllm_tensor_parallel_size}")
         self.judge = self.judge_config().to_dict()
         if self.refusal_judge not in (None, "", {}):
             self.refusal_judge = self.refusal_judge_config().to_dict()

@@ -10,6 +10,9 @@ Launch alone. The CI command is ``rlhf gates``; what each form returns on a bloc
                                                     # the same codes: 0 pass, 3 blocked
     accelerate launch -m gates.evaluate --config ... (same arguments)
                                                     # 0 pass, but 1 for a block AND for a crash
+    torchrun --nproc_per_node 2 -m gates.evaluate --config ... (same arguments)
+                                                    # data parallel: each process generates and scores a share,
+                                                    # rank 0 judges and writes; torchrun also turns 3 into 1
 
 accelerate 1.x cannot pass the 3 on: its launcher (``accelerate/commands/launch.py``, ``simple_launcher``; the
 multi-process launchers likewise) turns any non-zero exit of the child into 1, by raising
@@ -35,18 +38,20 @@ from typing import Any
 from trl import TrlParser
 
 from data.decontamination import seen_in_training
+from rlhf.distributed import check_launch, init_state, is_main_process
 from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import BLOCKED_EXIT_CODE
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import atomic_write_text, write_manifest
 from rlhf.rundir import check_output_dir, install_failure_hook
 from rlhf.tracking import log_summary, setup_wandb
+from rlhf.vllm_engine import check_engine
 
 from .config import DATA_FIELDS, GateStageConfig
 from .decide import decide
 from .generation import answer_suites, generation_efficiency, label_intents, load_suites, truncation_counts, write_generations
 from .inputs import check_inputs, clear_previous_outputs, read_ppo_unlock, resolve_models
-from .measure import measure, run_judge, write_judgments
+from .measure import measure, run_judge, shardable_judge, write_judgments
 from .render import compared_context, gate_table, judge_row, make_plots, render_report
 from .report import contamination_markdown, summary_metrics, write_reports
 from .result import GateResult, release_verdict
@@ -60,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(argv)
     install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Multi-process launch (torchrun / accelerate launch): the world-size contract and collective timeout first;
+    # every rank generates and scores a share, rank 0 alone judges, measures and writes (rlhf/distributed.py).
+    launch = check_launch(args)
+    check_engine(args.engine)
+    if launch["world_size"] > 1:
+        init_state(launch["collective_timeout_s"])
+    main_rank = is_main_process()
     out = Path(args.output_dir)
     check_output_dir(out, "gates")  # never clear another stage's folder
 
@@ -67,21 +79,28 @@ def main(argv: list[str] | None = None) -> int:
     traffic, previous, _ = check_inputs(args)
     ppo_unlock = read_ppo_unlock(args.ppo_unlock_json)
     models = resolve_models(args)
-    clear_previous_outputs(out)
-    if "wandb" in (args.report_to or []):
+    if main_rank:
+        clear_previous_outputs(out)
+    if main_rank and "wandb" in (args.report_to or []):
         setup_wandb(run_name="gates", group=args.round_id, output_dir=out)
 
     # 2. generate: both models answer every suite
     suites = load_suites(args)
     t_gen = time.perf_counter()
     answers = {who: answer_suites(models[who], suites.prompts, args, who) for who in ("baseline", "candidate")}
+    if not main_rank:  # the other ranks' part ends with their share of the judge's scores; they write nothing
+        if shardable_judge(args.judge_config()):
+            run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir, shard=True)
+        return 0
     efficiency = generation_efficiency(answers, time.perf_counter() - t_gen, models["candidate"])
+    efficiency["processes"] = launch["world_size"]
     write_generations(out / "generations.jsonl", suites, answers)
 
     # 3. judge and measure
     t_judge = time.perf_counter()
     intents, intent_classifier = label_intents(suites.winrate, models["baseline"], args)
-    judged = run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir)
+    judged = run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir,
+                       shard=shardable_judge(args.judge_config()))
     write_judgments(out / "judgments.jsonl", judged.rows)
     models = {**models, "reward_model": models["judge"], "judge": judged.info["judge"]}
     m = measure(

@@ -99,11 +99,20 @@ def chat_of(p) -> list[dict] | str:
 
 def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateStageConfig, desc: str) -> dict:
     """One suite's answers: ``{"text", "n_tokens", "truncated"}`` (per item; truncated = prompt content was cut to fit
-    ``args.max_prompt_tokens``, the chat template never is)."""
-    text, n, cut = generate_report(
-        model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=args.batch_size,
-        max_prompt_tokens=args.max_prompt_tokens, desc=desc,
-    )
+    ``args.max_prompt_tokens``, the chat template never is).
+
+    ``model``: a transformers causal LM, or a ``rlhf.vllm_engine.VLLMGenerator`` (``engine: vllm``). In a
+    multi-process launch the prompts are sharded over the processes and every process gets all answers in order."""
+    from rlhf.vllm_engine import VLLMGenerator
+
+    if isinstance(model, VLLMGenerator):
+        text, n, cut = model.generate_report(prompts, max_new_tokens=max_new_tokens,
+                                             max_prompt_tokens=args.max_prompt_tokens, desc=desc)
+    else:
+        text, n, cut = generate_report(
+            model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=args.batch_size,
+            max_prompt_tokens=args.max_prompt_tokens, desc=desc, shard=True,
+        )
     if any(cut):
         logger.warning("%s: %d of %d prompts longer than max_prompt_tokens=%d had their content cut (template kept)",
                        desc, sum(cut), len(cut), args.max_prompt_tokens)
@@ -166,7 +175,12 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     The flip probe's second turn depends on the model's own first answer, so it runs after the capability suite.
     """
     tok = AutoTokenizer.from_pretrained(path)
-    model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=torch.float32)
+    if args.engine == "vllm":
+        from rlhf.vllm_engine import VLLMGenerator
+
+        model = VLLMGenerator(path, tensor_parallel_size=args.vllm_tensor_parallel_size)
+    else:
+        model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=torch.float32)
     caps = {name: args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
             for name in suites}
     out = generate_suites(model, tok, suites, caps, args, who)

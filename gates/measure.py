@@ -245,8 +245,14 @@ class JudgeRun:
     rows: list[dict]
 
 
+def shardable_judge(config: JudgeConfig) -> bool:
+    """Whether the judge scores locally with a model (``reward_model`` / ``sequence_classifier`` backends), so a
+    multi-process gate launch can shard its scoring; API judges are asked once, by rank 0 alone."""
+    return config.backend in ("reward_model", "sequence_classifier")
+
+
 def run_judge(config: JudgeConfig, models: dict[str, Any], suites: Suites, answers: dict[str, dict], *,
-              reward_model_dir: str) -> JudgeRun:
+              reward_model_dir: str, shard: bool = False) -> JudgeRun:
     """The configured judge (``--judge``; default the round's reward model) judges every win-rate pair (A the
     baseline's answer, B the candidate's), and its agreement with expert labels is taken where it was measured.
 
@@ -254,8 +260,13 @@ def run_judge(config: JudgeConfig, models: dict[str, Any], suites: Suites, answe
     (``measured_judge_agreement``, as before); any other judge is qualified on ``config.agreement_data``
     (PandaLM's three annotators by default) through ``judging.qualify.qualify_judge``, cached per judge identity,
     so a changed judge is re-measured and an unchanged one is not asked again.
+
+    ``shard``: a scoring judge (reward model, sequence classifier) scores data-parallel over the launch's processes
+    (every process calls this with the same inputs; see :func:`shardable_judge`).
     """
     judge = make_judge(config, reward_model=models["judge"] or None)
+    if shard:
+        judge.shard = True  # RewardModelJudge: judging.scoring.score(shard=True)
     prompts = suites.prompts["winrate"]
     base, cand = answers["baseline"]["winrate"]["text"], answers["candidate"]["winrate"]["text"]
     before = judge.requests_sent

@@ -24,7 +24,12 @@ class RewardModelJudge(Judge):
         path: where it was loaded from (its identity; a local directory is also content-hashed).
         backend: ``reward_model`` or ``sequence_classifier`` (reported only).
         batch_size, max_length: scoring batch and token cap (``judging.scoring.score``).
+
+    Attribute ``shard`` (default False): score data-parallel over the processes of a multi-process launch
+    (``judging.scoring.score(shard=True)``); the gate stage sets it, every process then judges the same pairs.
     """
+
+    shard: bool = False
 
     def __init__(self, model, tokenizer, *, path: str, backend: str = "reward_model", batch_size: int = 8,
                  max_length: int = 512, content: str | None = None):
@@ -58,7 +63,7 @@ class RewardModelJudge(Judge):
         # Both sides in one call (issue 12): one length sort over all 2n texts, full and evenly padded batches.
         n = len(responses_a)
         both = score(self.model, self.tokenizer, list(prompts) * 2, list(responses_a) + list(responses_b),
-                     batch_size=self.batch_size, max_length=self.max_length, desc="judging")
+                     batch_size=self.batch_size, max_length=self.max_length, desc="judging", shard=self.shard)
         return both[:n], both[n:]
 
     def judge(self, prompts, responses_a, responses_b, ids=None) -> list[Judgment]:

@@ -54,6 +54,7 @@ def score(
     batch_size: int = 8,
     max_length: int = 512,
     desc: str = "scoring",
+    shard: bool = False,
 ) -> np.ndarray:
     """Reward of each (prompt, response).
 
@@ -61,6 +62,9 @@ def score(
         model: an ``AutoModelForSequenceClassification`` with ``num_labels=1`` (put in eval mode here).
         prompts: chat messages or user strings, one per response.
         responses: assistant responses, same length as ``prompts``.
+        shard: in a multi-process launch, each process scores a contiguous share of the (length-sorted) texts and
+            every process gets all scores in input order (``rlhf.distributed.map_sharded``); every process must call
+            with the same inputs. False: this process scores everything (PPO, where each rank has its own).
 
     Returns:
         float64 array of shape ``(len(responses),)``: the score head's output at the last non-pad token.
@@ -71,28 +75,37 @@ def score(
     import torch
     from tqdm.auto import tqdm
 
+    from rlhf.distributed import map_sharded
+
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     model.eval()
     texts = [render(tokenizer, p, r) for p, r in zip(prompts, responses)]
     # Longest first keeps padding small; the original order is restored below.
     order = np.argsort([-len(t) for t in texts], kind="stable")
-    out = np.empty(len(texts), dtype=np.float64)
     tokenizer.padding_side = "right"
-    for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=len(texts) <= batch_size):
-        idx = order[start : start + batch_size]
-        # Truncate from the left so the response end (where the score is read) is always kept.
-        tokenizer.truncation_side = "left"
-        enc = tokenizer(
-            [texts[i] for i in idx],
-            return_tensors="pt",
-            padding=True,
-            truncation=True,
-            max_length=max_length,
-            add_special_tokens=False,
-        ).to(model.device)
-        with torch.no_grad():
-            out[idx] = model(**enc).logits[:, 0].float().cpu().numpy()
+
+    def run(idx_all: list[int]) -> list[float]:
+        done: list[float] = []
+        for start in tqdm(range(0, len(idx_all), batch_size), desc=desc, disable=len(idx_all) <= batch_size):
+            idx = idx_all[start : start + batch_size]
+            # Truncate from the left so the response end (where the score is read) is always kept.
+            tokenizer.truncation_side = "left"
+            enc = tokenizer(
+                [texts[i] for i in idx],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                add_special_tokens=False,
+            ).to(model.device)
+            with torch.no_grad():
+                done.extend(model(**enc).logits[:, 0].float().cpu().tolist())
+        return done
+
+    # Data parallel when ``shard`` (issue 11): each process scores a contiguous share of the sorted order.
+    out = np.empty(len(texts), dtype=np.float64)
+    out[order] = np.asarray(map_sharded(run, [int(i) for i in order], shard=shard), dtype=np.float64)
     return out
 
 

@@ -36,6 +36,9 @@ class CommonArguments:
             raise ValueError(f"data_mode must be strict or lenient, got {self.data_mode!r}")
         if not 0 <= self.max_reject_rate <= 1:
             raise ValueError(f"max_reject_rate must be a share in [0, 1], got {self.max_reject_rate}")
+        from .distributed import prepare_training_args
+
+        prepare_training_args(self)  # before TrainingArguments.__post_init__ creates the process group
         parent = getattr(super(), "__post_init__", None)  # the TRL config's, in a stage config
         if parent is not None:
             parent()

@@ -109,6 +109,7 @@ def generate_report(
     batch_size: int | str = 16,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     desc: str = "generating",
+    shard: bool = False,
 ) -> tuple[list[str], list[int], list[bool]]:
     """Greedy completions for chat prompts, and which prompts had to be shortened.
 
@@ -123,6 +124,10 @@ def generate_report(
             unless memory says otherwise). The progress bar shows generated tokens/s.
         max_prompt_tokens: budget per rendered prompt; longer ones have their content cut by :func:`fit_prompt`
             (the chat template and the end of the instruction are kept), never the template.
+        shard: in a multi-process launch (torchrun / accelerate launch), each process generates a contiguous share
+            of the length-sorted prompts (``rlhf.distributed.map_sharded``) and every process gets all outputs, in
+            input order. Every process must call with the same prompts. False: this process generates everything
+            (PPO rollouts, where each rank has its own prompts).
 
     Returns:
         ``(texts, n_tokens, truncated)``: decoded completions without special tokens, generated token counts
@@ -134,6 +139,7 @@ def generate_report(
     """
     import time
 
+    from .distributed import map_sharded
     from .machine import auto_batch_size
 
     model.eval()
@@ -143,36 +149,46 @@ def generate_report(
     # Longest first, by tokens: each batch holds prompts of similar length (little padding); outputs go back in order.
     order = sorted(range(len(texts)), key=lambda i: -n_prompt[i])
     batch_size = auto_batch_size(batch_size, model.config, max(n_prompt, default=1) + max_new_tokens)
-    outs: list[str] = [""] * len(texts)
-    lengths: list[int] = [0] * len(texts)
     tokenizer.padding_side = "left"
     eos = tokenizer.eos_token_id
-    bar = tqdm(range(0, len(order), batch_size), desc=desc)
     t0, produced = time.perf_counter(), 0
-    for start in bar:
-        idx = order[start : start + batch_size]
-        enc = tokenizer(
-            [texts[i] for i in idx],
-            return_tensors="pt",
-            padding=True,
-            add_special_tokens=False,
-        ).to(model.device)
-        gen = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            use_cache=True,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=eos,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-        )
-        new = gen[:, enc["input_ids"].shape[1] :]
-        for row, i in zip(new.tolist(), idx):
-            n = row.index(eos) + 1 if eos in row else len(row)
-            lengths[i] = n
-            outs[i] = tokenizer.decode(row[:n], skip_special_tokens=True).strip()
-            produced += n
-        bar.set_postfix(batch=len(idx), tok_s=f"{produced / max(time.perf_counter() - t0, 1e-9):.1f}")
+
+    def run(idx_all: list[int]) -> list[tuple[str, int]]:
+        """This process's prompts (indices into ``texts``, longest first), in batches; ``(text, n)`` per index."""
+        nonlocal produced
+        done: list[tuple[str, int]] = []
+        bar = tqdm(range(0, len(idx_all), batch_size), desc=desc)
+        for start in bar:
+            idx = idx_all[start : start + batch_size]
+            enc = tokenizer(
+                [texts[i] for i in idx],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=False,
+            ).to(model.device)
+            gen = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+            )
+            new = gen[:, enc["input_ids"].shape[1] :]
+            for row in new.tolist():
+                n = row.index(eos) + 1 if eos in row else len(row)
+                done.append((tokenizer.decode(row[:n], skip_special_tokens=True).strip(), n))
+                produced += n
+            bar.set_postfix(batch=len(idx), tok_s=f"{produced / max(time.perf_counter() - t0, 1e-9):.1f}")
+        return done
+
+    # Data parallel (issue 11): each process generates a contiguous share of the length-sorted order; all get all.
+    results = map_sharded(run, order, shard=shard)
+    outs: list[str] = [""] * len(texts)
+    lengths: list[int] = [0] * len(texts)
+    for i, (text, n) in zip(order, results):
+        outs[i], lengths[i] = text, n
     return outs, lengths, [cut for _, cut in fitted]

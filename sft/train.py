@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
     check_finished(trainer, resumed_from)
     training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
+    if not trainer.accelerator.is_main_process:  # multi-process (DDP): rank 0 alone saves and writes the manifest
+        return {"train_loss": result.training_loss, "train_steps": result.global_step, "rank": trainer.args.process_index}
 
     model = trainer.model
     if args.use_peft:  # pi_ref must be a whole model: merge the adapters so DPO's reference is the SFT model
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
         "style_audit": audit.to_dict(),
         "threads": efficiency["threads"],
         "efficiency": efficiency,
+        "processes": trainer.args.world_size,
+        "loss_curve": [h["loss"] for h in trainer.state.log_history if "loss" in h],  # per logging step
     }
     log_summary(
         {**{k: v for k, v in metrics.items() if not isinstance(v, dict)}, **_numbers(efficiency)},
