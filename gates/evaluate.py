@@ -38,7 +38,7 @@ from typing import Any
 from trl import TrlParser
 
 from data.decontamination import seen_in_training
-from rlhf.distributed import check_launch, init_state, is_main_process
+from rlhf.distributed import actual_world_size, check_launch, init_state, is_main_process
 from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import BLOCKED_EXIT_CODE
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
@@ -67,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Multi-process launch (torchrun / accelerate launch): the world-size contract and collective timeout first;
     # every rank generates and scores a share, rank 0 alone judges, measures and writes (rlhf/distributed.py).
+    if actual_world_size() > 1:
+        init_state(args.collective_timeout_s)  # the process group, with the timeout (the variable overrides it)
     launch = check_launch(args)
     check_engine(args.engine)
-    if launch["world_size"] > 1:
-        init_state(launch["collective_timeout_s"])
     main_rank = is_main_process()
     out = Path(args.output_dir)
     check_output_dir(out, "gates")  # never clear another stage's folder

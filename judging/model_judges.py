@@ -4,6 +4,7 @@ scores are a draw (``judging.labels.scores_to_preference``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,20 @@ class RewardModelJudge(Judge):
     def scores(self, prompts: Sequence[Any], responses_a: Sequence[str], responses_b: Sequence[str]):
         """(scores of A, scores of B), two float64 arrays of shape (n,)."""
         # Both sides in one call (issue 12): one length sort over all 2n texts, full and evenly padded batches.
+        # Each distinct (prompt, response) is scored once (issue 11): two identical answers get the SAME score, an
+        # exact draw, instead of two values that differ in the last float32 bits with their place in a padded batch
+        # (which decided such draws by rounding, and differently on 1 and 2 processes).
         n = len(responses_a)
-        both = score(self.model, self.tokenizer, list(prompts) * 2, list(responses_a) + list(responses_b),
-                     batch_size=self.batch_size, max_length=self.max_length, desc="judging", shard=self.shard)
+        pairs = list(zip(list(prompts) * 2, list(responses_a) + list(responses_b)))
+        keys = [json.dumps(p, sort_keys=True, default=str) + "\x00" + r for p, r in pairs]
+        first: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        unique = list(first.values())
+        s = score(self.model, self.tokenizer, [pairs[i][0] for i in unique], [pairs[i][1] for i in unique],
+                  batch_size=self.batch_size, max_length=self.max_length, desc="judging", shard=self.shard)
+        at = {k: s[j] for j, k in enumerate(first)}
+        both = np.array([at[k] for k in keys], dtype=np.float64)
         return both[:n], both[n:]
 
     def judge(self, prompts, responses_a, responses_b, ids=None) -> list[Judgment]:

@@ -165,11 +165,14 @@ def group_timeout_s() -> float | None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    try:
+    try:  # private API (torch 2.13: the backend's options carry the timeout); only used to report it
+        import torch
         from torch.distributed.distributed_c10d import _get_default_group
 
-        return _get_default_group().options._timeout.total_seconds()
-    except Exception:  # private API; only used to report
+        group = _get_default_group()
+        device = torch.device("cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu")
+        return group._get_backend(device).options._timeout.total_seconds()
+    except Exception:
         return None
 
 
