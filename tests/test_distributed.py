@@ -24,10 +24,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "recipes" / "smoke"
 
-# Tolerances (stated): 2-process DDP sums gradients in another order than one process, so weights and losses
-# differ by float32 rounding only; measured here: losses 1e-6 apart, weights ~1e-7 after 2 steps at lr 1e-3.
+# Tolerances (stated): 2-process DDP sums gradients in another order than one process, so the runs differ by float32
+# rounding, which Adam's normalised update magnifies where a gradient is near zero. Measured on SFT (2 steps, lr 1e-3):
+# losses 5e-7 apart, weights 1.3e-5 apart = 0.9% of the largest weight update (1.5e-3).
 LOSS_TOL = 1e-4
-WEIGHT_TOL = 1e-5
+WEIGHT_SHARE = 0.05
 
 
 def _env(**extra) -> dict:
@@ -199,7 +200,10 @@ def _weights(ckpt: Path) -> dict:
     return out
 
 
-def _compare_training(stage: str, one: Path, two: Path) -> None:
+def _compare_training(stage: str, one: Path, two: Path, start: Path) -> None:
+    """Losses within LOSS_TOL; weights within WEIGHT_SHARE of the largest weight update of the run (``start``: the
+    weights both began from). A wrong global batch (each rank stepping alone, or on the same rows) moves the weights
+    apart by about a whole update, 20x the bound."""
     m1 = json.loads((one / "manifest.json").read_text())["metrics"]
     m2 = json.loads((two / "manifest.json").read_text())["metrics"]
     print(f"\n{stage} loss curve, 1 process : {m1['loss_curve']}")
@@ -210,28 +214,41 @@ def _compare_training(stage: str, one: Path, two: Path) -> None:
     for a, b in zip(m1["loss_curve"], m2["loss_curve"]):
         assert abs(a - b) <= LOSS_TOL, (a, b)
     assert abs(m1["train_loss"] - m2["train_loss"]) <= LOSS_TOL
-    w1, w2 = _weights(one / "checkpoint"), _weights(two / "checkpoint")
+    w0, w1, w2 = _weights(start), _weights(one / "checkpoint"), _weights(two / "checkpoint")
     assert w1.keys() == w2.keys() and w1
     diff = max(float((w1[k].float() - w2[k].float()).abs().max()) for k in w1)
-    print(f"{stage} max |weight difference| after {m1['train_steps']} steps: {diff:.2e} (tolerance {WEIGHT_TOL})")
-    assert diff <= WEIGHT_TOL
+    moved = max(float((w1[k].float() - w0[k].float()).abs().max()) for k in w1 if k in w0)
+    print(f"{stage} max |weight difference| 1 vs 2 processes: {diff:.2e}; largest weight update: {moved:.2e} "
+          f"(bound {WEIGHT_SHARE:.0%} of it)")
+    assert moved > 1e-4  # the runs trained
+    assert diff <= WEIGHT_SHARE * moved
 
 
-def test_sft_and_dpo_on_two_processes_match_one(tmp_path):
-    """Same global batch: 1 process x 2 rows vs 2 processes x 1 row (the smoke recipes' batch is 2)."""
-    runs = {}
+def _train(stage: str, extra: list[str], out: Path, n: int) -> None:
+    """One run of ``stage`` on ``n`` processes, global batch 2 (the smoke recipes' per-device batch is 2)."""
+    log = out.with_suffix(".log")
+    rc = launch(f"{stage}.train", ["--config", str(SMOKE / f"{stage}.yaml"), "--output_dir", str(out),
+                                   "--report_to", "none", "--per_device_train_batch_size", str(2 // n), *extra],
+                n, log, RLHF_EXPECTED_WORLD_SIZE=str(n))
+    assert rc == 0, log.read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def sft_runs(tmp_path_factory) -> dict[int, Path]:
+    root = tmp_path_factory.mktemp("dist_sft")
     for n in (1, 2):
-        out = tmp_path / f"sft{n}"
-        rc = launch("sft.train", ["--config", str(SMOKE / "sft.yaml"), "--output_dir", str(out), "--report_to",
-                                  "none", "--per_device_train_batch_size", str(2 // n)], n, tmp_path / f"sft{n}.log",
-                    RLHF_EXPECTED_WORLD_SIZE=str(n))
-        assert rc == 0, (tmp_path / f"sft{n}.log").read_text()[-3000:]
-        runs[n] = out
-    _compare_training("SFT", runs[1], runs[2])
-    for n in (1, 2):  # both from the 1-process SFT: the same pi_ref
-        out = tmp_path / f"dpo{n}"
-        rc = launch("dpo.train", ["--config", str(SMOKE / "dpo.yaml"), "--sft_dir", str(runs[1]), "--output_dir",
-                                  str(out), "--report_to", "none", "--per_device_train_batch_size", str(2 // n)],
-                    n, tmp_path / f"dpo{n}.log", RLHF_EXPECTED_WORLD_SIZE=str(n))
-        assert rc == 0, (tmp_path / f"dpo{n}.log").read_text()[-3000:]
-    _compare_training("DPO", tmp_path / "dpo1", tmp_path / "dpo2")
+        _train("sft", [], root / f"sft{n}", n)
+    return {n: root / f"sft{n}" for n in (1, 2)}
+
+
+def test_sft_on_two_processes_matches_one(sft_runs, tiny_model_dir):
+    """Same global batch: 1 process x 2 rows vs 2 processes x 1 row (DDP over gloo)."""
+    _compare_training("SFT", sft_runs[1], sft_runs[2], Path(tiny_model_dir))
+
+
+def test_dpo_on_two_processes_matches_one(tmp_path, sft_runs):
+    """Both from the 1-process SFT's pi_ref; 1 process x 2 pairs vs 2 processes x 1 pair."""
+    for n in (1, 2):
+        _train("dpo", ["--sft_dir", str(sft_runs[1])], tmp_path / f"dpo{n}", n)
+    pi_ref = json.loads((sft_runs[1] / "manifest.json").read_text())["outputs"]["pi_ref"]
+    _compare_training("DPO", tmp_path / "dpo1", tmp_path / "dpo2", Path(pi_ref))
