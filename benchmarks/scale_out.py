@@ -1,15 +1,14 @@
 """Scale-out overheads (issue 11, point 6): a stage through the flow vs the same training launched directly with TRL,
 and the gate stage's generation throughput on 1 and 2 processes, in one run.
 
-1. SFT through the flow: a Prefect flow whose task calls ``flows.stages.run_stage`` (what the round flow's stage task
-   calls: ``accelerate launch -m sft.train`` with the recipe, cache key, stage folder, manifest), against
-   ``accelerate launch`` (same threads per process) of a plain TRL script: ``SFTTrainer`` on the same file, model and
-   recipe values (batch, steps, learning rate, schedule, max length, seed, precision). Reported: step time of each
+1. SFT (smoke recipe, tiny model) through the flow: a Prefect flow whose task calls ``flows.stages.run_stage``
+   (what the round flow's stage task calls: ``accelerate launch -m sft.train`` with the recipe, cache key, stage
+   folder, manifest), against plain TRL launched directly: ``SFTTrainer`` on the same prepared rows with the stage
+   config's own TRL fields and as many threads (``benchmarks/step_time.py``'s ``trl-same`` child, given the smoke
+   recipes; its default sampler, where the stage groups batches by length). Reported: step time of each
    (``train_runtime / steps``, the Trainer's own clock) and their ratio (target <= 1.05), and apart from it the fixed
    start-up cost (process wall time minus training time: imports, model conversion / loading, data validation,
-   decontamination, hashing, the step-0 and style checks, saving pi_ref, the Prefect server and flow run).
-   The stage trains on length-grouped batches with completion-only loss; the direct script is TRL's default path
-   (``messages`` rows, length-grouping off), so the ratio also carries that difference (the stage pads less).
+   decontamination, hashing, the style audit, saving the checkpoint and pi_ref, the Prefect flow run).
 2. Gate generation tokens/s: ``gates.evaluate`` on 1 process and on 2 (``torchrun --nproc_per_node 2``, gloo), same
    inputs (the smoke suites with ``--n`` items each, two noisy tiny models): generated tokens of both models over the
    generation wall time, from each run's manifest (``metrics.efficiency``); the generations are checked identical.
@@ -34,37 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DIRECT_SFT = r'''
-import json, sys, time
-t0 = time.perf_counter()
-import yaml
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import SFTConfig, SFTTrainer
-from data.loaders import load_sft
-from rlhf.models import resolve_base_model
-recipe, out, steps, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-r = yaml.safe_load(open(recipe))
-base = resolve_base_model(r["model_name_or_path"])
-rows = [{"messages": [{"role": m.role, "content": m.content} for m in c.messages]}
-        for c in load_sft(r["train_data"], use_first=n)]
-args = SFTConfig(output_dir=out, per_device_train_batch_size=r["per_device_train_batch_size"], max_steps=steps,
-                 learning_rate=r["learning_rate"], lr_scheduler_type=r["lr_scheduler_type"], warmup_steps=0,
-                 logging_steps=r["logging_steps"], seed=r["seed"], max_length=r["max_length"], bf16=False,
-                 report_to="none", save_strategy="no", gradient_checkpointing=False)
-trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args,
-                     train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(base))
-result = trainer.train()
-print("DIRECT " + json.dumps({"train_seconds": result.metrics["train_runtime"], "steps": result.global_step,
-                              "wall_to_end": time.perf_counter() - t0}), flush=True)
-'''
-
-
 def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def sft_through_flow(work: Path, steps: int, n: int) -> dict:
+def sft_through_flow(work: Path, steps: int) -> dict:
     """The SFT stage in a Prefect flow (run_stage in a task); wall time of the whole flow and the manifest."""
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="scale-out-prefect-"))
     t0 = time.perf_counter()
@@ -75,7 +48,7 @@ def sft_through_flow(work: Path, steps: int, n: int) -> dict:
     @task
     def sft_task():
         return run_stage("sft", "sft.train", ROOT / "recipes/smoke/sft.yaml", work / "flow_sft", force=True,
-                         extra_args=["--max_steps", str(steps), "--max_train_samples", str(n), "--report_to", "none"],
+                         extra_args=["--max_steps", str(steps), "--report_to", "none"],
                          log=lambda line: None)
 
     @flow(name="scale-out-sft")
@@ -86,25 +59,26 @@ def sft_through_flow(work: Path, steps: int, n: int) -> dict:
     wall = time.perf_counter() - t0
     eff = run.manifest["metrics"]["efficiency"]
     return {"wall": wall, "stage_wall": run.seconds, "train_seconds": eff["train_seconds"],
-            "steps": run.manifest["metrics"]["train_steps"], "threads": eff["threads"]}
+            "steps": run.manifest["metrics"]["train_steps"], "threads": eff["threads"],
+            "loss": run.manifest["metrics"]["train_loss"]}
 
 
-def sft_direct(work: Path, steps: int, n: int) -> dict:
-    from rlhf.machine import threads_per_process
-
-    script = work / "direct_sft.py"
-    script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n" + DIRECT_SFT)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--num_cpu_threads_per_process",
-           str(threads_per_process(1)), str(script), str(ROOT / "recipes/smoke/sft.yaml"), str(work / "direct"),
-           str(steps), str(n)]
+def sft_direct(steps: int) -> dict:
+    """Plain TRL on the same prepared rows and recipe (``benchmarks/step_time.py``'s ``trl-same`` child, pointed at
+    the smoke recipes), in its own process with the same threads; wall time of that process."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import benchmarks.step_time as st, pathlib; "
+            "st.RECIPES = pathlib.Path(sys.argv[1]) / 'recipes' / 'smoke'; "
+            "print('DIRECT ' + json.dumps(st.child('sft', 'trl-same', int(sys.argv[2]), None)))")
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(steps)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
     line = next((x for x in proc.stdout.splitlines() if x.startswith("DIRECT ")), None)
     if proc.returncode != 0 or line is None:
         sys.exit(f"direct TRL run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {"wall": wall, **json.loads(line[len("DIRECT "):])}
+    r = json.loads(line[len("DIRECT "):])
+    return {"wall": wall, "train_seconds": r["s_per_step"] * r["steps"], "steps": r["steps"], "loss": r["loss"],
+            "threads": r["threads"]}
 
 
 def noisy_models(work: Path) -> dict:
@@ -167,13 +141,14 @@ def main() -> None:
     print(f"load average before: {loadavg()} ({os.cpu_count()} CPUs)")
     with tempfile.TemporaryDirectory(prefix="scale-out-") as tmp:
         work = Path(tmp)
-        flow = sft_through_flow(work, a.steps, max(2 * a.steps, 8))
-        direct = sft_direct(work, a.steps, max(2 * a.steps, 8))
+        flow = sft_through_flow(work, a.steps)
+        direct = sft_direct(a.steps)
         step_flow, step_direct = flow["train_seconds"] / flow["steps"], direct["train_seconds"] / direct["steps"]
         print(f"\nSFT, tiny model, {flow['steps']} steps, batch 2, {flow['threads']} threads")
         print(f"  step time through the flow : {step_flow:.3f} s")
         print(f"  step time direct TRL       : {step_direct:.3f} s")
         print(f"  ratio flow / direct        : {step_flow / step_direct:.3f}  (target <= 1.05)")
+        print(f"  train loss flow / direct   : {flow['loss']:.4f} / {direct['loss']:.4f}; threads {direct['threads']}")
         print(f"  fixed start-up, flow       : {flow['wall'] - flow['train_seconds']:.1f} s "
               f"(of which the stage process {flow['stage_wall'] - flow['train_seconds']:.1f} s; the rest Prefect)")
         print(f"  fixed start-up, direct TRL : {direct['wall'] - direct['train_seconds']:.1f} s")
