@@ -13,7 +13,7 @@ and the gate stage's generation throughput on 1 and 2 processes, in one run.
    inputs (the smoke suites with ``--n`` items each, two noisy tiny models): generated tokens of both models over the
    generation wall time, from each run's manifest (``metrics.efficiency``); the generations are checked identical.
 
-    python benchmarks/scale_out.py                 # tiny model, 20 SFT steps, 24 items a suite
+    python benchmarks/scale_out.py                 # tiny model, 20 SFT steps x 2 repeats, 24 items a suite
     python benchmarks/scale_out.py --steps 40 --n 48
 
 Prints the load average before and after: on a shared machine the numbers move with it.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,8 @@ def loadavg() -> str:
 
 def sft_through_flow(work: Path, steps: int) -> dict:
     """The SFT stage in a Prefect flow (run_stage in a task); wall time of the whole flow and the manifest."""
-    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="scale-out-prefect-"))
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="scale-out-prefect-"))  # a private Prefect home
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # busy shared CPUs start slowly
     t0 = time.perf_counter()
     from prefect import flow, task
 
@@ -137,21 +139,30 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="SFT steps (both runs)")
     ap.add_argument("--n", type=int, default=24, help="gate items per suite (both runs)")
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved SFT runs of each kind (median reported)")
     a = ap.parse_args()
     print(f"load average before: {loadavg()} ({os.cpu_count()} CPUs)")
     with tempfile.TemporaryDirectory(prefix="scale-out-") as tmp:
         work = Path(tmp)
-        flow = sft_through_flow(work, a.steps)
-        direct = sft_direct(a.steps)
-        step_flow, step_direct = flow["train_seconds"] / flow["steps"], direct["train_seconds"] / direct["steps"]
-        print(f"\nSFT, tiny model, {flow['steps']} steps, batch 2, {flow['threads']} threads")
+        flows, directs = [], []
+        for r in range(a.repeats):  # interleaved, so a change in the machine's load hits both
+            flows.append(sft_through_flow(work, a.steps))
+            directs.append(sft_direct(a.steps))
+            print(f"  repeat {r}: flow {flows[-1]['train_seconds'] / flows[-1]['steps']:.3f} s/step, direct "
+                  f"{directs[-1]['train_seconds'] / directs[-1]['steps']:.3f} s/step (load {loadavg()})", flush=True)
+        med = statistics.median
+        step_flow = med(f["train_seconds"] / f["steps"] for f in flows)
+        step_direct = med(d["train_seconds"] / d["steps"] for d in directs)
+        flow, direct = flows[-1], directs[-1]
+        print(f"\nSFT, tiny model, {flow['steps']} steps, batch 2, {flow['threads']} threads, median of {a.repeats}")
         print(f"  step time through the flow : {step_flow:.3f} s")
         print(f"  step time direct TRL       : {step_direct:.3f} s")
         print(f"  ratio flow / direct        : {step_flow / step_direct:.3f}  (target <= 1.05)")
         print(f"  train loss flow / direct   : {flow['loss']:.4f} / {direct['loss']:.4f}; threads {direct['threads']}")
-        print(f"  fixed start-up, flow       : {flow['wall'] - flow['train_seconds']:.1f} s "
-              f"(of which the stage process {flow['stage_wall'] - flow['train_seconds']:.1f} s; the rest Prefect)")
-        print(f"  fixed start-up, direct TRL : {direct['wall'] - direct['train_seconds']:.1f} s")
+        print(f"  fixed start-up, flow       : {med(f['wall'] - f['train_seconds'] for f in flows):.1f} s "
+              f"(of which the stage process {med(f['stage_wall'] - f['train_seconds'] for f in flows):.1f} s; "
+              "the rest Prefect)")
+        print(f"  fixed start-up, direct TRL : {med(d['wall'] - d['train_seconds'] for d in directs):.1f} s")
 
         models = noisy_models(work)
         runs = {k: gate_run(work, models, k, a.n, a.max_new_tokens) for k in (1, 2)}
