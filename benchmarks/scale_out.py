@@ -65,6 +65,24 @@ def sft_through_flow(work: Path, steps: int) -> dict:
             "loss": run.manifest["metrics"]["train_loss"]}
 
 
+def sft_stage_alone(work: Path, steps: int) -> dict:
+    """The stage launched as the flow launches it (``flows.stages.launch_command``: accelerate launch, threads per
+    process) but without Prefect: separates the stage's own cost from the flow's."""
+    from flows.stages import launch_command
+
+    out = work / "alone_sft"
+    cmd = launch_command("sft.train", ROOT / "recipes/smoke/sft.yaml", out,
+                         ["--max_steps", str(steps), "--report_to", "none"], None)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        sys.exit(f"sft stage failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    m = json.loads((out / "manifest.json").read_text())["metrics"]
+    return {"wall": wall, "train_seconds": m["efficiency"]["train_seconds"], "steps": m["train_steps"],
+            "loss": m["train_loss"], "threads": m["efficiency"]["threads"]}
+
+
 def sft_direct(steps: int) -> dict:
     """Plain TRL on the same prepared rows and recipe (``benchmarks/step_time.py``'s ``trl-same`` child, pointed at
     the smoke recipes), in its own process with the same threads; wall time of that process."""
@@ -144,25 +162,29 @@ def main() -> None:
     print(f"load average before: {loadavg()} ({os.cpu_count()} CPUs)")
     with tempfile.TemporaryDirectory(prefix="scale-out-") as tmp:
         work = Path(tmp)
-        flows, directs = [], []
-        for r in range(a.repeats):  # interleaved, so a change in the machine's load hits both
-            flows.append(sft_through_flow(work, a.steps))
-            directs.append(sft_direct(a.steps))
-            print(f"  repeat {r}: flow {flows[-1]['train_seconds'] / flows[-1]['steps']:.3f} s/step, direct "
-                  f"{directs[-1]['train_seconds'] / directs[-1]['steps']:.3f} s/step (load {loadavg()})", flush=True)
+        kinds = {"flow": lambda: sft_through_flow(work, a.steps), "stage": lambda: sft_stage_alone(work, a.steps),
+                 "direct": lambda: sft_direct(a.steps)}
+        runs_: dict[str, list[dict]] = {k: [] for k in kinds}
+        for r in range(a.repeats):  # interleaved, so a change in the machine's load hits every kind
+            for k, fn in kinds.items():
+                runs_[k].append(fn())
+            print(f"  repeat {r}: " + ", ".join(f"{k} {v[-1]['train_seconds'] / v[-1]['steps']:.3f} s/step"
+                                               for k, v in runs_.items()) + f" (load {loadavg()})", flush=True)
         med = statistics.median
-        step_flow = med(f["train_seconds"] / f["steps"] for f in flows)
-        step_direct = med(d["train_seconds"] / d["steps"] for d in directs)
-        flow, direct = flows[-1], directs[-1]
+        step = {k: med(x["train_seconds"] / x["steps"] for x in v) for k, v in runs_.items()}
+        fixed = {k: med(x["wall"] - x["train_seconds"] for x in v) for k, v in runs_.items()}
+        flow, direct = runs_["flow"][-1], runs_["direct"][-1]
         print(f"\nSFT, tiny model, {flow['steps']} steps, batch 2, {flow['threads']} threads, median of {a.repeats}")
-        print(f"  step time through the flow : {step_flow:.3f} s")
-        print(f"  step time direct TRL       : {step_direct:.3f} s")
-        print(f"  ratio flow / direct        : {step_flow / step_direct:.3f}  (target <= 1.05)")
-        print(f"  train loss flow / direct   : {flow['loss']:.4f} / {direct['loss']:.4f}; threads {direct['threads']}")
-        print(f"  fixed start-up, flow       : {med(f['wall'] - f['train_seconds'] for f in flows):.1f} s "
-              f"(of which the stage process {med(f['stage_wall'] - f['train_seconds'] for f in flows):.1f} s; "
-              "the rest Prefect)")
-        print(f"  fixed start-up, direct TRL : {med(d['wall'] - d['train_seconds'] for d in directs):.1f} s")
+        print(f"  step time through the flow (Prefect + run_stage): {step['flow']:.3f} s")
+        print(f"  step time, stage alone (same launch, no Prefect) : {step['stage']:.3f} s")
+        print(f"  step time, direct TRL (same rows and config)     : {step['direct']:.3f} s")
+        print(f"  ratio flow / direct : {step['flow'] / step['direct']:.3f}  (target <= 1.05)")
+        print(f"  ratio stage / direct: {step['stage'] / step['direct']:.3f}")
+        print(f"  train loss flow / stage / direct: {flow['loss']:.4f} / {runs_['stage'][-1]['loss']:.4f} / "
+              f"{direct['loss']:.4f}; threads {direct['threads']}")
+        print(f"  fixed start-up: flow {fixed['flow']:.1f} s (stage process "
+              f"{med(f['stage_wall'] - f['train_seconds'] for f in runs_['flow']):.1f} s, the rest Prefect), "
+              f"stage alone {fixed['stage']:.1f} s, direct TRL {fixed['direct']:.1f} s")
 
         models = noisy_models(work)
         runs = {k: gate_run(work, models, k, a.n, a.max_new_tokens) for k in (1, 2)}
