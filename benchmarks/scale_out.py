@@ -74,7 +74,7 @@ def sft_stage_alone(work: Path, steps: int) -> dict:
     cmd = launch_command("sft.train", ROOT / "recipes/smoke/sft.yaml", out,
                          ["--max_steps", str(steps), "--report_to", "none"], None)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
     if proc.returncode:
         sys.exit(f"sft stage failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -90,7 +90,7 @@ def sft_direct(steps: int) -> dict:
             "st.RECIPES = pathlib.Path(sys.argv[1]) / 'recipes' / 'smoke'; "
             "print('DIRECT ' + json.dumps(st.child('sft', 'trl-same', int(sys.argv[2]), None)))")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(steps)], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(steps)], check=False, cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
     line = next((x for x in proc.stdout.splitlines() if x.startswith("DIRECT ")), None)
@@ -141,7 +141,7 @@ def gate_run(work: Path, models: dict, nproc: int, n: int, max_new_tokens: int) 
     cmd = [sys.executable, *args] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), *args]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"gate run on {nproc} processes failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -172,7 +172,7 @@ def group_timeout_s() -> float | None:
         group = _get_default_group()
         device = torch.device("cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu")
         return group._get_backend(device).options._timeout.total_seconds()
-    except Exception:
+    except (AttributeError, RuntimeError, TypeError, ValueError):
         return None
 
 

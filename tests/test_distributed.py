@@ -44,7 +44,7 @@ def launch(module: str, args: list[str], nproc: int, log: Path, **env) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", module, *args]
     with open(log, "w") as f:
-        return subprocess.run(cmd, cwd=ROOT, env=_env(**env), stdout=f, stderr=subprocess.STDOUT,
+        return subprocess.run(cmd, check=False, cwd=ROOT, env=_env(**env), stdout=f, stderr=subprocess.STDOUT,
                               timeout=600).returncode
 
 
