@@ -28,7 +28,7 @@ from rlhf.rundir import install_failure_hook
 from rlhf.resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
 from rlhf.weights import load_checked
 from rlhf.manifest import read_manifest
-from rlhf.checkpoint import save_checkpoint, verify_hash
+from rlhf.checkpoint import gather_full_state_dict, save_checkpoint, verify_hash
 from rlhf.config import peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.entrypoint import handle_rejects, setup_stage
@@ -147,11 +147,12 @@ def main(argv: list[str] | None = None) -> dict:
     training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     verify_hash(pi_ref_path, pi_ref_hash, when="after training")
+    full_weights = None if args.use_peft else gather_full_state_dict(trainer)  # ZeRO-3: a collective, every rank
     if not trainer.accelerator.is_main_process:  # multi-process (DDP): rank 0 alone saves and writes the manifest
         return {"train_loss": result.training_loss, "train_steps": result.global_step, "rank": trainer.args.process_index}
 
     model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
-    checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
+    checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint", state_dict=full_weights)
     last = {
         k: v
         for k, v in (trainer.state.log_history[-2] if len(trainer.state.log_history) > 1 else {}).items()

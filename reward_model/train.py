@@ -32,7 +32,7 @@ from judging.agreement import expert_labels, inter_annotator_agreement, rm_agree
 from judging.judges import judge_pairs
 from judging.model_judges import RewardModelJudge, judgment_scores
 from judging.scoring import check_reload_scores, load_reward_model
-from rlhf.checkpoint import save_checkpoint
+from rlhf.checkpoint import gather_full_state_dict, save_checkpoint
 from rlhf.config import peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.machine import auto_batch_size
@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> dict:
     check_finished(trainer, resumed_from)
     training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
+    full_weights = None if args.use_peft else gather_full_state_dict(trainer)  # ZeRO-3: a collective, every rank
     model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
-    checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
+    checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint", state_dict=full_weights)
 
     # Agreement on held-out multi-annotator pairs; the reloaded checkpoint must reproduce the live model's scores.
     # Scored once, at full batch; the reload check re-scores only its 8 pairs and the gates reuse these scores

@@ -18,19 +18,41 @@ from .lineage import content_hash
 logger = logging.getLogger(__name__)
 
 
-def save_checkpoint(model, tokenizer, final_dir: str | os.PathLike) -> Path:
-    """Save ``model`` + ``tokenizer`` to ``final_dir`` atomically (temp dir, check, rename).
+def gather_full_state_dict(trainer) -> dict | None:
+    """The full (unpartitioned) weights of a ZeRO-3 trainer's model, or None where the model is not partitioned.
+
+    Under DeepSpeed ZeRO-3 each rank holds a shard of every parameter, so ``save_pretrained`` on rank 0 alone
+    writes empty tensors (DESIGN.md pitfall) and a gather that only rank 0 enters hangs. This is a collective:
+    EVERY rank must call it before any rank returns; rank 0 gets the state dict (``accelerator.get_state_dict``,
+    which needs ``zero3_save_16bit_model: true`` in the accelerate config), the other ranks get ``{}`` or None.
+    Not run in this project's CI (no GPU; DeepSpeed's CPU path needs oneCCL).
 
     Raises:
-        RuntimeError: a saved tensor is empty (the ZeRO-3 empty-save pitfall); nothing is left at ``final_dir``.
+        ValueError: from accelerate, when ZeRO-3 runs without ``zero3_save_16bit_model``.
+    """
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or plugin.zero_stage != 3:
+        return None
+    return trainer.accelerator.get_state_dict(trainer.model_wrapped)
+
+
+def save_checkpoint(model, tokenizer, final_dir: str | os.PathLike, state_dict: dict | None = None) -> Path:
+    """Save ``model`` + ``tokenizer`` to ``final_dir`` atomically (temp dir, check, rename).
+
+    ``state_dict``: the weights to write instead of ``model``'s own (the gathered ZeRO-3 weights of
+    :func:`gather_full_state_dict`); its shapes are checked against the saved file.
+
+    Raises:
+        RuntimeError: a saved tensor is empty (the ZeRO-3 empty-save pitfall) or differs in shape from
+            ``state_dict``; nothing is left at ``final_dir``.
     """
     final = Path(final_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
         tokenizer.save_pretrained(tmp)
-        check_checkpoint(tmp)
+        check_checkpoint(tmp, {k: tuple(v.shape) for k, v in state_dict.items()} if state_dict else None)
         tmp.chmod(0o755)  # mkdtemp makes it owner-only; a checkpoint is shared like any saved model
         if final.exists():
             make_writable(final)

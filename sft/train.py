@@ -22,7 +22,7 @@ from data.loaders import load_sft
 from data.validation import DataValidationError
 from rlhf.lineage import content_hash
 from rlhf.models import model_fingerprint, resolve_base_model
-from rlhf.checkpoint import freeze_dir, save_checkpoint
+from rlhf.checkpoint import freeze_dir, gather_full_state_dict, save_checkpoint
 from rlhf.config import peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.entrypoint import handle_rejects, setup_stage
@@ -99,13 +99,14 @@ def main(argv: list[str] | None = None) -> dict:
     check_finished(trainer, resumed_from)
     training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
+    full_weights = None if args.use_peft else gather_full_state_dict(trainer)  # ZeRO-3: a collective, every rank
     if not trainer.accelerator.is_main_process:  # multi-process (DDP): rank 0 alone saves and writes the manifest
         return {"train_loss": result.training_loss, "train_steps": result.global_step, "rank": trainer.args.process_index}
 
     model = trainer.model
     if args.use_peft:  # pi_ref must be a whole model: merge the adapters so DPO's reference is the SFT model
         model = model.merge_and_unload()
-    checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint")
+    checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint", state_dict=full_weights)
     # pi_ref: a frozen, content-hashed copy of the SFT output (DESIGN.md principle 3).
     pi_ref = atomic_copytree(checkpoint, out / "pi_ref")  # temp folder, then rename: never half-copied
     pi_ref_hash = freeze_dir(pi_ref)
