@@ -36,12 +36,13 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, InitProcessGroupKwargs
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -54,6 +55,7 @@ from judging.unlock import decide_from_metrics
 from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
+from rlhf.distributed import check_launch
 from rlhf.lineage import content_hash, data_fingerprint
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
 from rlhf.precision import accelerate_mixed_precision
@@ -311,12 +313,16 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     script_args, config = parse_args(argv)
     install_failure_hook(config.output_dir)  # the flow reads the reason, whatever the exception
+    launch = check_launch()  # RLHF_EXPECTED_WORLD_SIZE and RLHF_COLLECTIVE_TIMEOUT_S, before anything loads
     started = time.time()
     output_dir = Path(config.output_dir)
     inputs = resolve_inputs(script_args)
     verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="before training")
 
-    accelerator = Accelerator(mixed_precision=accelerate_mixed_precision(config.precision))
+    accelerator = Accelerator(
+        mixed_precision=accelerate_mixed_precision(config.precision),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=launch["collective_timeout_s"]))],
+    )
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
     run_config = {**asdict(script_args), **asdict(config)}

@@ -5,6 +5,7 @@ import os
 import shutil
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,6 +147,20 @@ def test_tampered_pi_ref_stops_the_stage_before_training(stages, monkeypatch):
         main(stages["argv"])
     assert not loaded, "nothing was loaded, let alone trained"
     assert not (stages["out"] / "manifest.json").exists() and not (stages["out"] / "checkpoint").exists()
+
+
+def test_a_launch_of_another_world_size_than_expected_is_refused_before_anything_loads(stages, monkeypatch):
+    from rlhf.distributed import WorldSizeMismatch
+
+    monkeypatch.setenv("RLHF_EXPECTED_WORLD_SIZE", "2")  # this is a 1-process start
+    with pytest.raises(WorldSizeMismatch, match=r"expected world size 2 \(RLHF_EXPECTED_WORLD_SIZE\) but this launch "
+                                                r"has 1 process"):
+        main(stages["argv"])
+    assert not (Path(stages["argv"][stages["argv"].index("--output_dir") + 1]) / "manifest.json").exists()
+    monkeypatch.setenv("RLHF_EXPECTED_WORLD_SIZE", "1")
+    monkeypatch.setenv("RLHF_COLLECTIVE_TIMEOUT_S", "abc")
+    with pytest.raises(ValueError, match="RLHF_COLLECTIVE_TIMEOUT_S='abc' is not a number of seconds"):
+        main(stages["argv"])
 
 
 def test_locked_ppo_and_a_moved_parent_checkpoint_are_refused(stages):
