@@ -24,7 +24,7 @@ from typing import Literal
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from judging.unlock import decide_from_metrics
 from rlhf.manifest import atomic_write_text, strict_json
@@ -71,6 +71,16 @@ class RoundParameters(BaseModel):
     def _safe_round_id(cls, value: str | None) -> str | None:
         """Checked when the parameters are made, before anything trains (rlhf/round_id.py)."""
         return None if value is None else check_round_id(value)
+
+    @model_validator(mode="after")
+    def _slurm_only_with_the_slurm_launcher(self) -> "RoundParameters":
+        """Slurm settings with ``launcher: local`` would be ignored silently: refuse them (defaults are fine)."""
+        if self.launcher != "slurm" and "slurm" in self.model_fields_set and self.slurm != SlurmJob():
+            raise ValueError(
+                f"slurm settings given ({self.slurm.model_dump(exclude_defaults=True)}) but launcher is "
+                f"{self.launcher!r}: they would be ignored; set launcher to 'slurm' or drop them"
+            )
+        return self
 
 
 def default_round_id(preset: str) -> str:

@@ -251,9 +251,33 @@ def test_kubernetes_cli_prints_the_same_manifests():
     assert list(yaml.safe_load_all(out.stdout)) == expected
 
 
-def test_kubernetes_names_are_dns_labels():
-    assert k8s.resource_name("Rüde_1.x", "reward_model") == "rlhf-r-de-1-x-reward-model"
-    assert len(k8s.resource_name("r" * 80, "reward_model")) == 52
+def test_kubernetes_names_are_dns_labels_and_never_collide():
+    import hashlib
+    import re
+
+    assert k8s.resource_name("r1", "dpo") == "rlhf-r1-dpo"  # kept as is where it fits
+    tag = hashlib.sha256("Rüde_1.x".encode()).hexdigest()[:8]
+    assert k8s.resource_name("Rüde_1.x", "reward_model") == f"rlhf-r-de-1-x-{tag}-reward-model"
+    long_id = "round-2026-12-01-experiment-with-longer-context-b"  # 49 characters: cut, so hashed
+    names = {k8s.resource_name(long_id, s) for s in ("sft", "dpo", "reward_model", "ppo", "gates")}
+    assert len(names) == 5 and all(n.endswith(("-sft", "-dpo", "-reward-model", "-ppo", "-gates")) for n in names)
+    ids = ["Äö", "Üü", "R1", "r_1", "r" * 80, "r" * 81]  # all sanitise or cut to the same text
+    assert len({k8s.resource_name(i, "sft") for i in ids}) == len(ids)
+    for i in ids + [long_id]:
+        n = k8s.resource_name(i, "reward_model")
+        assert len(n) <= 52 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n), n
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--round-id", "r 1/.."], "not a safe folder name"),  # would write outside the runs volume
+    (["--preset", "nosuch"], "no recipe recipes/nosuch/sft.yaml"),
+    (["--nodes", "0"], "greater than or equal to 1"),
+])
+def test_kubernetes_cli_refuses_bad_arguments_with_a_usage_error(args, named):
+    argv = ["--stage", "sft", "--preset", "8b/full", "--round-id", "r1", "--image", "x", "--pvc", "p", *args]
+    out = subprocess.run([sys.executable, "-m", "flows.launch.kubernetes", *argv], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and named in out.stderr and not out.stdout, out.stderr
 
 
 # --- Prefect: the form, the deployments, retries -----------------------------------------------------------------
@@ -333,6 +357,7 @@ def test_every_task_has_its_declared_retries_and_training_never_retries():
     (["--launcher", "slurm", "--slurm", '{"nodez": 2}'], "nodez"),  # a misspelt field
     (["--launcher", "slurm", "--slurm", "{nodes: 2}"], "Expecting property name"),  # not JSON
     (["--launcher", "lsf"], "lsf"),
+    (["--slurm", '{"nodes": 2}'], "they would be ignored"),  # Slurm settings without the Slurm launcher
 ])
 def test_round_cli_refuses_a_bad_launcher_before_anything_runs(args, named, tmp_path):
     from typer.testing import CliRunner

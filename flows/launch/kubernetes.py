@@ -23,16 +23,21 @@ manifest lands where the flow reads it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import shlex
 import sys
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlhf.registry import STAGES
+from rlhf.round_id import check_round_id
 from rlhf.registry import stage as registry_stage
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class KubernetesJob(BaseModel):
@@ -71,9 +76,26 @@ def _cores(cpu: str) -> int:
 
 def resource_name(round_id: str, stage: str) -> str:
     """``rlhf-<round>-<stage>`` as a DNS-1035 label (lower case, ``-``, at most 52 characters so that the pod
-    names ``<job>-<index>-<suffix>`` stay under 63)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", f"rlhf-{round_id}-{stage}".lower()).strip("-")
-    return name[:52].rstrip("-")
+    names ``<job>-<index>-<suffix>`` stay under 63).
+
+    Where the round id had to be changed to fit (upper case, characters outside ``[a-z0-9-]``, or too long), the
+    name is ``rlhf-<round, cut>-<8 hex of sha256(round id)>-<stage>``: the stage is never cut off and two round
+    ids never share a Job, Service or rendezvous host.
+    """
+    def clean(text: str) -> str:
+        return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+    rnd, stg = clean(round_id), clean(stage)
+    plain = "-".join(p for p in ("rlhf", rnd, stg) if p)
+    if rnd == round_id and len(plain) <= MAX_NAME:
+        return plain
+    tag = hashlib.sha256(round_id.encode()).hexdigest()[:8]
+    room = MAX_NAME - len("rlhf-") - len(tag) - (len(stg) + 1 if stg else 0) - 1
+    head = rnd[: max(room, 0)].strip("-")
+    return "-".join(p for p in ("rlhf", head, tag, stg) if p)
+
+
+MAX_NAME = 52
 
 
 def render_manifests(
@@ -198,7 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(ap.parse_args(argv))
     extra = [a for a in args.pop("stage_args") if a != "--"]
     stage, preset, round_id = args.pop("stage"), args.pop("preset"), args.pop("round_id")
-    job = KubernetesJob(**args)
+    try:
+        check_round_id(round_id)  # the rule `rlhf round` applies: the output folder stays inside the runs volume
+        job = KubernetesJob(**args)
+    except (ValueError, ValidationError) as err:
+        ap.error(str(err))
+    recipe = REPO_ROOT / "recipes" / preset / f"{registry_stage(stage).recipe}.yaml"
+    if not recipe.is_file():
+        ap.error(f"--preset {preset!r}: no recipe {recipe.relative_to(REPO_ROOT)} for stage {stage} in this checkout "
+                 "(the image runs the same recipes folder)")
     sys.stdout.write(to_yaml(render_manifests(job, stage=stage, round_id=round_id, preset=preset, extra_args=extra)))
     return 0
 
