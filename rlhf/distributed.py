@@ -18,6 +18,7 @@ stage call first.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -66,7 +67,8 @@ def actual_world_size(env: dict | None = None) -> int:
 
 def collective_timeout_s(default: float | None = None, env: dict | None = None) -> float:
     """The collective timeout in seconds: ``RLHF_COLLECTIVE_TIMEOUT_S``, else ``default`` (a config field), else
-    :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`. Raises ValueError for a non-positive or non-numeric value."""
+    :data:`DEFAULT_COLLECTIVE_TIMEOUT_S`. Raises ValueError for a value under 1 s (``TrainingArguments.ddp_timeout``
+    is whole seconds), not finite (nan, inf) or not numeric."""
     env = os.environ if env is None else env
     raw = env.get(TIMEOUT_ENV)
     if raw in (None, ""):
@@ -76,8 +78,9 @@ def collective_timeout_s(default: float | None = None, env: dict | None = None) 
             value = float(raw)
         except ValueError:
             raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"collective timeout must be positive, got {value} s ({TIMEOUT_ENV} or config)")
+    if not math.isfinite(value) or value < 1:  # ddp_timeout is whole seconds: 0.5 would become 0 (no timeout)
+        raise ValueError(f"collective timeout must be a finite number of seconds >= 1, got {value!r} "
+                         f"({TIMEOUT_ENV} or config)")
     return float(value)
 
 
@@ -117,7 +120,7 @@ def apply_timeout(args) -> float:
         default = getattr(args, "ddp_timeout", None)
     timeout = collective_timeout_s(default)
     if hasattr(args, "ddp_timeout"):
-        args.ddp_timeout = int(timeout)
+        args.ddp_timeout = math.ceil(timeout)  # whole seconds, never rounded down to 0
     return timeout
 
 

@@ -185,7 +185,8 @@ def resolve_resume(args, model=None) -> str | None:
         model: the model being trained; its tensor shapes are checked against the checkpoint's.
 
     Raises:
-        ResumeError: the checkpoint is missing or incomplete (named, with the reason).
+        ResumeError: the checkpoint is missing or incomplete (named, with the reason), or already at or past
+            ``args.max_steps``.
     """
     value = args.resume_from_checkpoint
     if value in (None, "", False):
@@ -207,8 +208,14 @@ def resolve_resume(args, model=None) -> str | None:
             check_trainer_checkpoint(path, expected, require_marker=False)
             logger.warning("%s carries no %s (not written by this pipeline); its files pass every check", path,
                            COMPLETE_MARKER)
+    step, max_steps = checkpoint_step(path), getattr(args, "max_steps", -1)
+    if max_steps is not None and max_steps > 0 and step >= max_steps:
+        raise ResumeError(
+            f"{path}: checkpoint is at step {step}, at or past --max_steps {max_steps}: resuming would train past "
+            "the run it asks for (or not at all); raise max_steps or start over without --resume_from_checkpoint"
+        )
     args.resume_from_checkpoint = str(Path(path).resolve())
-    logger.info("resuming from %s (step %d)", args.resume_from_checkpoint, checkpoint_step(path))
+    logger.info("resuming from %s (step %d)", args.resume_from_checkpoint, step)
     return args.resume_from_checkpoint
 
 
@@ -246,17 +253,18 @@ class ResumeCallback(TrainerCallback):
 
 
 def check_finished(trainer, resumed_from: str | None) -> None:
-    """Refuse a run that ended before ``max_steps`` (a resume that skipped steps or an epoch must not exit 0).
+    """Refuse a run that did not end at ``max_steps`` (a resume that skipped steps or an epoch, or one that ran past
+    the steps asked for, must not exit 0).
 
     Raises:
         RuntimeError: naming the step reached, the steps asked for and the checkpoint resumed from.
     """
     state = trainer.state
-    if state.global_step < state.max_steps:
+    if state.global_step != state.max_steps:
         raise RuntimeError(
             f"training ended at step {state.global_step} of {state.max_steps} (epoch {state.epoch} of "
             f"{trainer.args.num_train_epochs}{', resumed from ' + resumed_from if resumed_from else ''}); "
-            "refusing to save an under-trained model"
+            "refusing to save a model trained for other than the steps asked for"
         )
 
 

@@ -28,7 +28,15 @@ class LabelStudioUnavailable(RuntimeError):
     pass
 
 
-def label_studio_bin() -> Path:
+def label_studio_bin(install_wait_s: float = 1800) -> Path:
+    """The ``label-studio`` executable; waits while ``$LABEL_STUDIO_INSTALLING`` exists (``.ci/run`` installs it in
+    the background and removes that file when done, installed or not)."""
+    pending = os.environ.get("LABEL_STUDIO_INSTALLING")
+    deadline = time.monotonic() + install_wait_s
+    while pending and Path(pending).exists():
+        if time.monotonic() > deadline:
+            raise LabelStudioUnavailable(f"label-studio still installing after {install_wait_s:.0f} s ({pending})")
+        time.sleep(5)
     env = os.environ.get("LABEL_STUDIO_BIN")
     candidates = [Path(env)] if env else []
     candidates.append(Path.home() / ".cache" / "rlhf-flywheel" / "label-studio" / "bin" / "label-studio")

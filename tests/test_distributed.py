@@ -72,8 +72,9 @@ def test_world_size_check_names_expected_actual_and_launcher_variables():
         check_world_size({"RLHF_EXPECTED_WORLD_SIZE": "two"})
     assert collective_timeout_s(env={}) == 1800 and collective_timeout_s(60, env={}) == 60
     assert collective_timeout_s(60, env={"RLHF_COLLECTIVE_TIMEOUT_S": "7.5"}) == 7.5  # the variable wins
-    with pytest.raises(ValueError, match="must be positive"):
-        collective_timeout_s(env={"RLHF_COLLECTIVE_TIMEOUT_S": "0"})
+    for bad in ("0", "0.5", "-3", "nan", "inf"):  # ddp_timeout is whole seconds: 0.5 would become 0 (no timeout)
+        with pytest.raises(ValueError, match=r"RLHF_COLLECTIVE_TIMEOUT_S or config"):
+            collective_timeout_s(env={"RLHF_COLLECTIVE_TIMEOUT_S": bad})
 
 
 def test_stage_config_takes_the_collective_timeout_before_the_process_group_exists(monkeypatch):
@@ -84,6 +85,9 @@ def test_stage_config_takes_the_collective_timeout_before_the_process_group_exis
     monkeypatch.setenv("RLHF_COLLECTIVE_TIMEOUT_S", "77")
     (args,) = TrlParser((SFTStageConfig,)).parse_args_and_config(["--output_dir", "/tmp/x", "--report_to", "none"])
     assert args.ddp_timeout == 77
+    monkeypatch.setenv("RLHF_COLLECTIVE_TIMEOUT_S", "7.5")  # whole seconds, rounded up, never down to 0
+    (args,) = TrlParser((SFTStageConfig,)).parse_args_and_config(["--output_dir", "/tmp/x", "--report_to", "none"])
+    assert args.ddp_timeout == 8
 
 
 def test_vllm_engine_where_it_cannot_run_is_a_clear_error(tmp_path, tiny_model_dir):

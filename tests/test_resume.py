@@ -172,6 +172,14 @@ def test_an_explicit_resume_from_a_missing_or_corrupt_checkpoint_is_an_error(run
     with pytest.raises(ResumeError, match="no complete Trainer checkpoint"):
         resume("last")
     assert resume("last", out) == str(good.resolve())
+    # a checkpoint at or past the steps asked for: resuming would train past them (the review: step 2 with
+    # --max_steps 1 exited 0 at step 3)
+    for max_steps in (1, 2):
+        with pytest.raises(ResumeError, match=rf"at step 2, at or past --max_steps {max_steps}"):
+            resolve_resume(SimpleNamespace(resume_from_checkpoint=str(good), output_dir=str(out), max_steps=max_steps),
+                           model)
+    assert resolve_resume(SimpleNamespace(resume_from_checkpoint=str(good), output_dir=str(out), max_steps=3),
+                          model) == str(good.resolve())
 
     def corrupt(name: str, how) -> Path:
         bad = tmp_path / name / "checkpoint-2"

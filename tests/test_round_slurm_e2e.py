@@ -1,10 +1,15 @@
 """End to end: the smoke round through the Prefect flow with ``launcher: slurm`` on a real one-node Slurm cluster
 (tests/slurm_cluster.py): every stage is an sbatch job, and the round ends with its verdict and manifest as a local
-round does. Skips, saying why, where the Slurm daemons cannot start."""
+round does. Skips, saying why, where the Slurm daemons cannot start.
+
+Opt-in (``RLHF_SLURM_E2E=1``): about 5 minutes on 2 cores, and CI already runs a stage as a real Slurm job, a failing
+job, an impossible job and a cancelled job (tests/test_launch_slurm.py) and the same round locally
+(tests/test_round_smoke.py); this one is for a change to the launcher's flow wiring."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +17,11 @@ import pytest
 
 from tests.slurm_cluster import SlurmUnavailable, start_slurm
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.environ.get("RLHF_SLURM_E2E") != "1",
+                       reason="opt-in: RLHF_SLURM_E2E=1 runs the whole smoke round as Slurm jobs (~5 min)"),
+]
 ROOT = Path(__file__).resolve().parent.parent
 
 
