@@ -177,6 +177,17 @@ def test_slurm_job_fields_are_checked():
         slurm.SlurmJob(nodez=2)
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         slurm.SlurmJob(nodes=0)
+    for ok in ("24:00:00", "30", "90:00", "1-12", "2-00:30", "2-00:30:00", "UNLIMITED"):  # sbatch --time formats
+        assert slurm.SlurmJob(time_limit=ok).time_limit == ok
+    for bad in ("1 day", "24h", "1:2:3:4", ""):
+        with pytest.raises(ValueError, match="is not a Slurm time"):
+            slurm.SlurmJob(time_limit=bad)
+    # a newline would end the #SBATCH header there and turn the rest into a shell line
+    for bad in ({"partition": "gpu\n#SBATCH --exclusive"}, {"account": "a\rb"}, {"partition": " "}):
+        with pytest.raises(ValueError, match="must be one non-empty line"):
+            slurm.SlurmJob(**bad)
+    with pytest.raises(ValueError, match="each entry must be one line"):
+        slurm.SlurmJob(setup=["module load cuda\nrm -rf /"])
 
 
 # --- Kubernetes --------------------------------------------------------------------------------------------------

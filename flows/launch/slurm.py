@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 EXIT_FILE = ".slurm_exit"
@@ -105,6 +105,32 @@ class SlurmJob(BaseModel):
     setup: list[str] = Field(default_factory=list, description='Shell lines run first, e.g. "module load cuda".')
     extra_sbatch: list[str] = Field(default_factory=list, description='More #SBATCH options, e.g. "--exclusive".')
     poll_s: float = Field(30.0, gt=0, description="Seconds between sacct/squeue polls.")
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        """sbatch's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (or UNLIMITED / INFINITE)."""
+        if value.upper() in ("UNLIMITED", "INFINITE") or re.fullmatch(
+            r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}", value
+        ):
+            return value
+        raise ValueError(f"time_limit {value!r} is not a Slurm time (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)")
+
+    @field_validator("partition", "account", "python", "workdir")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        """Values that go into ``#SBATCH`` lines or commands: a newline would end the header there."""
+        if value is not None and (not value.strip() or any(c in value for c in "\n\r\0")):
+            raise ValueError(f"{value!r}: must be one non-empty line")
+        return value
+
+    @field_validator("setup", "extra_sbatch")
+    @classmethod
+    def _lines(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if any(c in v for c in "\n\r\0")]
+        if bad:
+            raise ValueError(f"each entry must be one line (one list item a line), got {bad[0]!r}")
+        return value
 
     @model_validator(mode="after")
     def _processes(self) -> SlurmJob:
