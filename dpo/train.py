@@ -18,7 +18,7 @@ from pathlib import Path
 
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
-from trl import DPOTrainer, TrlParser
+from trl import DPOTrainer
 
 from data.decontamination import decontaminate_stage_rows
 from data.loaders import load_pairs
@@ -29,7 +29,7 @@ from rlhf.resume import ResumeCallback, check_finished, prune_trainer_checkpoint
 from rlhf.weights import load_checked
 from rlhf.manifest import read_manifest
 from rlhf.checkpoint import gather_full_state_dict, save_checkpoint, verify_hash
-from rlhf.config import peft_config
+from rlhf.config import parse_stage_config, peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import data_fingerprint
@@ -88,7 +88,7 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
 
 
 def main(argv: list[str] | None = None) -> dict:
-    (args,) = TrlParser((DPOStageConfig,)).parse_args_and_config(argv)
+    (args,) = parse_stage_config((DPOStageConfig,), argv)
     install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     setup_stage("dpo", args)
     set_seed(args.seed)  # before any module is built: a new head or LoRA adapter is seeded too

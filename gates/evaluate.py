@@ -35,12 +35,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from trl import TrlParser
 
 from data.decontamination import seen_in_training
 from rlhf.distributed import actual_world_size, check_launch, init_state, is_main_process
 from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import BLOCKED_EXIT_CODE
+from rlhf.config import parse_stage_config
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import atomic_write_text, write_manifest
 from rlhf.rundir import check_output_dir, install_failure_hook
@@ -62,7 +62,7 @@ logger = logging.getLogger("gates.evaluate")
 
 
 def main(argv: list[str] | None = None) -> int:
-    (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(argv)
+    (args,) = parse_stage_config((GateStageConfig,), argv)
     install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Multi-process launch (torchrun / accelerate launch): the world-size contract and collective timeout first;

@@ -48,13 +48,13 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
 )
-from trl import TrlParser
 
 from data.loaders import load_chat_prompts
 from judging.unlock import decide_from_metrics
 from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
+from rlhf.config import parse_stage_config
 from rlhf.distributed import check_launch
 from rlhf.lineage import content_hash, data_fingerprint
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
@@ -69,8 +69,7 @@ CHECKPOINT_NAME = "checkpoint"
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[PPOScriptArguments, PPOConfig]:
     """Strict parse of ``--config file.yaml`` and ``--key value`` overrides (unknown keys are errors)."""
-    parser = TrlParser((PPOScriptArguments, PPOConfig))
-    script_args, config = parser.parse_args_and_config(args=list(argv) if argv is not None else None)
+    script_args, config = parse_stage_config((PPOScriptArguments, PPOConfig), list(argv) if argv is not None else None)
     return script_args, config
 
 

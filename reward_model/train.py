@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from datasets import Dataset
 from transformers import set_seed
-from trl import RewardTrainer, TrlParser
+from trl import RewardTrainer
 
 from data.decontamination import decontaminate_stage_rows
 from data.loaders import load_pairs
@@ -33,7 +33,7 @@ from judging.judges import judge_pairs
 from judging.model_judges import RewardModelJudge, judgment_scores
 from judging.scoring import check_reload_scores, load_reward_model
 from rlhf.checkpoint import gather_full_state_dict, save_checkpoint
-from rlhf.config import peft_config
+from rlhf.config import parse_stage_config, peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.machine import auto_batch_size
 from rlhf.entrypoint import handle_rejects, setup_stage
@@ -49,7 +49,7 @@ logger = logging.getLogger("reward_model.train")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    (args,) = TrlParser((RewardStageConfig,)).parse_args_and_config(argv)
+    (args,) = parse_stage_config((RewardStageConfig,), argv)
     install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     setup_stage("reward_model", args)
     set_seed(args.seed)  # before any module is built: a new head or LoRA adapter is seeded too

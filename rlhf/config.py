@@ -126,3 +126,26 @@ def peft_config(args: PipelineArguments, task_type: str = "CAUSAL_LM", modules_t
         task_type=task_type,
         modules_to_save=modules_to_save,
     )
+
+
+def parse_stage_config(config_classes: tuple[type, ...], argv: list[str] | None = None) -> tuple:
+    """``TrlParser(config_classes).parse_args_and_config(argv)`` (``argv`` None: ``sys.argv[1:]``), with an
+    unknown key in the ``--config`` YAML reported as a ValueError that names the file (TRL's own message does not).
+
+    Raises:
+        ValueError: ``<recipe path>: Unknown arguments from config file: [...]``, or TRL's other errors unchanged.
+    """
+    import sys
+
+    from trl import TrlParser
+
+    try:
+        return TrlParser(config_classes).parse_args_and_config(argv)
+    except ValueError as err:
+        args = list(sys.argv[1:] if argv is None else argv)
+        i = args.index("--config") if "--config" in args else -1
+        config = args[i + 1] if 0 <= i < len(args) - 1 else None
+        if config is None or "config file" not in str(err):
+            raise
+        raise ValueError(f"{config}: {err}") from None
+

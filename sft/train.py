@@ -15,7 +15,7 @@ from pathlib import Path
 
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
-from trl import SFTTrainer, TrlParser
+from trl import SFTTrainer
 
 from data.decontamination import decontaminate_stage_rows
 from data.loaders import load_sft
@@ -23,7 +23,7 @@ from data.validation import DataValidationError
 from rlhf.lineage import content_hash
 from rlhf.models import model_fingerprint, resolve_base_model
 from rlhf.checkpoint import freeze_dir, gather_full_state_dict, save_checkpoint
-from rlhf.config import peft_config
+from rlhf.config import parse_stage_config, peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.entrypoint import handle_rejects, setup_stage
 from rlhf.lineage import data_fingerprint
@@ -41,7 +41,7 @@ logger = logging.getLogger("sft.train")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    (args,) = TrlParser((SFTStageConfig,)).parse_args_and_config(argv)
+    (args,) = parse_stage_config((SFTStageConfig,), argv)
     install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     setup_stage("sft", args)
     set_seed(args.seed)  # before any module is built: a new head or LoRA adapter is seeded too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import stat
 from pathlib import Path
 
@@ -146,6 +147,12 @@ def test_unknown_recipe_key_is_an_error(tmp_path):
     bad.write_text("beta: 0.1\nbetta: 0.2\n")
     with pytest.raises(ValueError, match="betta"):
         TrlParser((DPOStageConfig,)).parse_args_and_config(["--config", str(bad), "--output_dir", "/tmp/x"])
+    # a stage launched alone names the recipe file (TRL's own message does not)
+    from rlhf.config import parse_stage_config
+
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}: Unknown arguments from config file: "
+                                         r"\['--betta', '0.2'\]"):
+        parse_stage_config((DPOStageConfig,), ["--config", str(bad), "--output_dir", "/tmp/x"])
 
 
 def test_stage_cache_key_changes_with_any_input(tmp_path):
