@@ -45,6 +45,7 @@ from pydantic import ValidationError
 
 from data.validation import DataValidationError
 
+from .arrow_events import column_type_error, read_columns
 from .schema import SIGNALS, EventRow
 
 __all__ = ["EVENT_COLUMNS", "IngestReport", "SignalStore", "normalise_prompt", "text_hash"]
@@ -524,18 +525,11 @@ def _parquet_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
         t = pa.Table.from_batches([rb])
         if "intent" not in t.column_names:
             t = t.append_column("intent", pa.nulls(t.num_rows, pa.string()))
+        t = read_columns(t, file=path, base=base)  # types as JSONL reads them; timestamps by unit, numbers in seconds
         try:
-            ts = t["timestamp"]
-            if pa.types.is_timestamp(ts.type) and ts.type.tz is not None:
-                t = t.set_column(
-                    t.column_names.index("timestamp"),
-                    "timestamp",
-                    pc.cast(ts, pa.timestamp("us", "UTC")).cast(pa.timestamp("us")),
-                )
             t = t.select(_ARROW_SCHEMA.names).cast(_ARROW_SCHEMA)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            bad = _first_bad_row(t)
-            raise _row_error(path, base + bad, t.slice(bad, 1).to_pylist()[0]) from None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise column_type_error(path, t, _ARROW_SCHEMA, base=base) from None
         ok = pc.is_in(t["signal"], value_set=signals)
         for name in ("event_id", "conversation_id", "user_id", "model_version", "prompt", "response"):
             ok = pc.and_kleene(ok, pc.greater(pc.utf8_length(t[name]), 0))
@@ -547,15 +541,6 @@ def _parquet_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
             raise _row_error(path, base + bad, t.slice(bad, 1).to_pylist()[0])
         base += t.num_rows
         yield t
-
-
-def _first_bad_row(t: pa.Table) -> int:
-    for i in range(t.num_rows):
-        try:
-            EventRow.model_validate(t.slice(i, 1).to_pylist()[0])
-        except ValidationError:
-            return i
-    return 0
 
 
 def _batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
