@@ -315,14 +315,15 @@ def _markdown(report: dict) -> str:
 def flywheel_import(params: ImportParameters) -> dict:
     """Label Studio export -> expert pairs -> decontamination -> dataset version. Returns its manifest."""
     from data.decontamination import suites_from_gates_recipe, suites_from_generations
-    from flywheel.annotation import decontaminate_pairs, read_label_studio_export, write_dataset_version
+    from flywheel.annotation import decontaminate_pairs, read_label_studio_labels, write_dataset_version
     from rlhf.lineage import file_hash
 
     logger = get_run_logger()
     export_dir = Path(params.export_dir)
     tasks = json.loads((export_dir / "tasks.json").read_text())
     exported = json.loads((export_dir / "export.json").read_text())
-    pairs, unlabelled = read_label_studio_export(params.labels, tasks)
+    got = read_label_studio_labels(params.labels, tasks)
+    pairs, unlabelled = got.pairs, got.unlabelled
     suites: dict[str, list[str]] = {}
     if params.gate_generations:
         suites.update(suites_from_generations(params.gate_generations))
@@ -347,6 +348,9 @@ def flywheel_import(params: ImportParameters) -> dict:
         lineage=lineage,
         decontamination=report,
         heldout_fraction=params.heldout_fraction,
+        unlabelled_annotations=got.unlabelled_annotations,
+        repeated_annotations=got.repeated_annotations,
+        require_pairs=True,
     )
     create_table_artifact(
         key=f"flywheel-import-{manifest['version']}",

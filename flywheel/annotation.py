@@ -42,9 +42,12 @@ from rlhf.manifest import atomic_write_text
 __all__ = [
     "LABEL_CONFIG",
     "AnnotationImportError",
+    "EmptyDatasetError",
     "build_tasks",
     "decontaminate_pairs",
+    "LabelImport",
     "read_label_studio_export",
+    "read_label_studio_labels",
     "simulate_annotations",
     "write_dataset_version",
     "write_export",
@@ -81,6 +84,22 @@ class AnnotationImportError(ValueError):
         where += [f"field '{field}'"] * (field is not None)
         super().__init__(f"{' '.join(where)}: {reason}")
         self.file, self.task, self.annotation, self.field, self.reason = file, task, annotation, field, reason
+        self.ls_task_id = None
+
+    def with_ls_task_id(self, ls_task_id: Any) -> AnnotationImportError:
+        """Add Label Studio's own task ``id`` (what its UI shows) to the message; returns ``self``."""
+        if ls_task_id is not None and self.ls_task_id is None:
+            self.ls_task_id = ls_task_id
+            self.args = (f"{self.args[0]} (Label Studio task id {ls_task_id}; 'task N' is the 0-based position in the "
+                         "file)",)
+        return self
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class EmptyDatasetError(ValueError):
+    """A dataset version would hold no labelled task (or no training pair): refused, nothing written."""
 
 
 def _render(messages: list[dict]) -> str:
@@ -247,18 +266,54 @@ def _verdict(result: Any, *, file: str, task: int, ann: int) -> int | None:
     return verdict
 
 
+@dataclass
+class LabelImport:
+    """What :func:`read_label_studio_labels` read.
+
+    Attributes:
+        pairs: one :class:`ExpertPair` per task with at least one verdict.
+        unlabelled: ``[{"task_key", "reason"}]`` for exported tasks without any verdict.
+        unlabelled_annotations: ``[{"task_key", "ls_task_id", "annotation_id", "annotator", "reason"}]`` for each
+            annotation that is neither cancelled nor a verdict (``result: []``, or results without a pairwise or
+            tie choice): counted and listed, never dropped silently.
+        repeated_annotations: the same as above for an annotator's second annotation of a task with the SAME
+            verdict (kept once).
+    """
+
+    pairs: list[ExpertPair]
+    unlabelled: list[dict]
+    unlabelled_annotations: list[dict] = field(default_factory=list)
+    repeated_annotations: list[dict] = field(default_factory=list)
+
+
 def read_label_studio_export(path: str | Path, tasks: Sequence[dict]) -> tuple[list[ExpertPair], list[dict]]:
+    """``(pairs, unlabelled)`` of :func:`read_label_studio_labels` (same checks and errors)."""
+    got = read_label_studio_labels(path, tasks)
+    return got.pairs, got.unlabelled
+
+
+def read_label_studio_labels(path: str | Path, tasks: Sequence[dict]) -> LabelImport:
     """Expert pairs from a Label Studio JSON export of the exported ``tasks``.
 
+    Conflicts are errors, never merged silently:
+        - an export with no task at all (``[]``: a wrong file, or an export taken before anyone labelled);
+        - the same task twice (the same Label Studio ``id``, or the same ``data.task_key`` under two ids);
+        - the same annotator with two different verdicts on one task. Label Studio keeps one annotation per
+          annotator and task, updated in place when they change their mind (``updated_at``), so two annotations
+          are an import of merged exports or a second pass: which one counts is the project's decision, not
+          this reader's. Two annotations with the same verdict are kept once and listed in
+          ``repeated_annotations``.
+
     Returns:
-        ``(pairs, unlabelled)``: one :class:`ExpertPair` per task with at least one verdict (one label per
-        annotator; an annotator's later annotation of the same task replaces the earlier one), and
-        ``[{"task_key", "reason"}]`` for exported tasks without any verdict (missing from the export, no
-        annotation, only cancelled or empty annotations).
+        :class:`LabelImport`. One label per annotator per task; a task without any verdict is in ``unlabelled``
+        (missing from the export, no annotation, only cancelled or empty annotations); every non-cancelled
+        annotation without a verdict is in ``unlabelled_annotations``.
 
     Raises:
-        AnnotationImportError: not JSON, not a list, a task without ``data.task_key`` or with a key that was never
-            exported, an annotation without annotator, or a result that is not a pairwise / tie verdict.
+        AnnotationImportError: not JSON, not a list, an empty list, a task without ``data.task_key`` or with a key
+            that was never exported, a duplicated task, an annotation without annotator, a result that is not a
+            pairwise / tie verdict, or one annotator's conflicting verdicts. Messages name the 0-based task
+            position and Label Studio's own task ``id``.
     """
     path = Path(path)
     file = str(path)
@@ -270,32 +325,25 @@ def read_label_studio_export(path: str | Path, tasks: Sequence[dict]) -> tuple[l
         raise AnnotationImportError(f"not valid JSON ({err.msg} at line {err.lineno})", file=file) from None
     if not isinstance(raw, list):
         raise AnnotationImportError(f"expected a JSON list of tasks, got {type(raw).__name__}", file=file)
+    if not raw:
+        raise AnnotationImportError(
+            "the export holds no task (an empty list): a wrong file, or exported before anyone labelled; "
+            "nothing imported",
+            file=file,
+        )
     by_key = {t["data"]["task_key"]: t["data"] for t in tasks}
     seen: dict[str, dict[str, int]] = {}
     reasons: dict[str, str] = {}
+    ids: dict[Any, int] = {}
+    key_at: dict[str, int] = {}
+    empty: list[dict] = []
+    repeated: list[dict] = []
     for i, task in enumerate(raw):
-        if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
-            raise AnnotationImportError("task without a data object", file=file, task=i, field="data")
-        key = task["data"].get("task_key")
-        if key not in by_key:
-            raise AnnotationImportError(
-                f"task_key {key!r} is not one of the exported tasks", file=file, task=i, field="data.task_key"
-            )
-        anns = task.get("annotations", [])
-        if not isinstance(anns, list):
-            raise AnnotationImportError("annotations must be a list", file=file, task=i, field="annotations")
-        labels = seen.setdefault(key, {})
-        for a, ann in enumerate(anns):
-            if not isinstance(ann, dict):
-                raise AnnotationImportError("annotation is not an object", file=file, task=i, annotation=a)
-            if ann.get("was_cancelled"):
-                continue
-            who = _annotator(ann.get("completed_by"), file=file, task=i, ann=a)
-            verdict = _verdict(ann.get("result"), file=file, task=i, ann=a)
-            if verdict is not None:
-                labels[who] = verdict
-        if not labels:
-            reasons[key] = "no annotation" if not anns else "only cancelled or empty annotations"
+        ls_id = task.get("id") if isinstance(task, dict) else None
+        try:
+            _read_task(task, i, ls_id, file, by_key, ids, key_at, seen, reasons, empty, repeated)
+        except AnnotationImportError as err:
+            raise err.with_ls_task_id(ls_id) from None
     pairs, unlabelled = [], []
     for key, data in by_key.items():
         labels = seen.get(key)
@@ -312,7 +360,70 @@ def read_label_studio_export(path: str | Path, tasks: Sequence[dict]) -> tuple[l
                 intent=data.get("intent"),
             )
         )
-    return pairs, unlabelled
+    return LabelImport(pairs, unlabelled, empty, repeated)
+
+
+def _read_task(task, i, ls_id, file, by_key, ids, key_at, seen, reasons, empty, repeated) -> None:
+    """One exported task into ``seen[key][annotator] = verdict`` (see :func:`read_label_studio_labels`)."""
+    if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
+        raise AnnotationImportError("task without a data object", file=file, task=i, field="data")
+    if ls_id is not None:
+        if ls_id in ids:
+            raise AnnotationImportError(
+                f"duplicated task: Label Studio id {ls_id!r} already appeared as task {ids[ls_id]}; "
+                "labels of one task are never merged from two copies",
+                file=file,
+                task=i,
+                field="id",
+            )
+        ids[ls_id] = i
+    key = task["data"].get("task_key")
+    if key not in by_key:
+        raise AnnotationImportError(
+            f"task_key {key!r} is not one of the exported tasks", file=file, task=i, field="data.task_key"
+        )
+    if key in key_at:
+        raise AnnotationImportError(
+            f"duplicated task: task_key {key!r} already appeared as task {key_at[key]}", file=file, task=i,
+            field="data.task_key",
+        )
+    key_at[key] = i
+    anns = task.get("annotations", [])
+    if not isinstance(anns, list):
+        raise AnnotationImportError("annotations must be a list", file=file, task=i, field="annotations")
+    labels = seen.setdefault(key, {})
+    first: dict[str, int] = {}
+    for a, ann in enumerate(anns):
+        if not isinstance(ann, dict):
+            raise AnnotationImportError("annotation is not an object", file=file, task=i, annotation=a)
+        if ann.get("was_cancelled"):
+            continue
+        who = _annotator(ann.get("completed_by"), file=file, task=i, ann=a)
+        verdict = _verdict(ann.get("result"), file=file, task=i, ann=a)
+        where = {"task_key": key, "ls_task_id": ls_id, "annotation_id": ann.get("id"), "annotator": who}
+        if verdict is None:
+            empty.append({**where, "reason": "empty result" if not ann.get("result") else "no pairwise or tie verdict"})
+            continue
+        if who in labels:
+            if labels[who] != verdict:
+                raise AnnotationImportError(
+                    f"annotator {who!r} labelled this task twice with different verdicts (annotation {first[who]}: "
+                    f"{_VERDICT_NAMES[labels[who]]}, annotation {a}: {_VERDICT_NAMES[verdict]}); keep one of them "
+                    "in Label Studio and export again",
+                    file=file,
+                    task=i,
+                    annotation=a,
+                    field="completed_by",
+                )
+            repeated.append({**where, "reason": f"same verdict as annotation {first[who]}, kept once"})
+            continue
+        labels[who] = verdict
+        first[who] = a
+    if not labels:
+        reasons[key] = "no annotation" if not anns else "only cancelled or empty annotations"
+
+
+_VERDICT_NAMES = {0: "tie", 1: "A (left)", 2: "B (right)"}
 
 
 def _held_out(task_id: str, fraction: float) -> bool:
@@ -359,6 +470,9 @@ def write_dataset_version(
     lineage: dict[str, str],
     decontamination: dict | None = None,
     heldout_fraction: float = 0.3,
+    unlabelled_annotations: Sequence[dict] = (),
+    repeated_annotations: Sequence[dict] = (),
+    require_pairs: bool = False,
 ) -> dict:
     """A new dataset version ``<out_root>/v-<hash12>/`` named by the hash of its lineage (and the split).
 
@@ -366,15 +480,29 @@ def write_dataset_version(
     agreement data (``agreement.jsonl``; only tasks with the most common number of annotators, >= 2, so the
     label matrix is rectangular), the rest the training pairs (``pairs.jsonl``; majority verdicts, ties and splits
     left out). The reward model is never measured on pairs it trained on. ``manifest.json`` records the lineage,
-    the counts, the unlabelled tasks and the decontamination report. Returns the manifest (with ``dir``, ``pairs``,
-    ``agreement`` paths).
+    the counts, the unlabelled tasks and annotations, annotations repeated with the same verdict, and the
+    decontamination report. Returns the manifest (with ``dir``, ``pairs``, ``agreement`` paths).
+
+    Raises:
+        EmptyDatasetError: no labelled task at all, or (``require_pairs``, as ``flywheel import`` asks) no
+            training pair; checked before anything is written, so no version directory appears.
     """
-    version = json_hash({**lineage, "heldout_fraction": heldout_fraction})[:12]
-    out = Path(out_root) / f"v-{version}"
-    out.mkdir(parents=True, exist_ok=True)
     stamped = [p.model_copy(update={"lineage": dict(lineage)}) for p in pairs]
     held = [p for p in stamped if _held_out(p.id, heldout_fraction)]
     train = [p for p in stamped if not _held_out(p.id, heldout_fraction)]
+    if not stamped:
+        raise EmptyDatasetError(
+            f"no labelled task ({len(unlabelled)} unlabelled, {len(unlabelled_annotations)} annotations without a "
+            "verdict): no dataset version written"
+        )
+    if require_pairs and not any(p.to_preference_pair() is not None for p in train):
+        raise EmptyDatasetError(
+            f"0 training pairs: {len(train)} training task(s) all without a majority or tied, {len(held)} held out "
+            f"(heldout_fraction={heldout_fraction}): no dataset version written"
+        )
+    version = json_hash({**lineage, "heldout_fraction": heldout_fraction})[:12]
+    out = Path(out_root) / f"v-{version}"
+    out.mkdir(parents=True, exist_ok=True)
     counts = Counter(len(p.labels) for p in held if len(p.labels) >= 2)
     n_ann = max(counts, key=lambda n: (counts[n], n)) if counts else 2
     pairs_path, n_pairs, n_no_majority = write_training_pairs(train, out / "pairs.jsonl")
@@ -397,6 +525,10 @@ def write_dataset_version(
         "agreement_annotators_per_row": n_ann,
         "n_unlabelled_tasks": len(unlabelled),
         "unlabelled_tasks": list(unlabelled),
+        "n_unlabelled_annotations": len(unlabelled_annotations),
+        "unlabelled_annotations": list(unlabelled_annotations),
+        "n_repeated_annotations": len(repeated_annotations),
+        "repeated_annotations": list(repeated_annotations),
         "annotators": dict(sorted(annotators.items())),
         "decontamination": decontamination or {},
     }

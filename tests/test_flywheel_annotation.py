@@ -11,9 +11,11 @@ from data.loaders import load_pairs
 from flywheel.annotation import (
     LABEL_CONFIG,
     AnnotationImportError,
+    EmptyDatasetError,
     build_tasks,
     decontaminate_pairs,
     read_label_studio_export,
+    read_label_studio_labels,
     simulate_annotations,
     write_dataset_version,
     write_export,
@@ -205,3 +207,107 @@ def test_decontamination_removes_pairs_seen_in_a_gate_suite(exported):
     assert [p.id for p in kept] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2"]
     assert (report["n_in"], report["n_removed"], report["per_suite"]) == (4, 1, {"winrate": 1, "safe": 0})
     assert report["removed"] == ["c2:0:0-1"]
+
+
+# ---- issue 10 points 6-7: an empty export is refused; conflicting labels are errors or listed, never merged ---------
+def _labels(export, **kw):
+    return simulate_annotations(export.tasks, truth=lambda d: 1, noise=0.0, p_unlabelled=0.0, **kw)
+
+
+def test_empty_export_is_refused_and_no_version_is_written(exported):
+    export, manifest, tmp = exported
+    with pytest.raises(AnnotationImportError, match=r"ls_export.json: the export holds no task \(an empty list\)"):
+        read_label_studio_export(_export_file(tmp, []), export.tasks)
+    # every task unlabelled: nothing labelled, so no version directory either
+    ls = _labels(export)
+    for t in ls:
+        t["annotations"] = []
+    pairs, unlabelled = read_label_studio_export(_export_file(tmp, ls), export.tasks)
+    assert pairs == [] and len(unlabelled) == len(export.tasks) == 4
+    lineage = {"selection": "s" * 64, "export": manifest["export_hash"], "labels": "l" * 64}
+    with pytest.raises(EmptyDatasetError, match=r"no labelled task \(4 unlabelled"):
+        write_dataset_version(pairs, unlabelled, tmp / "datasets", lineage=lineage)
+    assert not (tmp / "datasets").exists()
+    # labelled, but every task held out: 0 training pairs, refused where the flow asks for pairs
+    ls = _labels(export)
+    pairs, unlabelled = read_label_studio_export(_export_file(tmp, ls), export.tasks)
+    with pytest.raises(EmptyDatasetError, match="0 training pairs"):
+        write_dataset_version(pairs, unlabelled, tmp / "d2", lineage=lineage, heldout_fraction=1.0, require_pairs=True)
+    assert not (tmp / "d2").exists()
+
+
+def test_same_annotator_twice_with_different_verdicts_is_an_error(exported):
+    export, _, tmp = exported
+    ls = _labels(export)
+    second = json.loads(json.dumps(ls[2]["annotations"][0]))  # ls-user-101 again, now choosing the right reply
+    second["id"], second["result"][0]["value"]["selected"] = 999, "right"
+    ls[2]["annotations"].append(second)
+    with pytest.raises(AnnotationImportError) as err:
+        read_label_studio_export(_export_file(tmp, ls), export.tasks)
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp / 'ls_export.json'} task 2 annotation 3 field 'completed_by': annotator 'ls-user-101'")
+    assert "annotation 0: A (left), annotation 3: B (right)" in msg
+    assert msg.endswith("(Label Studio task id 3; 'task N' is the 0-based position in the file)")
+    # the same verdict twice: kept once, and listed
+    second["result"][0]["value"]["selected"] = "left"
+    got = read_label_studio_labels(_export_file(tmp, ls), export.tasks)
+    task2 = next(p for p in got.pairs if p.id == export.tasks[2]["data"]["task_key"])
+    assert [lab.annotator_id for lab in task2.labels] == ["ls-user-101", "ls-user-102", "ls-user-103"]
+    assert got.repeated_annotations == [
+        {
+            "task_key": export.tasks[2]["data"]["task_key"],
+            "ls_task_id": 3,
+            "annotation_id": 999,
+            "annotator": "ls-user-101",
+            "reason": "same verdict as annotation 0, kept once",
+        }
+    ]
+
+
+@pytest.mark.parametrize("same", ["id", "task_key"])
+def test_duplicated_task_is_an_error_naming_it(exported, same):
+    export, _, tmp = exported
+    ls = _labels(export)
+    dup = json.loads(json.dumps(ls[1]))
+    if same == "task_key":
+        dup["id"] = 77
+    ls.append(dup)
+    with pytest.raises(AnnotationImportError) as err:
+        read_label_studio_export(_export_file(tmp, ls), export.tasks)
+    key = export.tasks[1]["data"]["task_key"]
+    expected = (
+        "duplicated task: Label Studio id 2 already appeared as task 1"
+        if same == "id"
+        else f"duplicated task: task_key {key!r} already appeared as task 1"
+    )
+    assert f"task 4 field '{'id' if same == 'id' else 'data.task_key'}': {expected}" in str(err.value)
+
+
+def test_empty_result_is_counted_and_listed_in_the_manifest(exported):
+    export, manifest, tmp = exported
+    ls = _labels(export)
+    ls[0]["annotations"][1]["result"] = []  # ls-user-102 submitted nothing on task 0
+    for a in ls[3]["annotations"]:
+        a["result"] = []  # nobody gave a verdict on task 3
+    got = read_label_studio_labels(_export_file(tmp, ls), export.tasks)
+    k0, k3 = (export.tasks[i]["data"]["task_key"] for i in (0, 3))
+    assert [(u["task_key"], u["ls_task_id"], u["annotator"], u["reason"]) for u in got.unlabelled_annotations] == [
+        (k0, 1, "ls-user-102", "empty result"),
+        (k3, 4, "ls-user-101", "empty result"),
+        (k3, 4, "ls-user-102", "empty result"),
+        (k3, 4, "ls-user-103", "empty result"),
+    ]
+    assert got.unlabelled == [{"task_key": k3, "reason": "only cancelled or empty annotations"}]
+    assert [len(p.labels) for p in got.pairs] == [2, 3, 3]
+    lineage = {"selection": "s" * 64, "export": manifest["export_hash"], "labels": "l" * 64}
+    m = write_dataset_version(
+        got.pairs,
+        got.unlabelled,
+        tmp / "datasets",
+        lineage=lineage,
+        heldout_fraction=0.0,
+        unlabelled_annotations=got.unlabelled_annotations,
+    )
+    saved = json.loads((tmp / "datasets" / f"v-{m['version']}" / "manifest.json").read_text())
+    assert (saved["n_unlabelled_annotations"], saved["n_unlabelled_tasks"], saved["n_pairs"]) == (4, 1, 3)
+    assert saved["unlabelled_annotations"][0]["annotator"] == "ls-user-102"
