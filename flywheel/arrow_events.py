@@ -186,3 +186,49 @@ def column_type_error(file: str | Path, table: pa.Table, schema: pa.Schema, *, b
             f"column type {col.type} cannot be read as {f.type} ({whole})", file=str(file), field=f.name
         )
     return DataValidationError("batch does not match the event schema", file=str(file))
+
+
+_CONTENT = ("conversation_id", "turn_id", "user_id", "model_version", "intent", "signal", "timestamp", "prompt",
+            "response")
+
+
+def refuse_conflicting_ids(batch: pa.Table, *, file: str | Path, base: int = 0) -> None:
+    """Refuse two rows of one batch with the same ``event_id`` but different content: that is a conflict (two
+    events under one id), not a repeated event, so the store must not keep one and count the other as a
+    duplicate. Vectorised (Arrow ``group_by``), and only run when the batch repeats an id at all.
+
+    Scope: rows within one loaded batch (``chunk_rows``, 200,000 by default). A repeat across batches or files,
+    or of an event already stored, is still deduplicated by id (the first stored copy is kept) and counted in
+    ``IngestReport.duplicates``.
+
+    Raises:
+        data.validation.DataValidationError: names the file, the later row (0-based row of the file), the
+            ``event_id`` and the first field that differs, with both values and both rows.
+    """
+    if pc.count_distinct(batch["event_id"]).as_py() == batch.num_rows:
+        return
+    cols = [c for c in _CONTENT if c in batch.column_names]
+    grouped = batch.select(["event_id", *cols]).group_by("event_id", use_threads=False).aggregate(
+        [(c, "count_distinct", pc.CountOptions(mode="all")) for c in cols]
+    )
+    bad = None
+    for c in cols:
+        mask = pc.greater(grouped[f"{c}_count_distinct"], 1)
+        if pc.any(mask).as_py():
+            bad = grouped.filter(mask)["event_id"][0].as_py()
+            break
+    if bad is None:
+        return
+    rows = pc.indices_nonzero(pc.equal(batch["event_id"], bad)).to_pylist()
+    first = batch.slice(rows[0], 1).to_pylist()[0]
+    for r in rows[1:]:
+        other = batch.slice(r, 1).to_pylist()[0]
+        diff = next((c for c in cols if other[c] != first[c]), None)
+        if diff is not None:
+            raise DataValidationError(
+                f"event_id {bad!r} conflicts with row {base + rows[0]}: {diff} {other[diff]!r} here, "
+                f"{first[diff]!r} there (one id, two different events; fix the ids or drop one row)",
+                file=str(file),
+                row=base + r,
+                field=diff,
+            )

@@ -1,7 +1,7 @@
 """Ingest weak-signal event files into the store: ``python -m flywheel.ingest --db URL FILE...``.
 
 Prints one JSON report per file (rows, inserted, duplicates) and, with ``--progress``, a line per loaded batch on
-stderr. Each file is one transaction: killing this process mid-file leaves nothing of that file behind.
+stderr; an empty file (0 events) gets a warning on stderr. Each file is one transaction: killing this process mid-file leaves nothing of that file behind.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     for f in args.files:
         report = store.ingest(f, chunk_rows=args.chunk_rows, progress=progress if args.progress else None)
         print(json.dumps(dataclasses.asdict(report)), flush=True)
+        if report.rows == 0 and not report.skipped_file:
+            print(f"warning: {f}: empty file, 0 events ingested (recorded as ingested)", file=sys.stderr, flush=True)
     print(json.dumps(store.counts()), flush=True)
     store.close()
     return 0

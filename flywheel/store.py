@@ -45,7 +45,7 @@ from pydantic import ValidationError
 
 from data.validation import DataValidationError
 
-from .arrow_events import column_type_error, read_columns
+from .arrow_events import column_type_error, read_columns, refuse_conflicting_ids
 from .schema import SIGNALS, EventRow
 
 __all__ = ["EVENT_COLUMNS", "IngestReport", "SignalStore", "normalise_prompt", "text_hash"]
@@ -209,6 +209,7 @@ class SignalStore:
             before = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
             n = 0
             for i, batch in enumerate(_batches(path, chunk_rows)):
+                refuse_conflicting_ids(batch, file=path, base=n)
                 self._load(conn, batch)
                 n += batch.num_rows
                 if progress:
@@ -220,6 +221,8 @@ class SignalStore:
                 )
             )
         report = IngestReport(str(path), fhash, n, after - before, n - (after - before))
+        if n == 0:
+            logger.warning("%s: empty file, 0 events ingested", path)
         logger.info("%s: %d rows, %d new events, %d duplicates", path, n, report.inserted, report.duplicates)
         return report
 

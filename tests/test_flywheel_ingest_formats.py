@@ -137,3 +137,31 @@ def test_pandas_parquet_with_iso_string_timestamps_is_accepted(tmp_path):
     rows = _rows(ts="2023-11-14T22:13:20+00:00")
     pd.DataFrame(rows).drop(columns=["intent"]).to_parquet(tmp_path / "pd.parquet")
     assert _stored_ts(tmp_path, tmp_path / "pd.parquet") == [WHEN] * 3
+
+
+def test_same_event_id_with_different_content_is_a_conflict_not_a_duplicate(tmp_path):
+    rows = _rows(4)
+    same = dict(rows[1])  # an exact repeat: an ordinary duplicate
+    clash = {**rows[1], "signal": "thumbs_down"}  # the same id for another event
+    (tmp_path / "dup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rows, same]))
+    store = SignalStore(tmp_path / "s.duckdb")
+    rep = store.ingest(tmp_path / "dup.jsonl")
+    assert (rep.rows, rep.inserted, rep.duplicates) == (5, 4, 1)
+    path = tmp_path / "clash.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*_rows(4, ts="2024-01-01T00:00:00Z"), clash]))
+    with pytest.raises(DataValidationError) as err:
+        store.ingest(path)
+    assert (err.value.file, err.value.row, err.value.field) == (str(path), 4, "signal")
+    assert err.value.reason.startswith("event_id 'e1' conflicts with row 1: signal 'thumbs_down' here, 'thumbs_up'")
+    assert store.counts()["files"] == 1  # the conflicting file was rolled back
+    store.close()
+
+
+def test_empty_events_file_is_reported_with_a_warning(tmp_path, capsys):
+    from flywheel.ingest import main
+
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["--db", str(tmp_path / "s.duckdb"), str(tmp_path / "empty.jsonl")]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[0])["rows"] == 0
+    assert f"warning: {tmp_path / 'empty.jsonl'}: empty file, 0 events ingested" in err
