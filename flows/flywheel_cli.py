@@ -163,10 +163,7 @@ def import_cmd(
     )
     typer.echo(
         json.dumps(
-            {
-                k: m[k]
-                for k in ("dir", "n_pairs", "n_agreement_rows", "n_unlabelled_tasks", "n_unlabelled_annotations")
-            }
+            {k: m[k] for k in ("dir", "n_pairs", "n_agreement_rows", "n_unlabelled_tasks", "n_unlabelled_annotations")}
             | {"decontaminated": m["decontamination"]["n_removed"]},
             indent=2,
         )

@@ -43,9 +43,9 @@ __all__ = [
     "LABEL_CONFIG",
     "AnnotationImportError",
     "EmptyDatasetError",
+    "LabelImport",
     "build_tasks",
     "decontaminate_pairs",
-    "LabelImport",
     "read_label_studio_export",
     "read_label_studio_labels",
     "simulate_annotations",
@@ -90,8 +90,8 @@ class AnnotationImportError(ValueError):
         """Add Label Studio's own task ``id`` (what its UI shows) to the message; returns ``self``."""
         if ls_task_id is not None and self.ls_task_id is None:
             self.ls_task_id = ls_task_id
-            self.args = (f"{self.args[0]} (Label Studio task id {ls_task_id}; 'task N' is the 0-based position in the "
-                         "file)",)
+            note = f"(Label Studio task id {ls_task_id}; 'task N' is the 0-based position in the file)"
+            self.args = (f"{self.args[0]} {note}",)
         return self
 
     def __str__(self) -> str:
@@ -384,7 +384,9 @@ def _read_task(task, i, ls_id, file, by_key, ids, key_at, seen, reasons, empty, 
         )
     if key in key_at:
         raise AnnotationImportError(
-            f"duplicated task: task_key {key!r} already appeared as task {key_at[key]}", file=file, task=i,
+            f"duplicated task: task_key {key!r} already appeared as task {key_at[key]}",
+            file=file,
+            task=i,
             field="data.task_key",
         )
     key_at[key] = i

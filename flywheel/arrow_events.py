@@ -188,8 +188,17 @@ def column_type_error(file: str | Path, table: pa.Table, schema: pa.Schema, *, b
     return DataValidationError("batch does not match the event schema", file=str(file))
 
 
-_CONTENT = ("conversation_id", "turn_id", "user_id", "model_version", "intent", "signal", "timestamp", "prompt",
-            "response")
+_CONTENT = (
+    "conversation_id",
+    "turn_id",
+    "user_id",
+    "model_version",
+    "intent",
+    "signal",
+    "timestamp",
+    "prompt",
+    "response",
+)
 
 
 def refuse_conflicting_ids(batch: pa.Table, *, file: str | Path, base: int = 0) -> None:
@@ -208,8 +217,10 @@ def refuse_conflicting_ids(batch: pa.Table, *, file: str | Path, base: int = 0) 
     if pc.count_distinct(batch["event_id"]).as_py() == batch.num_rows:
         return
     cols = [c for c in _CONTENT if c in batch.column_names]
-    grouped = batch.select(["event_id", *cols]).group_by("event_id", use_threads=False).aggregate(
-        [(c, "count_distinct", pc.CountOptions(mode="all")) for c in cols]
+    grouped = (
+        batch.select(["event_id", *cols])
+        .group_by("event_id", use_threads=False)
+        .aggregate([(c, "count_distinct", pc.CountOptions(mode="all")) for c in cols])
     )
     bad = None
     for c in cols:
