@@ -102,9 +102,9 @@ def fill_judge_cache(store, judge: str) -> float:
     t0 = time.perf_counter()
     import sqlalchemy as sa
 
-    from flywheel.store import events
+    from flywheel.store import turn_table
 
-    keys = store.fetch_arrow(sa.select(events.c.prompt_hash, events.c.response_hash).distinct())
+    keys = store.fetch_arrow(sa.select(turn_table.c.prompt_hash, turn_table.c.response_hash).distinct())
     digits = pc.utf8_slice_codeunits(keys["response_hash"], 0, 6)
     score = np.array([int(h, 16) for h in pc.unique(digits).to_pylist()], dtype=np.float64) / 0xFFFFFF
     score = pc.take(pa.array(score), pc.index_in(digits, value_set=pc.unique(digits)))
@@ -113,15 +113,16 @@ def fill_judge_cache(store, judge: str) -> float:
 
 
 def select(store, judge: str = "b" * 64) -> tuple[float, float, dict]:
-    """(wall seconds, cpu seconds) of what the flow's select step does: the per-turn query with the judge's cached
-    scores, then :func:`flywheel.select.select_turns` on every turn; and a summary."""
+    """(wall seconds, cpu seconds) of what the flow's select step does (:func:`flywheel.select_store.select_from_store`:
+    the turns table with the judge's cached scores, :func:`flywheel.select.select_turns` on every turn, the selected
+    turns' other columns); and a summary."""
     from data.bundle import demo_path
-    from flywheel.select import load_traffic, select_turns
+    from flywheel.select import load_traffic
+    from flywheel.select_store import select_from_store
 
     traffic = load_traffic(demo_path("traffic/alpaca_eval_clusters.csv"))
     t0, c0 = time.perf_counter(), cpu_s()
-    turns = store.turns_frame(judge)
-    sel = select_turns(turns, traffic)
+    sel = select_from_store(store, traffic, judge=judge)
     return (
         time.perf_counter() - t0,
         cpu_s() - c0,

@@ -118,20 +118,21 @@ def judge_task(db: str, params: FlywheelParameters) -> dict:
 @task(cache_policy=NO_CACHE)
 def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
     from data.bundle import demo_path
-    from flywheel.select import SelectionConfig, load_traffic, select_turns
+    from flywheel.select import SelectionConfig, load_traffic
+    from flywheel.select_store import select_from_store
     from flywheel.store import SignalStore
     from rlhf.lineage import json_hash
 
-    store = SignalStore(db)
-    turns = store.turns_frame(judge_id)
-    store.close()
     src = params.traffic_data
     traffic = load_traffic(demo_path(src[5:]) if src.startswith("demo:") else src)
-    sel = select_turns(
-        turns,
+    store = SignalStore(db)
+    sel = select_from_store(
+        store,
         traffic,
         SelectionConfig(budget_fraction=params.budget_fraction, budget=params.budget, floor=params.floor),
+        judge=judge_id,
     )
+    store.close()
     cols = [
         "conversation_id",
         "turn_id",
@@ -159,13 +160,18 @@ def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
         "by_intent": sel.by_intent,
         "selection_hash": json_hash(rows),
     }
-    return rows, summary, turns
+    return rows, summary
 
 
 @task(cache_policy=NO_CACHE)
-def quality_task(turns, labels_path: str) -> list[dict]:
+def quality_task(db: str, labels_path: str) -> list[dict]:
     from flywheel.quality import expert_verdicts, signal_quality
+    from flywheel.schema import SIGNALS
+    from flywheel.store import SignalStore
 
+    store = SignalStore(db)
+    turns = store.turns_frame(columns=["conversation_id", "turn_id", *SIGNALS])
+    store.close()
     lines = Path(labels_path).read_text().splitlines()
     return signal_quality(turns, expert_verdicts(json.loads(x) for x in lines if x.strip()))
 
@@ -229,8 +235,8 @@ def flywheel(params: FlywheelParameters) -> dict:
     db = params.db or str(out / "signals.duckdb")
     ingested = ingest_task(db, params.events)
     judged = judge_task(db, params)
-    rows, selection, turns = select_task(db, judged["judge"], params, out)
-    quality = quality_task(turns, params.expert_labels) if params.expert_labels else []
+    rows, selection = select_task(db, judged["judge"], params, out)
+    quality = quality_task(db, params.expert_labels) if params.expert_labels else []
     export = export_task(db, rows, params, out, selection["selection_hash"])
     report = {
         "db": db,

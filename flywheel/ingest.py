@@ -17,7 +17,9 @@ from .store import SignalStore
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flywheel.ingest", description=__doc__)
     ap.add_argument("--db", required=True, help="duckdb:///file.duckdb, postgresql+psycopg://..., or a file path")
-    ap.add_argument("--chunk-rows", type=int, default=200_000, help="rows per loaded batch")
+    ap.add_argument(
+        "--chunk-rows", type=int, default=None, help="rows per loaded batch (default: the store's, by file type)"
+    )
     ap.add_argument("--progress", action="store_true", help="print a line per batch on stderr")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args(argv)

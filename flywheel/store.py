@@ -48,7 +48,7 @@ from data.validation import DataValidationError
 from .arrow_events import column_type_error, read_columns, refuse_conflicting_ids
 from .schema import SIGNALS, EventRow
 
-__all__ = ["EVENT_COLUMNS", "IngestReport", "SignalStore", "normalise_prompt", "text_hash"]
+__all__ = ["EVENT_COLUMNS", "TURN_COLUMNS", "IngestReport", "SignalStore", "normalise_prompt", "text_hash"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,26 @@ judge_scores = sa.Table(
     sa.Column("score", sa.Float, nullable=False),
     sa.PrimaryKeyConstraint("judge", "prompt_hash", "response_hash").ddl_if(dialect="postgresql"),
 )
+
+#: One row per (conversation, turn), kept at ingest in the same transaction as its events (so selection does not
+#: re-aggregate strings over every event): the turn's metadata as ``min()`` over its events (what the per-turn GROUP
+#: BY gave), the normal-form hash of its prompt, and one count column per signal (events stored once, so counts are
+#: exact). Rebuilt from ``events`` when a store written before this table existed is opened.
+turn_table = sa.Table(
+    "turns",
+    metadata,
+    sa.Column("conversation_id", sa.String, nullable=False),
+    sa.Column("turn_id", sa.Integer, nullable=False),
+    sa.Column("intent", sa.String, nullable=True),
+    sa.Column("model_version", sa.String, nullable=False),
+    sa.Column("user_id", sa.String, nullable=False),
+    sa.Column("prompt_hash", sa.String(64), nullable=False),
+    sa.Column("response_hash", sa.String(64), nullable=False),
+    sa.Column("prompt_norm_hash", sa.String(64), nullable=False),
+    *[sa.Column(s, sa.BigInteger, nullable=False) for s in SIGNALS],
+    sa.PrimaryKeyConstraint("conversation_id", "turn_id").ddl_if(dialect="postgresql"),
+)
+_TURN_META = ["intent", "model_version", "user_id", "prompt_hash", "response_hash"]
 
 #: Columns of the ``events`` table, in order (``response_hash`` last: the staging table has the text instead).
 EVENT_COLUMNS = [c.name for c in events.columns]
@@ -175,19 +195,33 @@ class SignalStore:
                 if duckdb_compression:
                     dbapi_conn.execute(f"SET force_compression = '{duckdb_compression}'")
 
+        had_turns = sa.inspect(self.engine).has_table("turns")
         metadata.create_all(self.engine)
+        if not had_turns:
+            self._rebuild_turns()
         self._hashes: dict[str, str] = {}  # text -> sha256, reused across the batches of an ingest
 
     def close(self) -> None:
         self.engine.dispose()
 
+    def _rebuild_turns(self) -> None:
+        """Fill the ``turns`` table from ``events`` (a store written before that table existed; a no-op on an empty
+        store). One GROUP BY over every event, once."""
+        with _write_lock(self.url), self.engine.begin() as conn:
+            if conn.execute(sa.select(events.c.event_id).limit(1)).first() is None:
+                return
+            conn.exec_driver_sql("DELETE FROM turns")
+            _insert_turns_from(conn, "events", self.dialect)
+
     # ---- ingestion -------------------------------------------------------------------------------------------------
-    def ingest(self, path: str | Path, *, chunk_rows: int = 200_000, progress=None) -> IngestReport:
+    def ingest(self, path: str | Path, *, chunk_rows: int | None = None, progress=None) -> IngestReport:
         """Ingest one JSONL (``.jsonl``, ``.ndjson``) or Parquet file of :class:`EventRow` rows, atomically.
 
         Args:
             path: the file.
             chunk_rows: rows validated and loaded per batch (memory stays flat; the transaction spans the file).
+                Default 1,000,000 for Parquet (each batch costs one scan of the stored event ids), 200,000 for JSONL
+                (rows pass through Python objects).
             progress: optional callable ``(path, chunk_index, rows_so_far)`` called after each batch is loaded.
 
         Returns:
@@ -206,8 +240,14 @@ class SignalStore:
             if conn.execute(sa.select(ingests.c.rows).where(ingests.c.file_hash == fhash)).first() is not None:
                 logger.info("%s: already ingested (same content), skipped", path)
                 return IngestReport(str(path), fhash, 0, 0, 0, skipped_file=True)
+            if self.dialect == "postgresql":
+                # one writer at a time (readers unaffected), as DuckDB's file lock does: the per-turn counts are
+                # added from the rows this transaction's anti-join found new, which a concurrent writer could race
+                conn.exec_driver_sql("LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE")
             before = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
             n = 0
+            if chunk_rows is None:
+                chunk_rows = 1_000_000 if path.name.lower().endswith(".parquet") else 200_000
             for i, batch in enumerate(_batches(path, chunk_rows)):
                 refuse_conflicting_ids(batch, file=path, base=n)
                 self._load(conn, batch)
@@ -273,7 +313,9 @@ class SignalStore:
         rows already stored (``NOT EXISTS``; earlier batches of the same file are visible in the transaction). No
         unique index is maintained on DuckDB (its ART index on a string key was the ingest's bottleneck).
         """
-        batch = _unique_events(batch)
+        batch = self._new_events(conn, _unique_events(batch))
+        if not batch.num_rows:
+            return
         prompts, responses, event_tab = _split_texts(batch, self._hashes)
         if len(self._hashes) > 200_000:
             self._hashes.clear()  # bounded memory; a miss only costs a re-hash
@@ -295,12 +337,28 @@ class SignalStore:
         )
         cols = ", ".join(EVENT_COLUMNS)
         src = ", ".join(f"e.{c}" for c in EVENT_COLUMNS[:-1]) + ", r.hash"
-        conn.exec_driver_sql(
-            f"INSERT INTO events ({cols}) SELECT {src} FROM staging_events e JOIN staging_rh r ON r.idx = e.response_idx "
-            f"WHERE NOT EXISTS (SELECT 1 FROM events s WHERE s.event_id = e.event_id){x}"
-        )
+        new = "(SELECT {src} AS response_hash FROM staging_events e JOIN staging_rh r ON r.idx = e.response_idx) n"
+        new = new.format(src=src)
+        conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM {new}{x}")
+        _merge_turns(conn, new, self.dialect)
         conn.exec_driver_sql("DROP TABLE staging_rh")
         self._unstage(conn, "staging_prompts", "staging_responses", "staging_events")
+
+    def _new_events(self, conn: sa.Connection, batch: pa.Table) -> pa.Table:
+        """The rows of ``batch`` whose ``event_id`` is not stored yet (one anti-join on the ids alone; earlier batches
+        of the same file are visible in the transaction, and writers are serialised, so what is inserted next is
+        exactly this)."""
+        keys = pa.table({"event_id": batch["event_id"], "i": pa.array(np.arange(batch.num_rows, dtype=np.int64))})
+        self._stage(conn, "staging_keys", keys)
+        sql = "SELECT k.i FROM staging_keys k WHERE NOT EXISTS (SELECT 1 FROM events s WHERE s.event_id = k.event_id)"
+        if self.dialect == "duckdb":
+            idx = conn.connection.driver_connection.sql(sql).fetchnumpy()["i"]
+        else:
+            idx = np.fromiter((r[0] for r in conn.exec_driver_sql(sql)), dtype=np.int64)
+        self._unstage(conn, "staging_keys")
+        if len(idx) == batch.num_rows:
+            return batch
+        return batch.take(pa.array(np.sort(np.asarray(idx, dtype=np.int64))))
 
     # ---- reads -----------------------------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -310,42 +368,24 @@ class SignalStore:
                 "events": conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one(),
                 "texts": conn.execute(sa.select(sa.func.count()).select_from(texts)).scalar_one(),
                 "files": conn.execute(sa.select(sa.func.count()).select_from(ingests)).scalar_one(),
-                "turns": conn.execute(
-                    sa.select(sa.func.count()).select_from(
-                        sa.select(events.c.conversation_id, events.c.turn_id).distinct().subquery()
-                    )
-                ).scalar_one(),
+                "turns": conn.execute(sa.select(sa.func.count()).select_from(turn_table)).scalar_one(),
             }
             rows = conn.execute(sa.select(events.c.signal, sa.func.count()).group_by(events.c.signal)).all()
         out.update({f"signal_{s}": 0 for s in SIGNALS})
         out.update({f"signal_{s}": int(c) for s, c in rows})
         return {k: int(v) for k, v in out.items()}
 
-    def turns_query(self, judge: str | None = None) -> sa.Select:
-        """One row per (conversation, turn): ids, intent, model version, text hashes, the normalised-prompt hash,
-        one count column per signal, and (with ``judge``) that judge's cached score (NULL where not scored)."""
-        # count(*) FILTER: a BIGINT on both databases (sum(case) is a HUGEINT/decimal on DuckDB: slow to fetch)
-        sig_cols = [sa.func.count().filter(events.c.signal == s).label(s) for s in SIGNALS]
-        per_turn = (
-            sa.select(
-                events.c.conversation_id,
-                events.c.turn_id,
-                sa.func.min(events.c.intent).label("intent"),
-                sa.func.min(events.c.model_version).label("model_version"),
-                sa.func.min(events.c.user_id).label("user_id"),
-                sa.func.min(events.c.prompt_hash).label("prompt_hash"),
-                sa.func.min(events.c.response_hash).label("response_hash"),
-                *sig_cols,
-            )
-            .group_by(events.c.conversation_id, events.c.turn_id)
-            .subquery("t")
-        )
-        # Only prompts have a normal-form hash: joining that small part of ``texts`` keeps the hash table small. A
-        # prompt whose text was first stored as a response has none (texts are written once, never updated): it
-        # falls back to its own content hash (deduplicated by exact text only).
-        p = sa.select(texts.c.hash, texts.c.norm_hash).where(texts.c.norm_hash != "").subquery("p")
-        cols = [*per_turn.c, sa.func.coalesce(p.c.norm_hash, per_turn.c.prompt_hash).label("prompt_norm_hash")]
-        source = per_turn.outerjoin(p, p.c.hash == per_turn.c.prompt_hash)
+    def turns_query(
+        self, judge: str | None = None, columns: Sequence[str] | None = None, *, ordered: bool = True
+    ) -> sa.Select:
+        """One row per (conversation, turn): ids, intent, model version, user id, text hashes, the normalised-prompt
+        hash, one count column per signal, and (with ``judge``) that judge's cached score (NULL where not scored).
+
+        Reads the ``turns`` table the ingest keeps (no aggregation over events). ``columns``: only these (plus
+        ``judge_score`` with a judge); ``ordered=False`` drops the ORDER BY (conversation id, turn id)."""
+        t = turn_table
+        cols = [t.c[c] for c in (columns or TURN_COLUMNS)]
+        source = t
         if judge is not None:
             js = judge_scores.alias("js")
             cols.append(js.c.score.label("judge_score"))
@@ -353,12 +393,12 @@ class SignalStore:
                 js,
                 sa.and_(
                     js.c.judge == judge,
-                    js.c.prompt_hash == per_turn.c.prompt_hash,
-                    js.c.response_hash == per_turn.c.response_hash,
+                    js.c.prompt_hash == t.c.prompt_hash,
+                    js.c.response_hash == t.c.response_hash,
                 ),
             )
         q = sa.select(*cols).select_from(source)
-        return q.order_by(per_turn.c.conversation_id, per_turn.c.turn_id)
+        return q.order_by(t.c.conversation_id, t.c.turn_id) if ordered else q
 
     def fetch_arrow(self, query: sa.Select) -> pa.Table:
         """Run a query and return an Arrow table (DuckDB: zero-copy ``.arrow()``; PostgreSQL: a cursor fetch)."""
@@ -371,14 +411,41 @@ class SignalStore:
             rows = result.fetchall()
             return pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
 
-    def turns(self, judge: str | None = None) -> pa.Table:
+    def turns(
+        self, judge: str | None = None, columns: Sequence[str] | None = None, *, ordered: bool = True
+    ) -> pa.Table:
         """:meth:`turns_query` as an Arrow table."""
-        return self.fetch_arrow(self.turns_query(judge))
+        return self.fetch_arrow(self.turns_query(judge, columns, ordered=ordered))
 
-    def turns_frame(self, judge: str | None = None):
+    def turns_frame(self, judge: str | None = None, columns: Sequence[str] | None = None, *, ordered: bool = True):
         """:meth:`turns_query` as a pandas DataFrame, converted column by column while the Arrow table is released
         (``self_destruct``), so millions of turns are not held twice."""
-        return self.turns(judge).to_pandas(self_destruct=True, split_blocks=True)
+        return self.turns(judge, columns, ordered=ordered).to_pandas(self_destruct=True, split_blocks=True)
+
+    def turn_details(self, conversation_ids: Sequence[str], turn_ids: Sequence[int]) -> pa.Table:
+        """Every ``turns`` column for the given (conversation id, turn id) pairs (unknown pairs are absent; order
+        not kept). One staged key table and a join: for the few thousand turns a selection picks."""
+        keys = pa.table(
+            {
+                "conversation_id": pa.array(list(conversation_ids), pa.string()),
+                "turn_id": pa.array(list(turn_ids), pa.int64()),
+            }
+        )
+        cols = ", ".join(f"t.{c}" for c in TURN_COLUMNS)
+        sql = (
+            f"SELECT {cols} FROM turns t JOIN staging_turn_keys k "
+            "ON k.conversation_id = t.conversation_id AND k.turn_id = t.turn_id"
+        )
+        with self.engine.begin() as conn:
+            self._stage(conn, "staging_turn_keys", keys)
+            if self.dialect == "duckdb":
+                out = conn.connection.driver_connection.sql(sql).to_arrow_table()
+            else:
+                result = conn.exec_driver_sql(sql)
+                rows = result.fetchall()
+                out = pa.table({n: [r[i] for r in rows] for i, n in enumerate(result.keys())})
+            self._unstage(conn, "staging_turn_keys")
+        return out
 
     def texts_for(self, hashes: Sequence[str]) -> dict[str, str]:
         """``{hash: text}`` for the given content hashes (unknown hashes are absent)."""
@@ -442,6 +509,69 @@ class SignalStore:
                 f"AND j.response_hash = s.response_hash){self._or_nothing}"
             )
             self._unstage(conn, "staging_scores")
+
+
+# ---- the per-turn table -------------------------------------------------------------------------------------------
+def _collate(dialect: str) -> str:
+    """Strings compare by bytes (code points) on both databases: DuckDB's default; PostgreSQL's ``"C"`` collation."""
+    return ' COLLATE "C"' if dialect == "postgresql" else ""
+
+
+def _turn_aggregate(source: str, dialect: str) -> str:
+    """SQL: one row per (conversation, turn) of the events in ``source``: ``min()`` of each metadata column (byte
+    order) and a BIGINT count per signal (``count(*) FILTER``: sum(case) is a HUGEINT on DuckDB)."""
+    coll = _collate(dialect)
+    meta = ", ".join(f"min({c}{coll}) AS {c}" for c in _TURN_META)
+    sig = ", ".join(f"count(*) FILTER (WHERE signal = '{s}') AS {s}" for s in SIGNALS)
+    return f"SELECT conversation_id, turn_id, {meta}, {sig} FROM {source} GROUP BY conversation_id, turn_id"
+
+
+#: Columns of the ``turns`` table, in order.
+TURN_COLUMNS = ["conversation_id", "turn_id", *_TURN_META, "prompt_norm_hash", *SIGNALS]
+
+
+def _insert_turns_from(conn: sa.Connection, source: str, dialect: str) -> None:
+    """Insert the turns of ``source``'s events (none of them in ``turns`` yet), the prompt's normal-form hash read
+    from ``texts`` (a prompt whose text was first stored as a response has none there: it keeps its own hash)."""
+    conn.exec_driver_sql(
+        f"INSERT INTO turns ({', '.join(TURN_COLUMNS)}) SELECT "
+        + ", ".join(f"a.{c}" for c in TURN_COLUMNS[: -len(SIGNALS) - 1])
+        + ", coalesce(nullif(p.norm_hash, ''), a.prompt_hash), "
+        + ", ".join(f"a.{s}" for s in SIGNALS)
+        + f" FROM ({_turn_aggregate(source, dialect)}) a LEFT JOIN texts p ON p.hash = a.prompt_hash"
+    )
+
+
+def _merge_turns(conn: sa.Connection, new: str, dialect: str) -> None:
+    """Fold the batch's new events (the subquery ``new``) into ``turns``: a turn already stored gets its counts
+    added and its metadata lowered to the minimum (so the table equals a GROUP BY over all events, whatever the
+    order events arrive in); a new turn is inserted. Runs inside the ingest transaction."""
+    conn.exec_driver_sql("DROP TABLE IF EXISTS staging_turns")
+    conn.exec_driver_sql(
+        "CREATE TEMP TABLE staging_turns AS SELECT a.*, p.norm_hash AS prompt_norm_hash FROM "
+        f"({_turn_aggregate(new, dialect)}) a JOIN staging_prompts p ON p.hash = a.prompt_hash"
+    )
+    on = "turns.conversation_id = d.conversation_id AND turns.turn_id = d.turn_id"
+    coll = _collate(dialect)
+
+    def lower(c: str) -> str:  # min(old, new), NULL (unknown intent) only when both are
+        return (
+            f"CASE WHEN turns.{c} IS NULL OR d.{c}{coll} < turns.{c}{coll} THEN coalesce(d.{c}, turns.{c}) "
+            f"ELSE turns.{c} END"
+        )
+
+    sets = [f"{c} = {lower(c)}" for c in _TURN_META]
+    sets.append(
+        f"prompt_norm_hash = CASE WHEN d.prompt_hash{coll} < turns.prompt_hash{coll} THEN d.prompt_norm_hash "
+        "ELSE turns.prompt_norm_hash END"
+    )
+    sets += [f"{s} = turns.{s} + d.{s}" for s in SIGNALS]
+    conn.exec_driver_sql(f"UPDATE turns SET {', '.join(sets)} FROM staging_turns d WHERE {on}")
+    conn.exec_driver_sql(
+        f"INSERT INTO turns ({', '.join(TURN_COLUMNS)}) SELECT {', '.join('d.' + c for c in TURN_COLUMNS)} "
+        f"FROM staging_turns d WHERE NOT EXISTS (SELECT 1 FROM turns WHERE {on})"
+    )
+    conn.exec_driver_sql("DROP TABLE staging_turns")
 
 
 # ---- file reading and validation -----------------------------------------------------------------------------------
