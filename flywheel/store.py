@@ -306,14 +306,16 @@ class SignalStore:
     def _load(self, conn: sa.Connection, batch: pa.Table) -> None:
         """Stage one validated batch and insert it (texts once, events once) inside ``conn``'s transaction.
 
-        Bulk design (the same statements on both databases, but for the hash function's spelling): repeated event
-        ids inside the batch are dropped in Arrow (first row kept); prompts (few distinct values) are hashed here,
-        with their normal-form hash; responses are made distinct in Arrow (dictionary encoding) and hashed by the
-        database, once per distinct text; then one ``INSERT ... SELECT`` per table, each an anti-join against the
-        rows already stored (``NOT EXISTS``; earlier batches of the same file are visible in the transaction). No
-        unique index is maintained on DuckDB (its ART index on a string key was the ingest's bottleneck).
+        Bulk design (the same statements on both databases, but for the hash function's spelling): first the new
+        events are found by one anti-join on the ids (``NOT EXISTS``; an id repeated inside the batch keeps its
+        first row; earlier batches of the same file are visible in the transaction) and only those rows go on;
+        prompts (few distinct values) are hashed here, with their normal-form hash; responses are made distinct in
+        Arrow (dictionary encoding) and hashed by the database, once per distinct text; texts are inserted with an
+        anti-join against ``texts``; events are inserted; the batch's turns are aggregated and merged into
+        ``turns`` (:func:`_merge_turns`). No unique index is maintained on DuckDB (its ART index on a string key was
+        the ingest's bottleneck).
         """
-        batch = self._new_events(conn, _unique_events(batch))
+        batch = self._new_events(conn, batch)
         if not batch.num_rows:
             return
         prompts, responses, event_tab = _split_texts(batch, self._hashes)
@@ -345,12 +347,15 @@ class SignalStore:
         self._unstage(conn, "staging_prompts", "staging_responses", "staging_events")
 
     def _new_events(self, conn: sa.Connection, batch: pa.Table) -> pa.Table:
-        """The rows of ``batch`` whose ``event_id`` is not stored yet (one anti-join on the ids alone; earlier batches
-        of the same file are visible in the transaction, and writers are serialised, so what is inserted next is
-        exactly this)."""
+        """The rows of ``batch`` whose ``event_id`` is not stored yet, each id once (its first row), in file order:
+        one anti-join + GROUP BY on the ids alone. Earlier batches of the same file are visible in the transaction
+        and writers are serialised, so what is inserted next is exactly this."""
         keys = pa.table({"event_id": batch["event_id"], "i": pa.array(np.arange(batch.num_rows, dtype=np.int64))})
         self._stage(conn, "staging_keys", keys)
-        sql = "SELECT k.i FROM staging_keys k WHERE NOT EXISTS (SELECT 1 FROM events s WHERE s.event_id = k.event_id)"
+        sql = (
+            "SELECT min(k.i) AS i FROM staging_keys k "
+            "WHERE NOT EXISTS (SELECT 1 FROM events s WHERE s.event_id = k.event_id) GROUP BY k.event_id"
+        )
         if self.dialect == "duckdb":
             idx = conn.connection.driver_connection.sql(sql).fetchnumpy()["i"]
         else:
@@ -708,18 +713,6 @@ def _pg_type(t: pa.DataType) -> str:
     if pa.types.is_timestamp(t):
         return "timestamp"
     return "double precision"
-
-
-def _unique_events(batch: pa.Table) -> pa.Table:
-    """The batch with each ``event_id`` once (its first row), in the original order."""
-    if pc.count_distinct(batch["event_id"]).as_py() == batch.num_rows:
-        return batch
-    first = (
-        pa.table({"id": batch["event_id"], "i": pa.array(np.arange(batch.num_rows))})
-        .group_by("id", use_threads=False)
-        .aggregate([("i", "min")])["i_min"]
-    )
-    return batch.take(pa.array(np.sort(first.to_numpy())))
 
 
 def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.Table, pa.Table]:
