@@ -5,13 +5,20 @@ by URL (``postgresql+psycopg://user@host:port/db``). Both go through the same co
 tables and builds every query; only the staging differs (DuckDB scans an Arrow table in place, PostgreSQL takes
 ``COPY ... FROM STDIN`` into a temporary table), and both then run the same ``INSERT ... SELECT ... WHERE NOT
 EXISTS`` anti-joins (deduplication without a unique index on DuckDB; PostgreSQL keeps its primary keys and adds
-``ON CONFLICT DO NOTHING`` for concurrent writers).
+``ON CONFLICT DO NOTHING``). Writers to one store are serialised: DuckDB's file lock across processes, a lock per
+URL in this process, and on PostgreSQL ``LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE`` for the ingest
+transaction (readers are not blocked), because the per-turn counts are added from the rows the anti-join found new.
 
 Tables:
     texts(hash, text, norm_hash)         every prompt and response once, under its sha256; ``norm_hash`` is the hash
                                          of the normalised text (selection deduplicates prompts on it)
     events(event_id, conversation_id, turn_id, user_id, model_version, intent, signal, ts,
            prompt_hash -> texts, response_hash -> texts)
+    turns(conversation_id, turn_id, intent, model_version, user_id, prompt_hash, response_hash, prompt_norm_hash,
+          one count per signal)          one row per turn, kept by the ingest in the same transaction as its events:
+                                         equal to a GROUP BY over all stored events (``min()`` of each metadata
+                                         column in byte order, exact counts), so selection reads 1 row per turn
+                                         instead of aggregating strings over every event
     ingests(file_hash PK, path, rows, finished_at)   a file is listed only once all its rows are committed
     (``texts.hash``, ``events.event_id`` and the judge key are unique; primary keys on PostgreSQL only)
     judge_scores(judge, prompt_hash, response_hash, score)   the judge's score per turn, cached by content hash
