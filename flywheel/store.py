@@ -244,13 +244,13 @@ class SignalStore:
         # DuckDB keeps no unique index on events: its anti-joins are the guarantee, so writes to one file are
         # serialised (other processes are kept out by DuckDB's own file lock; this lock covers threads here).
         with _write_lock(self.url), self.engine.begin() as conn:
-            if conn.execute(sa.select(ingests.c.rows).where(ingests.c.file_hash == fhash)).first() is not None:
-                logger.info("%s: already ingested (same content), skipped", path)
-                return IngestReport(str(path), fhash, 0, 0, 0, skipped_file=True)
             if self.dialect == "postgresql":
                 # one writer at a time (readers unaffected), as DuckDB's file lock does: the per-turn counts are
                 # added from the rows this transaction's anti-join found new, which a concurrent writer could race
                 conn.exec_driver_sql("LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE")
+            if conn.execute(sa.select(ingests.c.rows).where(ingests.c.file_hash == fhash)).first() is not None:
+                logger.info("%s: already ingested (same content), skipped", path)
+                return IngestReport(str(path), fhash, 0, 0, 0, skipped_file=True)
             before = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
             n = 0
             if chunk_rows is None:
@@ -346,8 +346,7 @@ class SignalStore:
         )
         cols = ", ".join(EVENT_COLUMNS)
         src = ", ".join(f"e.{c}" for c in EVENT_COLUMNS[:-1]) + ", r.hash"
-        new = "(SELECT {src} AS response_hash FROM staging_events e JOIN staging_rh r ON r.idx = e.response_idx) n"
-        new = new.format(src=src)
+        new = f"(SELECT {src} AS response_hash FROM staging_events e JOIN staging_rh r ON r.idx = e.response_idx) n"
         conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM {new}{x}")
         _merge_turns(conn, new, self.dialect)
         conn.exec_driver_sql("DROP TABLE staging_rh")
