@@ -163,7 +163,8 @@ def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: Sele
     scored["disagreement"] = strength.max(axis=1)
     scored["kind"] = strength.idxmax(axis=1)
     cand = scored[np.isfinite(scored["disagreement"])].copy()
-    cand["stratum"] = [i if isinstance(i, str) and i in traffic else OTHER for i in cand["intent"]]
+    known = cand["intent"].isin(list(traffic))  # NaN/None and intents outside the table are "other"
+    cand["stratum"] = cand["intent"].where(known, OTHER)
     by_kind = {k: {"candidates": int((cand["kind"] == k).sum()), "selected": 0} for k in KINDS}
     n_candidates = len(cand)
 
