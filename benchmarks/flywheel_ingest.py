@@ -7,9 +7,10 @@ on 2 cores); DuckDB and PostgreSQL (COPY) ingest rates side by side in the same 
 Events are generated as Parquet files (1M rows each: 3 signals per turn, 2 turns per conversation, 50k distinct
 prompts, one distinct response per turn), then ingested through ``SignalStore.ingest`` (the same validated,
 transactional path as production: vectorised schema checks, content hashes, ``INSERT ... SELECT ... WHERE NOT
-EXISTS``). Select = the per-turn aggregation query + :func:`flywheel.select.select_turns` on every turn, with
-synthetic judge scores (bulk-stored in the judge cache first; a real reward model scoring millions of turns is a GPU
-job, not this benchmark). PostgreSQL runs on a throwaway local server (initdb/pg_ctl), at a smaller count by
+EXISTS``, the per-turn table). Select = :func:`flywheel.select_store.select_from_store` (the turns table joined
+with the judge cache + :func:`flywheel.select.select_turns` on every turn), with synthetic judge scores
+(bulk-stored in the judge cache first; a real reward model scoring millions of turns is a GPU job, not this
+benchmark). PostgreSQL runs on a throwaway local server (initdb/pg_ctl), at a smaller count by
 default. Prints rows/s, wall and CPU seconds (on a shared machine CPU seconds / cores bounds what an idle one
 takes), the load average, and the peak RSS of this process (DuckDB runs in-process; the PostgreSQL server's memory
 is its own).
