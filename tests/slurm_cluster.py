@@ -19,6 +19,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "srun")
 
 
@@ -130,3 +132,16 @@ def _wait(ready, procs: list[subprocess.Popen], tmp: Path, what: str, timeout_s:
             return
         time.sleep(0.3)
     raise SlurmUnavailable(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A one-node cluster for a test module (the environment of :func:`start_slurm`); skips, saying why, where
+    the daemons cannot start."""
+    cm = start_slurm()
+    try:
+        env = cm.__enter__()
+    except SlurmUnavailable as err:
+        pytest.skip(f"no Slurm cluster: {err}")
+    yield env
+    cm.__exit__(None, None, None)

@@ -12,22 +12,11 @@ from pathlib import Path
 import pytest
 
 from flows.launch import slurm
-from tests.slurm_cluster import SlurmUnavailable, start_slurm
+from tests.slurm_cluster import cluster  # noqa: F401 - the module-scoped Slurm cluster fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "recipes" / "smoke"
 CPU_CONFIG = str(ROOT / "recipes" / "accelerate_configs" / "cpu.yaml")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    cm = start_slurm()
-    try:
-        env = cm.__enter__()
-    except SlurmUnavailable as err:
-        pytest.skip(f"no Slurm cluster: {err}")
-    yield env
-    cm.__exit__(None, None, None)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import SlurmUnavailable, start_slurm
+from tests.slurm_cluster import cluster  # noqa: F401 - the module-scoped Slurm cluster fixture
 
 pytestmark = [
     pytest.mark.e2e,
@@ -23,17 +23,6 @@ pytestmark = [
                        reason="opt-in: RLHF_SLURM_E2E=1 runs the whole smoke round as Slurm jobs (~5 min)"),
 ]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    cm = start_slurm()
-    try:
-        env = cm.__enter__()
-    except SlurmUnavailable as err:
-        pytest.skip(f"no Slurm cluster: {err}")
-    yield env
-    cm.__exit__(None, None, None)
 
 
 def test_smoke_round_with_every_stage_a_slurm_job(cluster, tmp_path, monkeypatch):
