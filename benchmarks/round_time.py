@@ -13,6 +13,11 @@ the time before it (about 950 s quiet, 1,410 s under load).
 
     python benchmarks/round_time.py --preset smoke
     python benchmarks/round_time.py --preset demo
+    python benchmarks/round_time.py --preset demo --baseline-ref 651575e   # + the round at that commit, same run
+
+``--baseline-ref``: after this tree's round, the same round at a git commit (checked out into a temporary detached
+worktree, run with that tree's code), so the ratio against the code before a change is measured in the same run;
+issue 12's baseline is 651575e (the commit before it).
 """
 
 from __future__ import annotations
@@ -30,10 +35,17 @@ from pathlib import Path
 TARGETS = {"demo": 25 * 60, "smoke": 3 * 60}
 
 
-def run_round(preset: str, runs_dir: Path, round_id: str) -> float:
+def run_round(preset: str, runs_dir: Path, round_id: str, tree: Path | None = None) -> float:
+    """Wall seconds of one ``rlhf round`` (``tree``: run with that source tree's code instead of this one's)."""
+    env = None
+    if tree is not None:
+        import os
+
+        env = {**os.environ, "PYTHONPATH": str(tree)}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "round", "--preset", preset, "--runs-dir", str(runs_dir),
-                           "--round-id", round_id], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           "--round-id", round_id], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          cwd=tree, env=env)
     seconds = time.perf_counter() - t0
     if proc.returncode not in (0, 3):  # 3 = release blocked, a valid outcome
         sys.exit(f"round failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -60,6 +72,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="smoke", choices=sorted(TARGETS))
     ap.add_argument("--keep", action="store_true", help="Keep the runs directory.")
+    ap.add_argument("--baseline-ref", help="Also run the round at this git commit (the named baseline) and print the "
+                    "ratio (issue 12: 651575e).")
     args = ap.parse_args()
     runs = Path(tempfile.mkdtemp(prefix="bench-runs-"))
     first = run_round(args.preset, runs, "bench")
@@ -73,6 +87,17 @@ def main() -> None:
     print(f"peak RSS of a stage process: {peak_gb:.2f} GiB" + (" (target < 8 GB: %s)" % ("OK" if peak_gb < 8 else "MISSED")
                                                                 if args.preset == "demo" else ""))
     print(f"rerun (all stages cached): {rerun:.1f} s = {100 * rerun / first:.1f}% of the first run (target < 5%)")
+    if args.baseline_ref:
+        root = Path(__file__).resolve().parent.parent
+        tree = Path(tempfile.mkdtemp(prefix="bench-baseline-")) / "tree"
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q", str(tree), args.baseline_ref],
+                       check=True)
+        try:
+            base = run_round(args.preset, runs / "baseline", "bench", tree=tree)
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False)
+        print(f"baseline {args.baseline_ref}: {base:.1f} s; this tree / baseline = {first / base:.2f}x"
+              + (" (issue 12 target <= 0.65x: %s)" % ("OK" if first / base <= 0.65 else "MISSED")))
     if not args.keep:
         shutil.rmtree(runs, ignore_errors=True)
 

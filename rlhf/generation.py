@@ -120,8 +120,10 @@ def generate_report(
     Args:
         prompts: chat messages or user strings.
         max_new_tokens: cap on generated tokens per prompt.
-        batch_size: prompts per ``generate`` call, or ``"auto"`` (``rlhf.machine.auto_batch_size``: 64 on CPU
-            unless memory says otherwise). The progress bar shows generated tokens/s.
+        batch_size: prompts per ``generate`` call, or ``"auto"``: batches of at most
+            ``rlhf.machine.auto_batch_size`` (64 on CPU unless memory says otherwise), split where padding would
+            cost more than another forward pass (``rlhf.batching.plan_batches``). The progress bar shows generated
+            tokens/s.
         max_prompt_tokens: budget per rendered prompt; longer ones have their content cut by :func:`fit_prompt`
             (the chat template and the end of the instruction are kept), never the template.
         shard: in a multi-process launch (torchrun / accelerate launch), each process generates a contiguous share
@@ -139,6 +141,7 @@ def generate_report(
     """
     import time
 
+    from .batching import forward_overhead_tokens, plan_batches
     from .distributed import map_sharded
     from .machine import auto_batch_size
 
@@ -148,6 +151,7 @@ def generate_report(
     n_prompt = [_n_tokens(tokenizer, t) for t in texts]
     # Longest first, by tokens: each batch holds prompts of similar length (little padding); outputs go back in order.
     order = sorted(range(len(texts)), key=lambda i: -n_prompt[i])
+    planned = batch_size == "auto"
     batch_size = auto_batch_size(batch_size, model.config, max(n_prompt, default=1) + max_new_tokens)
     tokenizer.padding_side = "left"
     eos = tokenizer.eos_token_id
@@ -157,9 +161,14 @@ def generate_report(
         """This process's prompts (indices into ``texts``, longest first), in batches; ``(text, n)`` per index."""
         nonlocal produced
         done: list[tuple[str, int]] = []
-        bar = tqdm(range(0, len(idx_all), batch_size), desc=desc)
-        for start in bar:
-            idx = idx_all[start : start + batch_size]
+        if planned:  # padding-aware split of the length-sorted prompts (rlhf.batching), capped at batch_size
+            spans = plan_batches([n_prompt[i] for i in idx_all], batch_size, max_new_tokens + 1,
+                                 forward_overhead_tokens(model.device))
+        else:
+            spans = [(s, min(s + batch_size, len(idx_all))) for s in range(0, len(idx_all), batch_size)]
+        bar = tqdm(spans, desc=desc)
+        for start, end in bar:
+            idx = idx_all[start:end]
             enc = tokenizer(
                 [texts[i] for i in idx],
                 return_tensors="pt",

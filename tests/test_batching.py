@@ -1,0 +1,65 @@
+"""rlhf/batching.py: the padding-aware batch plan (hand-worked costs) and generation through it (issue 12 point 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhf.batching import FORWARD_OVERHEAD_TOKENS, forward_overhead_tokens, plan_batches
+
+
+def test_one_long_prompt_gets_its_own_batch_when_padding_costs_more_than_a_forward():
+    # one batch: 4 rows x 100 tokens + 48 = 448; [100] + [10, 10, 10]: 100 + 48 + 30 + 48 = 226 (the cheapest)
+    assert plan_batches([100, 10, 10, 10], max_batch=4, forwards=1, overhead_tokens=48) == [(0, 1), (1, 4)]
+    # a forward worth 1000 tokens: one batch (400 + 1000) beats two (130 + 2000)
+    assert plan_batches([100, 10, 10, 10], max_batch=4, forwards=1, overhead_tokens=1000) == [(0, 4)]
+    # generation pays the overhead per decode step: 16 new tokens (17 forwards) make the split cost 130 + 2*17*48
+    # = 1762 vs 400 + 816 = 1216 in one batch
+    assert plan_batches([100, 10, 10, 10], max_batch=4, forwards=17, overhead_tokens=48) == [(0, 4)]
+
+
+def test_the_plan_respects_the_cap_and_covers_every_prompt_in_order():
+    lengths = sorted([301, 290, 250, 180, 170, 169, 150, 120, 100, 95, 90, 89] * 11, reverse=True)
+    plan = plan_batches(lengths, max_batch=16, forwards=17, overhead_tokens=48)
+    assert plan[0][0] == 0 and plan[-1][1] == len(lengths)
+    assert all(a[1] == b[0] for a, b in zip(plan, plan[1:]))
+    assert all(1 <= end - start <= 16 for start, end in plan)
+    fixed = [(s, min(s + 16, len(lengths))) for s in range(0, len(lengths), 16)]
+
+    def cost(p):
+        return sum((e - s) * lengths[s] + 17 * 48 for s, e in p)
+
+    assert cost(plan) <= cost(fixed)
+    assert plan_batches([], max_batch=8, forwards=1, overhead_tokens=48) == []
+
+
+def test_bad_plans_are_refused():
+    with pytest.raises(ValueError, match="position 2 has 30 > 20"):
+        plan_batches([40, 20, 30], max_batch=4, forwards=1, overhead_tokens=48)
+    with pytest.raises(ValueError, match="max_batch must be >= 1"):
+        plan_batches([1], max_batch=0, forwards=1, overhead_tokens=48)
+
+
+def test_overhead_by_device():
+    import torch
+
+    assert forward_overhead_tokens(torch.device("cpu")) == FORWARD_OVERHEAD_TOKENS["cpu"] == 48
+    assert forward_overhead_tokens("cuda:1") == FORWARD_OVERHEAD_TOKENS["cuda"]
+
+
+def test_auto_batches_split_by_the_plan_give_one_at_a_time_outputs(tiny_model_dir, tokenizer):
+    """A long prompt among short ones: ``auto`` splits them (the plan says so for these lengths) and every answer
+    equals the prompt generated alone (greedy, left padding)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlhf.generation import chat_prompt, generate_report
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompts = ["Summarise: " + " ".join(f"fact{i}" for i in range(120)), "Hi", "What is 2 + 2?", "Name a colour."]
+    lengths = sorted((len(tokenizer(chat_prompt(tokenizer, p), add_special_tokens=False)["input_ids"])
+                      for p in prompts), reverse=True)
+    assert len(plan_batches(lengths, 64, 3, forward_overhead_tokens(model.device))) == 2  # the long one alone
+    texts, n, _ = generate_report(model, tokenizer, prompts, max_new_tokens=2, batch_size="auto")
+    for i, p in enumerate(prompts):
+        alone, k, _ = generate_report(model, tokenizer, [p], max_new_tokens=2, batch_size=1)
+        assert (alone[0], k[0]) == (texts[i], n[i])
