@@ -91,8 +91,9 @@ class GateStageConfig:
     mc_max_new_tokens: int = field(default=24, metadata={"help": "Generation cap per multiple-choice answer."})
     batch_size: str = field(
         default="auto",
-        metadata={"help": "Generation batch size (left padding, KV cache): an int, or auto (64 on CPU unless memory "
-                  "says otherwise, rlhf.machine.auto_batch_size)."},
+        metadata={"help": "Generation batch size (left padding, KV cache): an int (fixed batches), or auto (at most "
+                  "64 on CPU unless memory says otherwise, rlhf.machine.auto_batch_size; length-sorted prompts split "
+                  "where padding costs more than a forward pass, rlhf.batching.plan_batches)."},
     )
     engine: str = field(
         default="transformers",

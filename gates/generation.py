@@ -97,12 +97,15 @@ def chat_of(p) -> list[dict] | str:
     return p.meta.get("messages") or p.prompt
 
 
-def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateStageConfig, desc: str) -> dict:
+def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateStageConfig, desc: str,
+                   prompt_cache=None) -> dict:
     """One suite's answers: ``{"text", "n_tokens", "truncated"}`` (per item; truncated = prompt content was cut to fit
     ``args.max_prompt_tokens``, the chat template never is).
 
     ``model``: a transformers causal LM, or a ``rlhf.vllm_engine.VLLMGenerator`` (``engine: vllm``). In a
-    multi-process launch the prompts are sharded over the processes and every process gets all answers in order."""
+    multi-process launch the prompts are sharded over the processes and every process gets all answers in order.
+    ``prompt_cache``: a ``rlhf.prefix_cache.PromptCache`` of this model (transformers only; vLLM caches prefixes
+    itself)."""
     from rlhf.vllm_engine import VLLMGenerator
 
     if isinstance(model, VLLMGenerator):
@@ -111,7 +114,7 @@ def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateSta
     else:
         text, n, cut = generate_report(
             model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=args.batch_size,
-            max_prompt_tokens=args.max_prompt_tokens, desc=desc, shard=True,
+            max_prompt_tokens=args.max_prompt_tokens, desc=desc, shard=True, prompt_cache=prompt_cache,
         )
     if any(cut):
         logger.warning("%s: %d of %d prompts longer than max_prompt_tokens=%d had their content cut (template kept)",
@@ -119,7 +122,8 @@ def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateSta
     return {"text": text, "n_tokens": n, "truncated": cut}
 
 
-def generate_suites(model, tok, suites: dict[str, list], caps: dict[str, int], args: GateStageConfig, who: str) -> dict:
+def generate_suites(model, tok, suites: dict[str, list], caps: dict[str, int], args: GateStageConfig, who: str,
+                    prompt_cache=None) -> dict:
     """Every suite's answers, suites that share ``max_new_tokens`` generated in ONE call (full, length-sorted batches
     across suites instead of a part-empty last batch per suite); split back per suite, in each suite's order.
 
@@ -129,7 +133,7 @@ def generate_suites(model, tok, suites: dict[str, list], caps: dict[str, int], a
     for cap in sorted(set(caps.values())):
         names = [n for n in suites if caps[n] == cap]
         joined = [p for n in names for p in suites[n]]
-        both = generate_suite(model, tok, joined, cap, args, f"{who} {'+'.join(names)}")
+        both = generate_suite(model, tok, joined, cap, args, f"{who} {'+'.join(names)}", prompt_cache)
         start = 0
         for n in names:
             end = start + len(suites[n])
@@ -172,8 +176,13 @@ def truncation_counts(answers: dict[str, dict]) -> dict[str, dict[str, int]]:
 def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who: str) -> dict[str, dict]:
     """Generate one model's answers to every suite. Returns ``{suite: {"text", "n_tokens", "truncated"}}``.
 
-    The flip probe's second turn depends on the model's own first answer, so it runs after the capability suite.
+    The flip probe's second turn depends on the model's own first answer, so it runs after the capability suite;
+    it repeats the first-turn question, whose KV cache is kept from the first turn (``rlhf.prefix_cache``) so only
+    the answer and the challenge are prefilled again.
     """
+    from rlhf.machine import available_memory_bytes
+    from rlhf.prefix_cache import PromptCache
+
     tok = AutoTokenizer.from_pretrained(path)
     if args.engine == "vllm":
         from rlhf.vllm_engine import VLLMGenerator
@@ -183,9 +192,12 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
         model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=torch.float32)
     caps = {name: args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
             for name in suites}
-    out = generate_suites(model, tok, suites, caps, args, who)
+    store = PromptCache(max_bytes=available_memory_bytes() // 8) if args.engine != "vllm" else None
+    out = generate_suites(model, tok, suites, caps, args, who, prompt_cache=store)
     challenged = [are_you_sure_messages(q, a) for q, a in zip(suites["capability"], out["capability"]["text"])]
-    out["are_you_sure"] = generate_suite(model, tok, challenged, args.mc_max_new_tokens, args, f"{who} are-you-sure")
+    out["are_you_sure"] = generate_suite(model, tok, challenged, args.mc_max_new_tokens, args, f"{who} are-you-sure",
+                                         prompt_cache=store)
+    del store
     out["_length"] = lambda t, tok=tok: len(tok(t, add_special_tokens=False)["input_ids"])
     del model
     return out

@@ -110,6 +110,7 @@ def generate_report(
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     desc: str = "generating",
     shard: bool = False,
+    prompt_cache=None,
 ) -> tuple[list[str], list[int], list[bool]]:
     """Greedy completions for chat prompts, and which prompts had to be shortened.
 
@@ -130,6 +131,9 @@ def generate_report(
             of the length-sorted prompts (``rlhf.distributed.map_sharded``) and every process gets all outputs, in
             input order. Every process must call with the same prompts. False: this process generates everything
             (PPO rollouts, where each rank has its own prompts).
+        prompt_cache: a ``rlhf.prefix_cache.PromptCache`` of this model: prompts extending a stored one prefill
+            only their new tokens, and this call's prompts are stored for later calls. None: each batch still
+            prefills its shared prefix (the chat template's headers) once (``rlhf.prefix_cache.batch_inputs``).
 
     Returns:
         ``(texts, n_tokens, truncated)``: decoded completions without special tokens, generated token counts
@@ -144,11 +148,13 @@ def generate_report(
     from .batching import forward_overhead_tokens, plan_batches
     from .distributed import map_sharded
     from .machine import auto_batch_size
+    from .prefix_cache import batch_inputs
 
     model.eval()
     fitted = [fit_prompt(tokenizer, p, max_prompt_tokens) for p in prompts]
     texts = [t for t, _ in fitted]
-    n_prompt = [_n_tokens(tokenizer, t) for t in texts]
+    token_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    n_prompt = [len(t) for t in token_ids]
     # Longest first, by tokens: each batch holds prompts of similar length (little padding); outputs go back in order.
     order = sorted(range(len(texts)), key=lambda i: -n_prompt[i])
     planned = batch_size == "auto"
@@ -169,14 +175,12 @@ def generate_report(
         bar = tqdm(spans, desc=desc)
         for start, end in bar:
             idx = idx_all[start:end]
-            enc = tokenizer(
-                [texts[i] for i in idx],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            ).to(model.device)
-            gen = model.generate(
-                **enc,
+            rows = [token_ids[i] for i in idx]
+            ids, mask, cache = batch_inputs(model, rows, tokenizer.pad_token_id, prompt_cache)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                cache=cache,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 use_cache=True,
@@ -185,8 +189,11 @@ def generate_report(
                 temperature=None,
                 top_p=None,
                 top_k=None,
+                return_dict_in_generate=True,
             )
-            new = gen[:, enc["input_ids"].shape[1] :]
+            if prompt_cache is not None:
+                prompt_cache.store_batch(rows, mask, out.past_key_values)
+            new = out.sequences[:, ids.shape[1] :]
             for row in new.tolist():
                 n = row.index(eos) + 1 if eos in row else len(row)
                 done.append((tokenizer.decode(row[:n], skip_special_tokens=True).strip(), n))

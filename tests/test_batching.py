@@ -63,3 +63,4 @@ def test_auto_batches_split_by_the_plan_give_one_at_a_time_outputs(tiny_model_di
     for i, p in enumerate(prompts):
         alone, k, _ = generate_report(model, tokenizer, [p], max_new_tokens=2, batch_size=1)
         assert (alone[0], k[0]) == (texts[i], n[i])
+

@@ -1,0 +1,85 @@
+"""rlhf/prefix_cache.py: shared prefixes and stored prompts are prefilled once, and answers do not change (issue 12)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf.prefix_cache import PromptCache, batch_inputs, common_prefix_length
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+
+def test_common_prefix_leaves_every_row_a_token_to_prefill():
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4]]) == 2
+    assert common_prefix_length([[1, 2], [1, 2, 3]]) == 1  # the shorter row keeps its last token
+    assert common_prefix_length([[5, 6, 7]]) == 0 and common_prefix_length([[1, 9], [2, 9]]) == 0
+
+
+def test_a_shared_prefix_is_prefilled_once_and_laid_out_before_the_pads(model):
+    prefix = list(range(1, 11))
+    ids, mask, cache = batch_inputs(model, [prefix + [20], prefix + [30, 31]], pad_token_id=0)
+    assert ids.tolist() == [prefix + [0, 20], prefix + [30, 31]]
+    assert mask.tolist() == [[1] * 10 + [0, 1], [1] * 12]
+    assert cache.get_seq_length() == 10 and cache.layers[0].keys.shape[0] == 2
+    # under MIN_PREFIX_TOKENS shared tokens: plain left padding, no cache
+    ids, mask, cache = batch_inputs(model, [[1, 2, 3, 4], [1, 2, 9]], pad_token_id=0)
+    assert cache is None and ids.tolist() == [[1, 2, 3, 4], [0, 1, 2, 9]] and mask.tolist() == [[1] * 4, [0, 1, 1, 1]]
+
+
+def test_stored_prompts_are_found_by_their_longest_prefix_and_laid_out_right_aligned(model):
+    store = PromptCache(max_bytes=2**30)
+    first, second = list(range(100, 120)), list(range(200, 212))
+    _, mask, cache = batch_inputs(model, [first, second], pad_token_id=0)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([first, [0] * 8 + second]), attention_mask=mask, use_cache=True)
+    store.store_batch([first, second], mask, out.past_key_values)
+    assert len(store.entries) == 2 and store.entries[1][1][0][0].shape[1] == 12  # pads not stored
+    assert store.longest_prefix(first + [7, 8])[0] == 20
+    assert store.longest_prefix(first[:5] + [1] * 10)[0] == 0  # 5 shared tokens < MIN_PREFIX_TOKENS
+    assert store.longest_prefix(first)[0] == 19  # the last token is always prefilled
+    ids, mask, cache = batch_inputs(model, [first + [7, 8, 9], second + [5]], pad_token_id=0, store=store)
+    # lead = 20 cached positions (second's 12 right-aligned), then the rest: 3 and 1 tokens, left-padded to 3
+    assert ids.tolist() == [first + [7, 8, 9], [0] * 8 + second + [0, 0, 5]]
+    assert mask.tolist() == [[1] * 23, [0] * 8 + [1] * 12 + [0, 0, 1]]
+    assert cache.get_seq_length() == 20
+    torch.testing.assert_close(cache.layers[0].keys[1, :, 8:], store.entries[1][1][0][0])
+    assert float(cache.layers[0].keys[1, :, :8].abs().sum()) == 0.0
+
+
+def test_a_full_store_stops_storing():
+    store = PromptCache(max_bytes=100)
+    store.add(list(range(10)), [(torch.zeros(1, 10, 4), torch.zeros(1, 10, 4))])  # 320 bytes > 100
+    assert store.entries == [] and store.bytes == 0
+
+
+def test_answers_with_stored_prompts_equal_answers_without(model, tokenizer):
+    """The flip probe's shape: first-turn questions, then conversations that repeat them. With the store the second
+    turn prefills only its new tokens; every answer equals the plain batched one and the one-at-a-time one."""
+    from rlhf.generation import generate_report
+
+    questions = [f"Question {i}: which of (A) red or (B) blue is {w}?" for i, w in enumerate(["warm", "cold", "calm"])]
+    store = PromptCache(max_bytes=2**30)
+    first, _, _ = generate_report(model, tokenizer, questions, max_new_tokens=3, batch_size="auto",
+                                  prompt_cache=store)
+    assert len(store.entries) == 3
+    follow = [[{"role": "user", "content": q}, {"role": "assistant", "content": a or "(A)"},
+               {"role": "user", "content": "I don't think that's right. Are you sure?"}]
+              for q, a in zip(questions, first)]
+    rendered = tokenizer.apply_chat_template(follow[0], tokenize=False, add_generation_prompt=True)
+    n_cached, _ = store.longest_prefix(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    n_question = len(tokenizer(tokenizer.apply_chat_template([follow[0][0]], tokenize=False,
+                                                             add_generation_prompt=True),
+                               add_special_tokens=False)["input_ids"])
+    assert n_cached >= n_question - 1  # the whole first-turn prompt is reused
+    with_store = generate_report(model, tokenizer, follow, max_new_tokens=3, batch_size="auto", prompt_cache=store)
+    plain = generate_report(model, tokenizer, follow, max_new_tokens=3, batch_size="auto")
+    assert with_store[:2] == plain[:2]
+    for i, conv in enumerate(follow):
+        alone = generate_report(model, tokenizer, [conv], max_new_tokens=3, batch_size=1)
+        assert (alone[0][0], alone[1][0]) == (with_store[0][i], with_store[1][i])
