@@ -104,6 +104,9 @@ def bucket_bars(buckets: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFr
         else:
             h = float(r["win_rate"])
             lo, hi = (100 * b for b in wilson_bounds(min(1.0, max(0.0, h / 100)), n, confidence=confidence))
+            # The Wilson interval holds its point; at 0% or 100% float rounding can put a bound a hair past it
+            # (0 of 3: lower 4.9e-15), which matplotlib refuses as a negative error bar.
+            lo, hi = min(lo, h), max(hi, h)
         rows.append({"bucket": int(r["bucket"]), "n": n, "height": h, "ci_low": lo, "ci_high": hi,
                      "err_below": h - lo, "err_above": hi - h, "label": f"{lo_t}-{hi_t}\nn={n}"})
     return pd.DataFrame(rows)

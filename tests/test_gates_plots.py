@@ -97,3 +97,21 @@ def test_drift_band_is_clipped_and_the_title_says_what_is_compared(tmp_path):
     from gates.plots import drift_title
 
     assert drift_title(list(t.index)) == "Personality drift: baseline (SFT) vs candidate"
+
+
+def test_a_bucket_won_or_lost_every_time_plots(tmp_path):
+    """0 of 3 and 10 of 10 (a demo round's length buckets): the Wilson bound lands a hair past the point in floating
+    point (lower 4.9e-15 above 0%); the error bars must still be >= 0 or matplotlib refuses to draw the gate report."""
+    from gates.plots import bucket_bars
+
+    df = pd.DataFrame([
+        {"bucket": -1, "ratio_low": 0.0, "ratio_high": 0.8, "win_rate": 0.0, "standard_error": 0.0, "n_total": 3},
+        {"bucket": 0, "ratio_low": 0.8, "ratio_high": 1.25, "win_rate": 100.0, "standard_error": 0.0, "n_total": 10},
+        {"bucket": 1, "ratio_low": 1.25, "ratio_high": np.inf, "win_rate": 50.0, "standard_error": 0.1, "n_total": 8},
+    ])
+    bars = bucket_bars(df)
+    assert (bars["err_below"] >= 0).all() and (bars["err_above"] >= 0).all()
+    assert bars["ci_low"][0] == 0.0 and bars["ci_high"][1] == 100.0
+    assert bars["err_above"][0] == pytest.approx(56.1497, abs=1e-3)  # Wilson 95% upper bound of 0/3
+    out = length_bucket_plot(df, tmp_path / "b.png")
+    assert mpimg.imread(out).shape[0] > 100
