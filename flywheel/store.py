@@ -121,7 +121,7 @@ turn_table = sa.Table(
 )
 _TURN_META = ["intent", "model_version", "user_id", "prompt_hash", "response_hash"]
 
-#: Columns of the ``events`` table, in order (``response_hash`` last: the staging table has the text instead).
+#: Columns of the ``events`` table, in order (the staged batch has the same columns).
 EVENT_COLUMNS = [c.name for c in events.columns]
 _INPUT_FIELDS = list(EventRow.model_fields)
 
@@ -256,8 +256,7 @@ class SignalStore:
             if chunk_rows is None:
                 chunk_rows = 1_000_000 if path.name.lower().endswith(".parquet") else 200_000
             for i, batch in enumerate(_batches(path, chunk_rows)):
-                refuse_conflicting_ids(batch, file=path, base=n)
-                self._load(conn, batch)
+                self._load(conn, batch, file=path, base=n)
                 n += batch.num_rows
                 if progress:
                     progress(path, i, n)
@@ -310,63 +309,92 @@ class SignalStore:
         has no key on the bulk tables (one writer per file; the anti-joins are the whole guarantee)."""
         return " ON CONFLICT DO NOTHING" if self.dialect == "postgresql" else ""
 
-    def _load(self, conn: sa.Connection, batch: pa.Table) -> None:
+    def _load(self, conn: sa.Connection, batch: pa.Table, *, file: Path, base: int) -> None:
         """Stage one validated batch and insert it (texts once, events once) inside ``conn``'s transaction.
 
-        Bulk design (the same statements on both databases, but for the hash function's spelling): first the new
-        events are found by one anti-join on the ids (``NOT EXISTS``; an id repeated inside the batch keeps its
-        first row; earlier batches of the same file are visible in the transaction) and only those rows go on;
-        prompts (few distinct values) are hashed here, with their normal-form hash; responses are made distinct in
-        Arrow (dictionary encoding) and hashed by the database, once per distinct text; texts are inserted with an
-        anti-join against ``texts``; events are inserted; the batch's turns are aggregated and merged into
-        ``turns`` (:func:`_merge_turns`). No unique index is maintained on DuckDB (its ART index on a string key was
-        the ingest's bottleneck).
+        Bulk design (the same statements on both databases, but for the hash function): first the new events are
+        found by one GROUP BY + join on the ids (:meth:`_new_events`, which also refuses one id with two different
+        contents in the batch; an id repeated inside the batch keeps its first row; earlier batches of the same
+        file are visible in the transaction) and only those rows go on; prompts (few distinct values) are hashed
+        here, with their normal-form hash; responses are made distinct in Arrow (dictionary encoding) and hashed
+        once per distinct text (by DuckDB's ``sha256``, or hashlib for PostgreSQL), the per-row hash taken from
+        the distinct ones; texts are inserted with an anti-join against ``texts``; events are inserted straight
+        from the staged batch; the batch's turns are aggregated from it and merged into ``turns``
+        (:func:`_merge_turns`). No unique index is maintained on DuckDB (its ART index on a string key was the
+        ingest's bottleneck).
         """
-        batch = self._new_events(conn, batch)
+        batch = self._new_events(conn, batch, file=file, base=base)
         if not batch.num_rows:
             return
-        prompts, responses, event_tab = _split_texts(batch, self._hashes)
+        prompts, responses, event_tab = _split_texts(batch, self._hashes, lambda t: self._text_hashes(conn, t))
         if len(self._hashes) > 200_000:
             self._hashes.clear()  # bounded memory; a miss only costs a re-hash
         self._stage(conn, "staging_prompts", prompts)
         self._stage(conn, "staging_responses", responses)
         self._stage(conn, "staging_events", event_tab)
         x = self._or_nothing
-        conn.exec_driver_sql("DROP TABLE IF EXISTS staging_rh")
-        conn.exec_driver_sql(
-            f"CREATE TEMP TABLE staging_rh AS SELECT idx, {self._sha256('text')} AS hash, text FROM staging_responses"
-        )
         conn.exec_driver_sql(
             "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, s.norm_hash FROM staging_prompts s "
             f"WHERE NOT EXISTS (SELECT 1 FROM texts t WHERE t.hash = s.hash){x}"
         )
         conn.exec_driver_sql(
-            "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, '' FROM staging_rh s "
+            "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, '' FROM staging_responses s "
             f"WHERE NOT EXISTS (SELECT 1 FROM texts t WHERE t.hash = s.hash){x}"
         )
         cols = ", ".join(EVENT_COLUMNS)
-        src = ", ".join(f"e.{c}" for c in EVENT_COLUMNS[:-1]) + ", r.hash"
-        new = f"(SELECT {src} AS response_hash FROM staging_events e JOIN staging_rh r ON r.idx = e.response_idx) n"
-        conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM {new}{x}")
-        _merge_turns(conn, new, self.dialect)
-        conn.exec_driver_sql("DROP TABLE staging_rh")
+        conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM staging_events{x}")
+        _merge_turns(conn, "staging_events", self.dialect)
         self._unstage(conn, "staging_prompts", "staging_responses", "staging_events")
 
-    def _new_events(self, conn: sa.Connection, batch: pa.Table) -> pa.Table:
+    def _text_hashes(self, conn: sa.Connection, values: pa.Array) -> pa.Array:
+        """sha256 hex digest of each string of ``values`` (distinct texts), in order (same value as
+        :func:`text_hash`): DuckDB hashes them in place (its threads); for PostgreSQL hashlib does it here (sending
+        the texts to the server and back would cost more)."""
+        if self.dialect != "duckdb":
+            return pa.array([text_hash(s) for s in values.to_pylist()], pa.string())
+        raw = conn.connection.driver_connection
+        raw.register("staging_hash_in", pa.table({"i": pa.array(np.arange(len(values), dtype=np.int64)), "t": values}))
+        out = raw.sql("SELECT i, sha256(t) AS h FROM staging_hash_in").to_arrow_table()
+        raw.unregister("staging_hash_in")
+        i = out["i"].to_numpy()
+        h = out["h"].combine_chunks()
+        if len(i) and not (np.diff(i) > 0).all():  # DuckDB keeps insertion order by default; do not rely on it
+            h = h.take(pa.array(np.argsort(i, kind="stable")))
+        return h
+
+    def _new_events(self, conn: sa.Connection, batch: pa.Table, *, file: Path, base: int) -> pa.Table:
         """The rows of ``batch`` whose ``event_id`` is not stored yet, each id once (its first row), in file order:
-        one anti-join + GROUP BY on the ids alone. Earlier batches of the same file are visible in the transaction
-        and writers are serialised, so what is inserted next is exactly this."""
+        one GROUP BY on the ids alone, LEFT JOINed with the stored ids. Earlier batches of the same file are
+        visible in the transaction and writers are serialised, so what is inserted next is exactly this.
+
+        The same GROUP BY counts each id's rows: when the batch repeats an id at all,
+        :func:`flywheel.arrow_events.refuse_conflicting_ids` checks that the copies are the same event (``file``,
+        ``base``: for its error, which names the file row).
+
+        Raises:
+            data.validation.DataValidationError: one ``event_id`` with two different contents in the batch.
+        """
         keys = pa.table({"event_id": batch["event_id"], "i": pa.array(np.arange(batch.num_rows, dtype=np.int64))})
         self._stage(conn, "staging_keys", keys)
+        # ids are unique in events (anti-joined on insert; PostgreSQL's primary key), so the LEFT JOIN keeps one row
+        # per batch id; rows already stored are fetched only when their id repeats in the batch
         sql = (
-            "SELECT min(k.i) AS i FROM staging_keys k "
-            "WHERE NOT EXISTS (SELECT 1 FROM events s WHERE s.event_id = k.event_id) GROUP BY k.event_id"
+            "SELECT g.i, g.n, s.event_id IS NULL AS new FROM "
+            "(SELECT event_id, min(i) AS i, count(*) AS n FROM staging_keys GROUP BY event_id) g "
+            "LEFT JOIN events s ON s.event_id = g.event_id WHERE s.event_id IS NULL OR g.n > 1"
         )
         if self.dialect == "duckdb":
-            idx = conn.connection.driver_connection.sql(sql).fetchnumpy()["i"]
+            got = conn.connection.driver_connection.sql(sql).fetchnumpy()
+            idx, reps, new = (np.asarray(got[c]) for c in ("i", "n", "new"))
         else:
-            idx = np.fromiter((r[0] for r in conn.exec_driver_sql(sql)), dtype=np.int64)
+            rows = conn.exec_driver_sql(sql).fetchall()
+            idx = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            reps = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+            new = np.fromiter((bool(r[2]) for r in rows), dtype=bool, count=len(rows))
         self._unstage(conn, "staging_keys")
+        if (reps > 1).any():
+            refuse_conflicting_ids(batch, file=file, base=base)
+        idx = idx[new.astype(bool)]
         if len(idx) == batch.num_rows:
             return batch
         return batch.take(pa.array(np.sort(np.asarray(idx, dtype=np.int64))))
@@ -554,7 +582,7 @@ def _insert_turns_from(conn: sa.Connection, source: str, dialect: str) -> None:
 
 
 def _merge_turns(conn: sa.Connection, new: str, dialect: str) -> None:
-    """Fold the batch's new events (the subquery ``new``) into ``turns``: a turn already stored gets its counts
+    """Fold the batch's new events (the table or subquery ``new``) into ``turns``: a turn already stored gets its counts
     added and its metadata lowered to the minimum (so the table equals a GROUP BY over all events, whatever the
     order events arrive in); a new turn is inserted. Runs inside the ingest transaction."""
     conn.exec_driver_sql("DROP TABLE IF EXISTS staging_turns")
@@ -721,9 +749,9 @@ def _pg_type(t: pa.DataType) -> str:
     return "double precision"
 
 
-def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(prompt texts: ``hash, text, norm_hash``; distinct responses: ``idx, text``; staging events: ``EVENT_COLUMNS``
-    with ``response_idx`` (the row of its response in the second table) in place of ``response_hash``)."""
+def _split_texts(batch: pa.Table, cache: dict[str, str], hash_texts) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(prompt texts: ``hash, text, norm_hash``; distinct responses: ``hash, text``; staging events:
+    ``EVENT_COLUMNS``). ``hash_texts``: distinct response texts (``pa.Array``) -> their sha256 hex digests, in order."""
     p_row, p_txt, p_hash = _hash_column(batch["prompt"], cache)
     p_norm = pa.array(
         [
@@ -734,9 +762,8 @@ def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.T
     )
     prompts = pa.table({"hash": p_hash, "text": p_txt, "norm_hash": p_norm})
     enc = pc.dictionary_encode(batch["response"].combine_chunks())
-    responses = pa.table(
-        {"idx": pa.array(np.arange(len(enc.dictionary), dtype=np.int32)), "text": enc.dictionary}
-    )
+    r_hash = hash_texts(enc.dictionary)
+    responses = pa.table({"hash": r_hash, "text": enc.dictionary})
     event_tab = pa.table(
         {
             "event_id": batch["event_id"],
@@ -748,7 +775,7 @@ def _split_texts(batch: pa.Table, cache: dict[str, str]) -> tuple[pa.Table, pa.T
             "signal": batch["signal"],
             "ts": batch["timestamp"],
             "prompt_hash": p_row,
-            "response_idx": pc.cast(enc.indices, pa.int32()),
+            "response_hash": pc.take(r_hash, enc.indices),
         }
     )
     return prompts, responses, event_tab
