@@ -53,6 +53,7 @@ from pydantic import ValidationError
 from data.validation import DataValidationError
 
 from .arrow_events import column_type_error, read_columns, refuse_conflicting_ids
+from .read_ahead import read_ahead
 from .schema import SIGNALS, EventRow
 
 __all__ = ["EVENT_COLUMNS", "TURN_COLUMNS", "IngestReport", "SignalStore", "normalise_prompt", "text_hash"]
@@ -255,7 +256,8 @@ class SignalStore:
             n = 0
             if chunk_rows is None:
                 chunk_rows = 1_000_000 if path.name.lower().endswith(".parquet") else 200_000
-            for i, batch in enumerate(_batches(path, chunk_rows)):
+            # the next batch is read and validated while this one is loaded (same batches, same errors, in order)
+            for i, batch in enumerate(read_ahead(_batches(path, chunk_rows))):
                 self._load(conn, batch, file=path, base=n)
                 n += batch.num_rows
                 if progress:
@@ -318,8 +320,9 @@ class SignalStore:
         file are visible in the transaction) and only those rows go on; prompts (few distinct values) are hashed
         here, with their normal-form hash; responses are made distinct in Arrow (dictionary encoding) and hashed
         once per distinct text (by DuckDB's ``sha256``, or hashlib for PostgreSQL), the per-row hash taken from
-        the distinct ones; texts are inserted with an anti-join against ``texts``; events are inserted straight
-        from the staged batch; the batch's turns are aggregated from it and merged into ``turns``
+        the distinct ones; texts are inserted with an anti-join against ``texts`` (written ``LEFT JOIN ... IS
+        NULL``: DuckDB then builds its hash table on the batch, not on every stored text); events are inserted
+        straight from the staged batch; the batch's turns are aggregated from it and merged into ``turns``
         (:func:`_merge_turns`). No unique index is maintained on DuckDB (its ART index on a string key was the
         ingest's bottleneck).
         """
@@ -335,11 +338,11 @@ class SignalStore:
         x = self._or_nothing
         conn.exec_driver_sql(
             "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, s.norm_hash FROM staging_prompts s "
-            f"WHERE NOT EXISTS (SELECT 1 FROM texts t WHERE t.hash = s.hash){x}"
+            f"LEFT JOIN texts t ON t.hash = s.hash WHERE t.hash IS NULL{x}"
         )
         conn.exec_driver_sql(
             "INSERT INTO texts (hash, text, norm_hash) SELECT s.hash, s.text, '' FROM staging_responses s "
-            f"WHERE NOT EXISTS (SELECT 1 FROM texts t WHERE t.hash = s.hash){x}"
+            f"LEFT JOIN texts t ON t.hash = s.hash WHERE t.hash IS NULL{x}"
         )
         cols = ", ".join(EVENT_COLUMNS)
         conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM staging_events{x}")
@@ -586,10 +589,15 @@ def _merge_turns(conn: sa.Connection, new: str, dialect: str) -> None:
     added and its metadata lowered to the minimum (so the table equals a GROUP BY over all events, whatever the
     order events arrive in); a new turn is inserted. Runs inside the ingest transaction."""
     conn.exec_driver_sql("DROP TABLE IF EXISTS staging_turns")
+    # ``stored``: the turn is already in ``turns`` (one LEFT JOIN, built on the batch's side; turns are unique by
+    # (conversation, turn)), so the UPDATE touches only those and the INSERT needs no second anti-join
     conn.exec_driver_sql(
-        "CREATE TEMP TABLE staging_turns AS SELECT a.*, p.norm_hash AS prompt_norm_hash FROM "
-        f"({_turn_aggregate(new, dialect)}) a JOIN staging_prompts p ON p.hash = a.prompt_hash"
+        "CREATE TEMP TABLE staging_turns AS SELECT a.*, p.norm_hash AS prompt_norm_hash, "
+        "t.conversation_id IS NOT NULL AS stored FROM "
+        f"({_turn_aggregate(new, dialect)}) a JOIN staging_prompts p ON p.hash = a.prompt_hash "
+        "LEFT JOIN turns t ON t.conversation_id = a.conversation_id AND t.turn_id = a.turn_id"
     )
+    n_stored = conn.exec_driver_sql("SELECT count(*) FROM staging_turns WHERE stored").scalar_one()
     on = "turns.conversation_id = d.conversation_id AND turns.turn_id = d.turn_id"
     coll = _collate(dialect)
 
@@ -605,10 +613,11 @@ def _merge_turns(conn: sa.Connection, new: str, dialect: str) -> None:
         "ELSE turns.prompt_norm_hash END"
     )
     sets += [f"{s} = turns.{s} + d.{s}" for s in SIGNALS]
-    conn.exec_driver_sql(f"UPDATE turns SET {', '.join(sets)} FROM staging_turns d WHERE {on}")
+    if n_stored:
+        conn.exec_driver_sql(f"UPDATE turns SET {', '.join(sets)} FROM staging_turns d WHERE d.stored AND {on}")
     conn.exec_driver_sql(
         f"INSERT INTO turns ({', '.join(TURN_COLUMNS)}) SELECT {', '.join('d.' + c for c in TURN_COLUMNS)} "
-        f"FROM staging_turns d WHERE NOT EXISTS (SELECT 1 FROM turns WHERE {on})"
+        "FROM staging_turns d WHERE NOT d.stored"
     )
     conn.exec_driver_sql("DROP TABLE staging_turns")
 
