@@ -5,9 +5,9 @@ on 2 cores); DuckDB and PostgreSQL (COPY) ingest rates side by side in the same 
     python benchmarks/flywheel_ingest.py --events 2000000 --pg-events 500000
 
 Events are generated as Parquet files (1M rows each: 3 signals per turn, 2 turns per conversation, 50k distinct
-prompts, one distinct response per turn), then ingested through ``SignalStore.ingest`` (the same validated,
-transactional path as production: vectorised schema checks, content hashes, ``INSERT ... SELECT ... WHERE NOT
-EXISTS``, the per-turn table). Select = :func:`flywheel.select_store.select_from_store` (the turns table joined
+prompts, one distinct response per turn), then ingested through ``SignalStore.ingest_files`` (the same validated,
+transactional path as production, one transaction per file, the next file read while the current one loads:
+vectorised schema checks, content hashes, ``INSERT ... SELECT`` anti-joins, the per-turn table). Select = :func:`flywheel.select_store.select_from_store` (the turns table joined
 with the judge cache + :func:`flywheel.select.select_turns` on every turn), with synthetic judge scores
 (bulk-stored in the judge cache first; a real reward model scoring millions of turns is a GPU job, not this
 benchmark). PostgreSQL runs on a throwaway local server (initdb/pg_ctl), at a smaller count by
@@ -93,7 +93,7 @@ def ingest(url: str, files: list[Path], threads: int, memory_limit: str, compres
         url, duckdb_threads=threads, duckdb_memory_limit=memory_limit, duckdb_compression=compression
     )
     t0, c0 = time.perf_counter(), cpu_s()
-    rows = sum(store.ingest(f).rows for f in files)
+    rows = sum(r.rows for r in store.ingest_files(files))
     return time.perf_counter() - t0, cpu_s() - c0, rows, store
 
 

@@ -85,7 +85,7 @@ def ingest_task(db: str, files: list[str]) -> list[dict]:
     from flywheel.store import SignalStore
 
     store = SignalStore(db)
-    reports = [dataclasses.asdict(store.ingest(f)) for f in files]
+    reports = [dataclasses.asdict(r) for r in store.ingest_files(files)]
     store.close()
     return reports
 

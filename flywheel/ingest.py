@@ -28,11 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     def progress(path, i, n):
         print(f"{path}: chunk {i} loaded ({n} rows so far, not committed)", file=sys.stderr, flush=True)
 
-    for f in args.files:
-        report = store.ingest(f, chunk_rows=args.chunk_rows, progress=progress if args.progress else None)
+    # one transaction per file; the next file is read while the current one loads
+    for report in store.ingest_files(
+        args.files, chunk_rows=args.chunk_rows, progress=progress if args.progress else None
+    ):
         print(json.dumps(dataclasses.asdict(report)), flush=True)
         if report.rows == 0 and not report.skipped_file:
-            print(f"warning: {f}: empty file, 0 events ingested (recorded as ingested)", file=sys.stderr, flush=True)
+            print(
+                f"warning: {report.path}: empty file, 0 events ingested (recorded as ingested)",
+                file=sys.stderr,
+                flush=True,
+            )
     print(json.dumps(store.counts()), flush=True)
     store.close()
     return 0

@@ -53,7 +53,7 @@ from pydantic import ValidationError
 from data.validation import DataValidationError
 
 from .arrow_events import column_type_error, read_columns, refuse_conflicting_ids
-from .read_ahead import read_ahead
+from .read_ahead import ReadAhead
 from .schema import SIGNALS, EventRow
 
 __all__ = ["EVENT_COLUMNS", "TURN_COLUMNS", "IngestReport", "SignalStore", "normalise_prompt", "text_hash"]
@@ -207,7 +207,7 @@ class SignalStore:
         metadata.create_all(self.engine)
         if not had_turns:
             self._rebuild_turns()
-        self._hashes: dict[str, str] = {}  # text -> sha256, reused across the batches of an ingest
+        self._prompts = _PromptMemo()  # prompt -> sha256 and normal-form hash, reused across batches and files
 
     def close(self) -> None:
         self.engine.dispose()
@@ -241,6 +241,53 @@ class SignalStore:
             ValueError: an unsupported file type.
         """
         path = Path(path)
+        return self._ingest(path, lambda: ReadAhead(lambda: _batches(path, _chunk_rows(path, chunk_rows))), progress)
+
+    def ingest_files(
+        self, paths: Sequence[str | Path], *, chunk_rows: int | None = None, progress=None
+    ) -> Iterator[IngestReport]:
+        """:meth:`ingest` each file in turn (each in its own transaction: the same reports, rows and errors), yielding
+        each file's report once it is committed. The next file's first batch is read and validated while the
+        current file's last batch is loaded (one batch ahead in all, as inside a file). Stops at the first error;
+        the files before it stay committed.
+
+        Raises:
+            as :meth:`ingest`.
+        """
+        paths = [Path(p) for p in paths]
+        readers: dict[int, ReadAhead] = {}
+        lock = threading.Lock()
+        closed = False
+
+        def reader(k: int) -> ReadAhead | None:
+            # called by the ingest of file k, or by file k-1's reader once it has read everything
+            with lock:
+                if not closed and k < len(paths) and k not in readers:
+                    p = paths[k]
+                    readers[k] = ReadAhead(
+                        lambda: _batches(p, _chunk_rows(p, chunk_rows)), on_done=lambda: reader(k + 1)
+                    )
+                return readers.get(k)
+
+        try:
+            for k, path in enumerate(paths):
+                report = self._ingest(path, lambda: reader(k), progress)  # noqa: B023 (called before k changes)
+                with lock:
+                    done = readers.pop(k, None)
+                if done is not None:  # closed outside the lock: its thread may be starting the next reader
+                    done.close()
+                yield report
+        finally:
+            with lock:
+                closed = True
+                rest = list(readers.values())
+                readers.clear()
+            for r in rest:
+                r.close()
+
+    def _ingest(self, path: Path, open_batches, progress) -> IngestReport:
+        """One file's transaction; ``open_batches()``: its validated batches (a :class:`ReadAhead`), opened only
+        when the file was not ingested before."""
         fhash = _file_hash(path)
         # DuckDB keeps no unique index on events: its anti-joins are the guarantee, so writes to one file are
         # serialised (other processes are kept out by DuckDB's own file lock; this lock covers threads here).
@@ -254,14 +301,13 @@ class SignalStore:
                 return IngestReport(str(path), fhash, 0, 0, 0, skipped_file=True)
             before = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
             n = 0
-            if chunk_rows is None:
-                chunk_rows = 1_000_000 if path.name.lower().endswith(".parquet") else 200_000
             # the next batch is read and validated while this one is loaded (same batches, same errors, in order)
-            for i, batch in enumerate(read_ahead(_batches(path, chunk_rows))):
-                self._load(conn, batch, file=path, base=n)
-                n += batch.num_rows
-                if progress:
-                    progress(path, i, n)
+            with open_batches() as batches:
+                for i, batch in enumerate(batches):
+                    self._load(conn, batch, file=path, base=n)
+                    n += batch.num_rows
+                    if progress:
+                        progress(path, i, n)
             after = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
             conn.execute(
                 ingests.insert().values(
@@ -329,9 +375,7 @@ class SignalStore:
         batch = self._new_events(conn, batch, file=file, base=base)
         if not batch.num_rows:
             return
-        prompts, responses, event_tab = _split_texts(batch, self._hashes, lambda t: self._text_hashes(conn, t))
-        if len(self._hashes) > 200_000:
-            self._hashes.clear()  # bounded memory; a miss only costs a re-hash
+        prompts, responses, event_tab = _split_texts(batch, self._prompts, lambda t: self._text_hashes(conn, t))
         self._stage(conn, "staging_prompts", prompts)
         self._stage(conn, "staging_responses", responses)
         self._stage(conn, "staging_events", event_tab)
@@ -724,6 +768,13 @@ def _parquet_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
         yield t
 
 
+def _chunk_rows(path: Path, chunk_rows: int | None) -> int:
+    """Rows per batch: ``chunk_rows``, else 1,000,000 for Parquet, 200,000 for JSONL."""
+    if chunk_rows is not None:
+        return chunk_rows
+    return 1_000_000 if path.name.lower().endswith(".parquet") else 200_000
+
+
 def _batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
     name = path.name.lower()
     if name.endswith((".jsonl", ".ndjson", ".jsonl.gz")):
@@ -731,21 +782,6 @@ def _batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
     if name.endswith(".parquet"):
         return _parquet_batches(path, chunk_rows)
     raise ValueError(f"{path}: unsupported event file type; expected .jsonl, .ndjson, .jsonl.gz or .parquet")
-
-
-def _hash_column(col: pa.ChunkedArray, cache: dict[str, str]) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Hash each distinct text once (``cache`` carries hashes across batches).
-    Returns (hash per row, distinct texts, their hashes)."""
-    enc = pc.dictionary_encode(col.combine_chunks())
-    uniq = enc.dictionary.to_pylist()
-    out = []
-    for s in uniq:
-        h = cache.get(s)
-        if h is None:
-            h = cache[s] = text_hash(s)
-        out.append(h)
-    hashes = pa.array(out, pa.string())
-    return pc.take(hashes, enc.indices), pa.array(uniq, pa.string()), hashes
 
 
 def _pg_type(t: pa.DataType) -> str:
@@ -758,18 +794,47 @@ def _pg_type(t: pa.DataType) -> str:
     return "double precision"
 
 
-def _split_texts(batch: pa.Table, cache: dict[str, str], hash_texts) -> tuple[pa.Table, pa.Table, pa.Table]:
+class _PromptMemo:
+    """Prompts already hashed (sha256 and normal-form hash), as Arrow columns: a batch looks all its prompts up at
+    once (``index_in``) and only prompts not seen before go through Python. Bounded: past ``limit`` prompts it
+    keeps only the current batch's (a miss later only costs a re-hash)."""
+
+    def __init__(self, limit: int = 200_000):
+        self.limit = limit
+        self.table = pa.table(
+            {
+                "hash": pa.array([], pa.string()),
+                "text": pa.array([], pa.string()),
+                "norm_hash": pa.array([], pa.string()),
+            }
+        )
+
+    def lookup(self, col: pa.ChunkedArray) -> tuple[pa.Table, pa.Array]:
+        """(the batch's distinct prompts: ``hash, text, norm_hash``; the sha256 of each row's prompt)."""
+        col = col.combine_chunks()
+        idx = pc.index_in(col, value_set=self.table["text"])
+        missing = pc.is_null(idx)
+        if pc.any(missing).as_py():
+            new = pc.unique(col.filter(missing)).to_pylist()
+            add = pa.table(
+                {
+                    "hash": pa.array([text_hash(t) for t in new], pa.string()),
+                    "text": pa.array(new, pa.string()),
+                    "norm_hash": pa.array([text_hash(normalise_prompt(t)) for t in new], pa.string()),
+                }
+            )
+            keep = self.table
+            if keep.num_rows + add.num_rows > self.limit:  # start again, from this batch's prompts
+                keep = keep.take(pc.unique(pc.drop_null(idx)))
+            self.table = pa.concat_tables([keep, add]).combine_chunks()
+            idx = pc.index_in(col, value_set=self.table["text"])
+        return self.table.take(pc.unique(idx)), self.table["hash"].take(idx)
+
+
+def _split_texts(batch: pa.Table, prompt_memo: _PromptMemo, hash_texts) -> tuple[pa.Table, pa.Table, pa.Table]:
     """(prompt texts: ``hash, text, norm_hash``; distinct responses: ``hash, text``; staging events:
     ``EVENT_COLUMNS``). ``hash_texts``: distinct response texts (``pa.Array``) -> their sha256 hex digests, in order."""
-    p_row, p_txt, p_hash = _hash_column(batch["prompt"], cache)
-    p_norm = pa.array(
-        [
-            cache.get("\0norm\0" + s) or cache.setdefault("\0norm\0" + s, text_hash(normalise_prompt(s)))
-            for s in p_txt.to_pylist()
-        ],
-        pa.string(),
-    )
-    prompts = pa.table({"hash": p_hash, "text": p_txt, "norm_hash": p_norm})
+    prompts, p_row = prompt_memo.lookup(batch["prompt"])
     enc = pc.dictionary_encode(batch["response"].combine_chunks())
     r_hash = hash_texts(enc.dictionary)
     responses = pa.table({"hash": r_hash, "text": enc.dictionary})
