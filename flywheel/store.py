@@ -3,9 +3,9 @@
 Embedded default: a DuckDB file (``duckdb:///runs/flywheel/signals.duckdb``, or just a path). At scale: PostgreSQL
 by URL (``postgresql+psycopg://user@host:port/db``). Both go through the same code: SQLAlchemy Core defines the
 tables and builds every query; only the staging differs (DuckDB scans an Arrow table in place, PostgreSQL takes
-``COPY ... FROM STDIN`` into a temporary table), and both then run the same ``INSERT ... SELECT ... WHERE NOT
-EXISTS`` anti-joins (deduplication without a unique index on DuckDB; PostgreSQL keeps its primary keys and adds
-``ON CONFLICT DO NOTHING``). Writers to one store are serialised: DuckDB's file lock across processes, a lock per
+``COPY ... FROM STDIN`` into a temporary table), and both then run the same ``INSERT ... SELECT`` anti-joins
+(``LEFT JOIN ... WHERE key IS NULL``; deduplication without a unique index on DuckDB; PostgreSQL keeps its primary
+keys and adds ``ON CONFLICT DO NOTHING``). Writers to one store are serialised: DuckDB's file lock across processes, a lock per
 URL in this process, and on PostgreSQL ``LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE`` for the ingest
 transaction (readers are not blocked), because the per-turn counts are added from the rows the anti-join found new.
 
