@@ -45,7 +45,7 @@ def run_round(preset: str, runs_dir: Path, round_id: str, tree: Path | None = No
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "round", "--preset", preset, "--runs-dir", str(runs_dir),
                            "--round-id", round_id], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          cwd=tree, env=env)
+                          cwd=tree, env=env, check=False)
     seconds = time.perf_counter() - t0
     if proc.returncode not in (0, 3):  # 3 = release blocked, a valid outcome
         sys.exit(f"round failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -6,12 +6,15 @@ it to the database (DuckDB's and psycopg's calls release the GIL too), so on two
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 __all__ = ["ReadAhead"]
+
+logger = logging.getLogger("flywheel.read_ahead")
 
 T = TypeVar("T")
 
@@ -23,7 +26,8 @@ class ReadAhead(Generic[T]):
     ``make`` itself runs in the thread too (opening a file happens there). An exception raised by ``make`` or
     while producing item k is raised by ``next()`` when the caller asks for item k, so the caller sees the same
     items and the same error, in the same order, as when iterating ``make()`` directly. ``on_done`` (optional)
-    is called in the thread once every item is produced (e.g. to start reading the next file).
+    is called in the thread once every item is produced (e.g. to start reading the next file); its error is
+    logged (the caller has every item by then), not raised.
 
     :meth:`close` (or leaving a ``with`` block) stops it: the thread finishes the item it is producing, if any,
     and ends; the iterator ``make()`` returned is closed. Iterating to the end or to an error also closes it.
@@ -48,7 +52,10 @@ class ReadAhead(Generic[T]):
                 except StopIteration:
                     self._results.put(("done", None))
                     if on_done is not None:
-                        on_done()
+                        try:
+                            on_done()
+                        except Exception:  # the caller already has every item; say so rather than lose it
+                            logger.exception("read-ahead: on_done failed after the last item")
                     return
                 self._results.put(("item", item))
         except BaseException as err:  # noqa: BLE001 (handed to the caller, raised by next())

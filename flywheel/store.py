@@ -252,10 +252,14 @@ class SignalStore:
         the files before it stay committed.
 
         Raises:
-            as :meth:`ingest`.
+            as :meth:`ingest`; FileChangedError: a file was rewritten between being read (ahead) and hashed;
+            TypeError: ``paths`` is one path, not a list.
         """
+        if isinstance(paths, (str, Path)):
+            raise TypeError(f"ingest_files takes a list of paths, got one path {str(paths)!r}: use ingest() or [path]")
         paths = [Path(p) for p in paths]
         readers: dict[int, ReadAhead] = {}
+        opened: dict[int, tuple | None] = {}  # file k's signature when its reader opened it (maybe ahead of time)
         lock = threading.Lock()
         closed = False
 
@@ -264,14 +268,18 @@ class SignalStore:
             with lock:
                 if not closed and k < len(paths) and k not in readers:
                     p = paths[k]
-                    readers[k] = ReadAhead(
-                        lambda: _batches(p, _chunk_rows(p, chunk_rows)), on_done=lambda: reader(k + 1)
-                    )
+
+                    def open_file(p=p, k=k):  # in the reader thread, before the first row is read
+                        opened[k] = file_signature(p) if p.is_file() else None
+                        return _batches(p, _chunk_rows(p, chunk_rows))
+
+                    readers[k] = ReadAhead(open_file, on_done=lambda: reader(k + 1))
                 return readers.get(k)
 
         try:
             for k, path in enumerate(paths):
-                report = self._ingest(path, lambda: reader(k), progress)  # noqa: B023 (called before k changes)
+                report = self._ingest(path, lambda: reader(k), progress,  # noqa: B023 (called before k changes)
+                                      opened=lambda: opened.get(k))  # noqa: B023
                 with lock:
                     done = readers.pop(k, None)
                 if done is not None:  # closed outside the lock: its thread may be starting the next reader
@@ -285,9 +293,15 @@ class SignalStore:
             for r in rest:
                 r.close()
 
-    def _ingest(self, path: Path, open_batches, progress) -> IngestReport:
+    def _ingest(self, path: Path, open_batches, progress, opened=None) -> IngestReport:
         """One file's transaction; ``open_batches()``: its validated batches (a :class:`ReadAhead`), opened only
-        when the file was not ingested before."""
+        when the file was not ingested before; ``opened()``: the file's :func:`file_signature` when its reader
+        opened it (it may have read ahead, before this hash), or None.
+
+        Raises:
+            FileChangedError: the file's signature differs between reading and hashing (rolled back).
+        """
+        signature = file_signature(path) if path.is_file() else None  # before the hash: a later change shows
         fhash = _file_hash(path)
         # DuckDB keeps no unique index on events: its anti-joins are the guarantee, so writes to one file are
         # serialised (other processes are kept out by DuckDB's own file lock; this lock covers threads here).
@@ -308,6 +322,14 @@ class SignalStore:
                     n += batch.num_rows
                     if progress:
                         progress(path, i, n)
+            seen = {signature, file_signature(path) if path.is_file() else None}
+            if opened is not None and opened() is not None:
+                seen.add(opened())
+            if len(seen) > 1:  # rows read from one content, hash taken of another: store neither
+                raise FileChangedError(
+                    f"{path}: the file changed while it was being ingested (inode, size or modification time differ "
+                    "between reading and hashing); nothing of it was stored: ingest it again once it is complete"
+                )
             after = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
             conn.execute(
                 ingests.insert().values(
@@ -681,6 +703,17 @@ _ARROW_SCHEMA = pa.schema(
         ("response", pa.string()),
     ]
 )
+
+
+def file_signature(path: Path) -> tuple[int, int, int]:
+    """``(inode, size, mtime_ns)`` of a file: it changes when the file is rewritten or replaced."""
+    st = path.stat()
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class FileChangedError(RuntimeError):
+    """An events file was rewritten or replaced while it was being ingested (its rows and its hash could belong to
+    different contents); the transaction is rolled back."""
 
 
 def _file_hash(path: Path) -> str:

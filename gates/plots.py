@@ -93,6 +93,9 @@ def bucket_bars(buckets: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFr
     Returns:
         DataFrame, one row per bucket: bucket, n, height (percent or NaN), ci_low, ci_high (percent or NaN),
         err_below, err_above (points from the height; NaN when empty), label ("<ratio range>\nn=<n>").
+
+    Raises:
+        ValueError: a win rate outside [0, 100] (beyond 1e-6 of rounding), naming the bucket.
     """
     rows = []
     for _, r in buckets.iterrows():
@@ -103,6 +106,9 @@ def bucket_bars(buckets: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFr
             h = lo = hi = math.nan
         else:
             h = float(r["win_rate"])
+            if not -1e-6 <= h <= 100 + 1e-6:
+                raise ValueError(f"length bucket {int(r['bucket'])}: win rate {h!r} is not a percentage in [0, 100]")
+            h = min(100.0, max(0.0, h))
             lo, hi = (100 * b for b in wilson_bounds(min(1.0, max(0.0, h / 100)), n, confidence=confidence))
             # The Wilson interval holds its point; at 0% or 100% float rounding can put a bound a hair past it
             # (0 of 3: lower 4.9e-15), which matplotlib refuses as a negative error bar.

@@ -161,6 +161,10 @@ def generate_report(
     batch_size = auto_batch_size(batch_size, model.config, max(n_prompt, default=1) + max_new_tokens)
     tokenizer.padding_side = "left"
     eos = tokenizer.eos_token_id
+    # Pad positions are masked, so any id will do: a tokenizer without a pad token (Llama 3) pads with its EOS.
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad token nor an EOS token: set tokenizer.pad_token_id")
     t0, produced = time.perf_counter(), 0
 
     def run(idx_all: list[int]) -> list[tuple[str, int]]:
@@ -176,7 +180,7 @@ def generate_report(
         for start, end in bar:
             idx = idx_all[start:end]
             rows = [token_ids[i] for i in idx]
-            ids, mask, cache = batch_inputs(model, rows, tokenizer.pad_token_id, prompt_cache)
+            ids, mask, cache = batch_inputs(model, rows, pad, prompt_cache)
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -184,7 +188,7 @@ def generate_report(
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 use_cache=True,
-                pad_token_id=tokenizer.pad_token_id,
+                pad_token_id=pad,
                 eos_token_id=eos,
                 temperature=None,
                 top_p=None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from rlhf.batching import FORWARD_OVERHEAD_TOKENS, forward_overhead_tokens, plan_batches
@@ -21,7 +23,7 @@ def test_the_plan_respects_the_cap_and_covers_every_prompt_in_order():
     lengths = sorted([301, 290, 250, 180, 170, 169, 150, 120, 100, 95, 90, 89] * 11, reverse=True)
     plan = plan_batches(lengths, max_batch=16, forwards=17, overhead_tokens=48)
     assert plan[0][0] == 0 and plan[-1][1] == len(lengths)
-    assert all(a[1] == b[0] for a, b in zip(plan, plan[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(plan))
     assert all(1 <= end - start <= 16 for start, end in plan)
     fixed = [(s, min(s + 16, len(lengths))) for s in range(0, len(lengths), 16)]
 

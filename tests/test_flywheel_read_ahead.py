@@ -107,3 +107,41 @@ def test_ingest_files_same_reports_as_one_by_one_and_stops_at_the_bad_file(tmp_p
     assert (err.value.file, err.value.row, err.value.field) == (str(bad), 4, "signal")
     counts = store.counts()
     assert (counts["events"], counts["files"]) == (4, 1)  # c only: nothing of bad.jsonl, a.jsonl never ingested
+
+
+def test_a_file_rewritten_after_it_was_read_ahead_is_refused_not_stored_under_the_new_hash(tmp_path, monkeypatch):
+    """Review: file b's only batch is read ahead while a loads; b is then rewritten before its ingest hashes it.
+    Storing the old rows under the new content's hash would make the new content 'already ingested' for good."""
+    import threading
+
+    import flywheel.store as store_mod
+    from flywheel.store import FileChangedError, SignalStore
+
+    a, b = _events(tmp_path / "a.jsonl", "a", 6), _events(tmp_path / "b.jsonl", "b", 3)
+    b_read = threading.Event()
+    real_batches = store_mod._batches
+
+    def batches(path, chunk_rows):
+        for batch in real_batches(path, chunk_rows):
+            if Path(path) == b:
+                b_read.set()  # b's rows are read (the old content)
+            yield batch
+
+    monkeypatch.setattr(store_mod, "_batches", batches)
+
+    def progress(path, i, n):
+        if Path(path) == a:
+            assert b_read.wait(30), "b was not read ahead"
+            _events(b, "NEW", 4)  # rewritten after its rows were read, before its ingest starts
+
+    store = SignalStore(tmp_path / "s.duckdb")
+    reports = []
+    with pytest.raises(FileChangedError, match=r"b\.jsonl: the file changed while it was being ingested"):
+        for r in store.ingest_files([a, b], chunk_rows=10, progress=progress):
+            reports.append(r)  # noqa: PERF402 (the reports before the error are kept)
+    assert [Path(r.path).name for r in reports] == ["a.jsonl"]
+    with store.engine.connect() as conn:
+        ids = [r[0] for r in conn.exec_driver_sql("SELECT event_id FROM events ORDER BY 1").fetchall()]
+    assert ids == [f"a{i}" for i in range(6)]  # nothing of b's old rows
+    again = store.ingest(b)  # the new content is not 'already ingested'
+    assert (again.rows, again.inserted, again.skipped_file) == (4, 4, False)

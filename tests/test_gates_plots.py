@@ -115,3 +115,13 @@ def test_a_bucket_won_or_lost_every_time_plots(tmp_path):
     assert bars["err_above"][0] == pytest.approx(56.1497, abs=1e-3)  # Wilson 95% upper bound of 0/3
     out = length_bucket_plot(df, tmp_path / "b.png")
     assert mpimg.imread(out).shape[0] > 100
+
+
+def test_a_win_rate_that_is_not_a_percentage_is_refused():
+    from gates.plots import bucket_bars
+
+    row = {"bucket": 2, "ratio_low": 1.25, "ratio_high": np.inf, "standard_error": 0.0, "n_total": 6}
+    with pytest.raises(ValueError, match="length bucket 2: win rate 101.0 is not a percentage"):
+        bucket_bars(pd.DataFrame([{**row, "win_rate": 101.0}]))
+    bars = bucket_bars(pd.DataFrame([{**row, "win_rate": 100.00000000001}]))  # rounding: clipped, not refused
+    assert bars["height"][0] == 100.0 and bars["ci_high"][0] == 100.0

@@ -83,3 +83,20 @@ def test_answers_with_stored_prompts_equal_answers_without(model, tokenizer):
     for i, conv in enumerate(follow):
         alone = generate_report(model, tokenizer, [conv], max_new_tokens=3, batch_size=1)
         assert (alone[0][0], alone[1][0]) == (with_store[0][i], with_store[1][i])
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_eos(model, tokenizer):
+    """Review: Llama-3-style tokenizers have no pad token; batches of unequal prompts must still generate, with the
+    answers of one-at-a-time decoding."""
+    import copy
+
+    from rlhf.generation import generate_report
+
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = None
+    assert tok.pad_token_id is None
+    prompts = ["Hi", "Tell me about the history of the bicycle in three sentences."]
+    texts, n, _ = generate_report(model, tok, prompts, max_new_tokens=2, batch_size=2)
+    for i, p in enumerate(prompts):
+        alone, k, _ = generate_report(model, tok, [p], max_new_tokens=2, batch_size=1)
+        assert (alone[0], k[0]) == (texts[i], n[i])
