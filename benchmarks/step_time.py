@@ -51,13 +51,22 @@ def _trl_args(stage_args, trl_cls, defaults: bool, out: str):
     values.pop("train_sampling_strategy", None)  # plain TRL: its default sampler
     for key in ("bf16", "fp16", "gradient_checkpointing", "activation_checkpointing", "use_cpu", "mixed_precision"):
         values.pop(key, None)
-    if defaults:
-        values["use_cpu"] = not _cuda()  # transformers refuses CPU bf16 without use_cpu
-    else:
-        values.update(bf16=stage_args.bf16, fp16=stage_args.fp16, gradient_checkpointing=False)
-        if hasattr(stage_args, "activation_checkpointing"):
-            values["activation_checkpointing"] = False
+    values.update(precision_values(stage_args.bf16, stage_args.fp16, defaults, _cuda()))
+    if not defaults and hasattr(stage_args, "activation_checkpointing"):
+        values["activation_checkpointing"] = False
     return trl_cls(**values)
+
+
+def precision_values(bf16: bool, fp16: bool, defaults: bool, cuda: bool) -> dict:
+    """The precision fields of a plain TRL config: the stage's own (``defaults`` False) or TRL's defaults (bf16 and
+    activation checkpointing on), on CUDA or a CPU. transformers refuses bf16 on a CPU unless ``use_cpu`` is set
+    ("Your setup doesn't support bf16/gpu"), which a CPU with native bf16 needs as much as one without."""
+    if defaults:
+        return {} if cuda else {"use_cpu": True}
+    values = {"bf16": bf16, "fp16": fp16, "gradient_checkpointing": False}
+    if bf16 and not cuda:
+        values["use_cpu"] = True
+    return values
 
 
 def _cuda() -> bool:

@@ -20,6 +20,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 from trl import DPOTrainer
 
+from .trainer import FP32LogProbDPOTrainer
+
 from data.decontamination import decontaminate_stage_rows
 from data.loaders import load_pairs
 from data.schemas import pair_to_trl
@@ -63,7 +65,7 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
     saved = trainer.args.per_device_eval_batch_size
     trainer.args.per_device_eval_batch_size = max(n, 1)
     try:
-        m = trainer.evaluate(eval_dataset=dataset, metric_key_prefix="step0")
+        m = _evaluate(trainer, dataset)
     finally:
         trainer.args.per_device_eval_batch_size = saved
     # TRL 1.16 reports its own DPO metrics under "eval_" whatever the prefix.
@@ -73,7 +75,7 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
                 "step0_n": n}
     worst_loss = worst_margin = 0.0
     for i in range(n):
-        m = trainer.evaluate(eval_dataset=dataset.select([i]), metric_key_prefix="step0")
+        m = _evaluate(trainer, dataset.select([i]))
         loss, margin = m["step0_loss"], m.get("step0_rewards/margins", m.get("eval_rewards/margins"))
         worst_loss, worst_margin = max(worst_loss, abs(loss - math.log(2))), max(worst_margin, abs(margin))
         if abs(loss - math.log(2)) > tolerance or abs(margin) > tolerance:
@@ -85,6 +87,14 @@ def step0_check(trainer: DPOTrainer, dataset: Dataset, tolerance: float) -> dict
         f"DPO step-0 invariant broken over {n} pairs together (mean loss {mean_loss:.6f}, mean margin {mean_margin:.6f}) "
         f"though no pair alone exceeds {tolerance}; the policy does not start at pi_ref or dropout is on"
     )
+
+
+def _evaluate(trainer: DPOTrainer, dataset: Dataset) -> dict:
+    """``trainer.evaluate`` under the trainer's autocast. Before training, accelerate has wrapped only the reference
+    in autocast (TRL prepares it at construction; the policy is prepared when training starts), so under bf16 the
+    policy would be scored in fp32 and the reference in bf16; training scores both under autocast."""
+    with trainer.accelerator.autocast():
+        return trainer.evaluate(eval_dataset=dataset, metric_key_prefix="step0")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -123,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     # The policy starts as a copy of pi_ref (it is the SFT model); pi_ref itself is a separate frozen instance.
     policy = load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO policy (pi_ref)")
     ref_model = load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO reference (pi_ref)")
-    trainer = DPOTrainer(
+    trainer = FP32LogProbDPOTrainer(  # log-probs from an fp32 LM head, under bf16 autocast too
         model=policy,
         ref_model=ref_model,
         args=args,

@@ -95,6 +95,13 @@ class GateStageConfig:
                   "64 on CPU unless memory says otherwise, rlhf.machine.auto_batch_size; length-sorted prompts split "
                   "where padding costs more than a forward pass, rlhf.batching.plan_batches)."},
     )
+    generation_precision: str = field(
+        default="auto",
+        metadata={"help": "dtype of both models' weights for generation: auto (bf16 where the device has it natively, "
+                  "rlhf.machine.native_bf16: decoding reads every weight per token, and bf16 halves the bytes; else "
+                  "fp32), fp32 or bf16. The baseline and the candidate always share it; the report records it.",
+                  "choices": ["auto", "fp32", "bf16"]},
+    )
     engine: str = field(
         default="transformers",
         metadata={"help": "Generation engine: transformers (batched generate, KV cache) or vllm (needs the vllm "
@@ -176,6 +183,8 @@ class GateStageConfig:
     report_to: list[str] = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers (wandb or none)."})
 
     def __post_init__(self) -> None:
+        if self.generation_precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"generation_precision must be auto, fp32 or bf16, got {self.generation_precision!r}")
         if self.engine not in ("transformers", "vllm"):
             raise ValueError(f"engine must be transformers or vllm, got {self.engine!r}")
         if self.vllm_tensor_parallel_size < 1:

@@ -43,6 +43,7 @@ from rlhf.entrypoint import BLOCKED_EXIT_CODE
 from rlhf.config import parse_stage_config
 from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
 from rlhf.manifest import atomic_write_text, write_manifest
+from rlhf.precision import generation_precision
 from rlhf.rundir import check_output_dir, install_failure_hook
 from rlhf.tracking import log_summary, setup_wandb
 from rlhf.vllm_engine import check_engine
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         if shardable_judge(args.judge_config()):
             run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir, shard=True)
         return 0
-    efficiency = generation_efficiency(answers, time.perf_counter() - t_gen, models["candidate"])
+    efficiency = generation_efficiency(answers, time.perf_counter() - t_gen, models["candidate"],
+                                       generation_precision(args.generation_precision))
     efficiency["processes"] = launch["world_size"]
     write_generations(out / "generations.jsonl", suites, answers)
 

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.loaders import load_eval_prompts
 from rlhf.generation import generate_report
+from rlhf.precision import generation_precision
 from rlhf.weights import load_checked
 
 from .config import GateStageConfig
@@ -142,10 +143,11 @@ def generate_suites(model, tok, suites: dict[str, list], caps: dict[str, int], a
     return {n: out[n] for n in suites}
 
 
-def generation_efficiency(answers: dict[str, dict], seconds: float, model_path: str) -> dict:
+def generation_efficiency(answers: dict[str, dict], seconds: float, model_path: str, precision: str = "fp32") -> dict:
     """Throughput of the gate generation: both models' generated tokens over its wall time, with the threads and the
     model FLOPs utilisation of greedy decoding (2·N FLOPs per generated token, N = the candidate's parameters;
-    prompt prefill not counted), against the device's peak (``rlhf.machine.peak_flops``)."""
+    prompt prefill not counted), against the device's peak for ``precision`` (``rlhf.machine.peak_flops``), which
+    is recorded as ``precision``."""
     from transformers import AutoConfig
 
     from rlhf.efficiency import efficiency
@@ -155,9 +157,9 @@ def generation_efficiency(answers: dict[str, dict], seconds: float, model_path: 
     cfg = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
-    out = efficiency(n, tokens, seconds, "fp32")
-    out["mfu"] = out["mfu"] / 3 if out["mfu"] is not None else None  # efficiency() counts 6·N (training); decoding is 2·N
+    out = efficiency(n, tokens, seconds, precision, flops_per_param=2)  # decoding: 2·N per token
     out["generation_seconds"] = seconds
+    out["precision"] = precision
     logger.info("generation: %d tokens in %.1f s = %.1f tok/s on %d threads", tokens, seconds, out["tokens_per_s"],
                 out["threads"])
     return out
@@ -189,7 +191,8 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
 
         model = VLLMGenerator(path, tensor_parallel_size=args.vllm_tensor_parallel_size)
     else:
-        model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=torch.float32)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[generation_precision(args.generation_precision)]
+        model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=dtype)
     caps = {name: args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
             for name in suites}
     store = PromptCache(max_bytes=available_memory_bytes() // 8) if args.engine != "vllm" else None

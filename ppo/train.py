@@ -42,7 +42,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from accelerate import Accelerator, InitProcessGroupKwargs
+from accelerate import InitProcessGroupKwargs
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -58,7 +58,7 @@ from rlhf.config import parse_stage_config
 from rlhf.distributed import check_launch
 from rlhf.lineage import content_hash, data_fingerprint
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
-from rlhf.precision import accelerate_mixed_precision
+from rlhf.precision import accelerate_mixed_precision, stage_accelerator
 from rlhf.rundir import install_failure_hook
 from rlhf.tracking import log_summary, setup_wandb, wandb_mode
 
@@ -318,8 +318,8 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     inputs = resolve_inputs(script_args)
     verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="before training")
 
-    accelerator = Accelerator(
-        mixed_precision=accelerate_mixed_precision(config.precision),
+    accelerator = stage_accelerator(
+        accelerate_mixed_precision(config.precision),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=launch["collective_timeout_s"]))],
     )
     if accelerator.is_main_process:

@@ -64,7 +64,7 @@ from ppo.types import Rollout
 from judging.scoring import score as rm_score
 from rlhf.generation import chat_prompt
 from rlhf.checkpoint import check_checkpoint, save_checkpoint
-from rlhf.precision import accelerate_mixed_precision
+from rlhf.precision import accelerate_mixed_precision, stage_accelerator
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class PPOTrainer:
     ):
         self.config = config
         if accelerator is None:
-            accelerator = Accelerator(mixed_precision=accelerate_mixed_precision(config.precision))
+            accelerator = stage_accelerator(accelerate_mixed_precision(config.precision))
         self.accelerator = accelerator
         self.mixed_precision = str(accelerator.mixed_precision)
         logger.info(

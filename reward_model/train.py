@@ -33,6 +33,7 @@ from judging.judges import judge_pairs
 from judging.model_judges import RewardModelJudge, judgment_scores
 from judging.scoring import check_reload_scores, load_reward_model
 from rlhf.checkpoint import gather_full_state_dict, save_checkpoint
+from rlhf.precision import keep_in_fp32
 from rlhf.config import parse_stage_config, peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.machine import auto_batch_size
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     scored = held_out[: args.max_agreement_pairs] if args.max_agreement_pairs else held_out
     model, tokenizer = load_reward_model(start, new_head=True)
+    keep_in_fp32(model.score)  # scores in fp32 under bf16 autocast too: they decide ties and agreement
     prepared = prepare_pairs(
         pairs, tokenizer, args.max_length, file=args.train_data, require_fit=True,
         special_tokens=args.special_tokens_in_text,
@@ -98,7 +100,10 @@ def main(argv: list[str] | None = None) -> dict:
     training = training_record(trainer, resumed_from, result)
     efficiency = train_efficiency(trainer, result, tokens, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     full_weights = None if args.use_peft else gather_full_state_dict(trainer)  # ZeRO-3: a collective, every rank
-    model = trainer.model.merge_and_unload() if args.use_peft else trainer.model
+    # accelerate leaves its autocast wrapper on the model's forward; the held-out scores are taken without it, in
+    # fp32 as every later reader of the checkpoint scores (the reload check, the gates).
+    model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    model = model.merge_and_unload() if args.use_peft else model
     checkpoint = save_checkpoint(model, tokenizer, out / "checkpoint", state_dict=full_weights)
 
     # Agreement on held-out multi-annotator pairs; the reloaded checkpoint must reproduce the live model's scores.

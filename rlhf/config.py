@@ -83,6 +83,11 @@ class PipelineArguments(CommonArguments):
         metadata={"help": "Gates recipe whose suites (*_data keys) training data is checked against; the round "
                   "flow passes the round's. Empty: not checked (the manifest says so)."},
     )
+    save_minutes: float = field(
+        default=30.0,
+        metadata={"help": "Also save a Trainer checkpoint (for resume) every N minutes of training and at each epoch "
+                  "end (rlhf/resume.py); 0: only by save_strategy / save_steps."},
+    )
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
@@ -92,6 +97,8 @@ class PipelineArguments(CommonArguments):
     )
 
     def __post_init__(self):
+        if self.save_minutes < 0:
+            raise ValueError(f"save_minutes must be >= 0, got {self.save_minutes}")
         # Resolve precision before TrainingArguments validates it: TRL's default bf16=True raises on a CPU
         # without bf16, and is emulated (8-10x slower) on one that only fakes it.
         from .precision import resolve_precision

@@ -47,10 +47,55 @@ class CountingCollator:
 
 
 def count_tokens(trainer) -> CountingCollator:
-    """Make ``trainer`` count its batches' tokens (call after building it; reset before ``train()``)."""
+    """Make ``trainer`` count its batches' tokens and time its optimizer steps (:class:`StepTimer`, as
+    ``counter.step_timer``); call after building it, before ``train()``."""
     counter = CountingCollator(trainer.data_collator)
     trainer.data_collator = counter
+    counter.step_timer = StepTimer()
+    trainer.add_callback(counter.step_timer)
     return counter
+
+
+def _step_timer_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class StepTimer(_step_timer_base()):
+    """Wall seconds of every optimizer step (``on_step_begin`` to ``on_step_end``, data loading and logging
+    outside), so the first step's warm-up (new padded shapes, allocator and kernel set-up) is reported apart from
+    the steady state instead of inflating the mean."""
+
+    def __init__(self):
+        self.seconds: list[float] = []
+        self._t0: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        import time
+
+        self._t0 = time.perf_counter()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import time
+
+        if self._t0 is not None:
+            self.seconds.append(time.perf_counter() - self._t0)
+            self._t0 = None
+        return control
+
+    def summary(self) -> dict[str, float | None]:
+        """``first_step_seconds``, ``steady_step_seconds`` (median of the later steps; None with one step) and
+        ``warmup_seconds`` (first minus steady), all None before any step."""
+        import statistics
+
+        if not self.seconds:
+            return {"first_step_seconds": None, "steady_step_seconds": None, "warmup_seconds": None}
+        first = self.seconds[0]
+        steady = statistics.median(self.seconds[1:]) if len(self.seconds) > 1 else None
+        return {"first_step_seconds": first, "steady_step_seconds": steady,
+                "warmup_seconds": None if steady is None else first - steady}
 
 
 def _length_grouped_sampler_class():
@@ -111,7 +156,7 @@ def n_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def efficiency(n_params: int, tokens: int, seconds: float, dtype: str = "fp32") -> dict[str, Any]:
+def efficiency(n_params: int, tokens: int, seconds: float, dtype: str = "fp32", flops_per_param: int = 6) -> dict[str, Any]:
     """Throughput and MFU of a training run.
 
     Args:
@@ -119,9 +164,12 @@ def efficiency(n_params: int, tokens: int, seconds: float, dtype: str = "fp32") 
         tokens: real (non-padding) tokens trained on.
         seconds: wall time of the training loop.
         dtype: the training precision, which picks the peak (``fp32`` / ``bf16`` / ``fp16``).
+        flops_per_param: FLOPs per parameter per token: 6 for training (forward 2, backward 4), 2 for decoding.
 
     Returns:
-        ``{"threads", "tokens", "tokens_per_s", "mfu", "peak_flops", "peak_source"}``; ``mfu`` = 6·N·tokens/s / peak.
+        ``{"threads", "tokens", "tokens_per_s", "mfu", "peak_flops", "peak_source"}``; ``mfu`` =
+        flops_per_param·N·tokens/s / peak. An MFU above 1 after the peak was measured again is ``None`` with
+        ``mfu_null_reason`` (and logged as an error): that count undercounts the FLOPs, so the peak is wrong.
     """
     import torch
 
@@ -129,14 +177,24 @@ def efficiency(n_params: int, tokens: int, seconds: float, dtype: str = "fp32") 
 
     peak, source = peak_flops(dtype)
     tps = tokens / seconds if seconds > 0 else 0.0
-    return {
+    mfu = flops_per_param * n_params * tps / peak if peak else None
+    if mfu is not None and mfu > 1:  # the count undercounts the FLOPs, so above 1 the peak is wrong: measure again
+        peak, source = peak_flops(dtype, remeasure=True)
+        mfu = flops_per_param * n_params * tps / peak
+    out = {
         "threads": torch.get_num_threads(),
         "tokens": int(tokens),
         "tokens_per_s": tps,
-        "mfu": 6 * n_params * tps / peak if peak else None,
+        "mfu": mfu,
         "peak_flops": peak,
         "peak_source": source,
     }
+    if mfu is not None and mfu > 1:
+        logger.error("MFU %.1f%% is impossible: the %s peak %.3g FLOP/s (%s) is wrong; MFU not reported",
+                     100 * mfu, dtype, peak, source)
+        out.update(mfu=None, mfu_null_reason=f"{100 * mfu:.1f}% against a {dtype} peak of {peak:.3g} FLOP/s that a "
+                   "re-measurement did not correct: the peak is wrong")
+    return out
 
 
 def train_efficiency(trainer, result, counter: CountingCollator, dtype: str) -> dict[str, Any]:
@@ -145,12 +203,20 @@ def train_efficiency(trainer, result, counter: CountingCollator, dtype: str) -> 
     seconds = float(result.metrics.get("train_runtime", 0.0))
     out = efficiency(n_parameters(trainer.model), counter.real, seconds, dtype)
     out.update(padding_share=counter.padding_share, batched_tokens=counter.total, train_seconds=seconds)
+    timer = getattr(counter, "step_timer", None)
+    if timer is not None:
+        out.update(timer.summary())
     logger.info(
-        "efficiency: %d threads, %.0f tokens/s, MFU %.1f%% of %.3g FLOP/s (%s), padding %.1f%%",
+        "efficiency: %d threads, %.0f tokens/s, MFU %.1f%% of %.3g FLOP/s (%s), padding %.1f%%; first step %s s, "
+        "steady %s s/step",
         out["threads"], out["tokens_per_s"], 100 * (out["mfu"] or 0), out["peak_flops"], out["peak_source"],
-        100 * (out["padding_share"] or 0),
+        100 * (out["padding_share"] or 0), _fmt(out.get("first_step_seconds")), _fmt(out.get("steady_step_seconds")),
     )
     return out
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def summary(eff: dict[str, Any]) -> dict[str, float]:

@@ -112,14 +112,28 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+#: Environment variable that overrides the bf16 detection: ``1`` (native) or ``0`` (emulated). For tests, which
+#: run both precision paths on every machine, and for a user who measured otherwise; stage subprocesses inherit it.
+NATIVE_BF16_ENV = "RLHF_NATIVE_BF16"
+
+
 def native_bf16() -> tuple[bool, str]:
     """Whether this device computes bf16 natively, and the evidence.
 
-    CUDA: ``torch.cuda.is_bf16_supported()`` (compute capability 8.0+). CPU: a flag of :data:`CPU_BF16_FLAGS`
-    in /proc/cpuinfo (without one, bf16 is emulated through fp32 and measured 8-10x slower here).
+    :data:`NATIVE_BF16_ENV` set to ``1`` or ``0`` decides (the evidence says so). Otherwise CUDA:
+    ``torch.cuda.is_bf16_supported()`` (compute capability 8.0+); CPU: a flag of :data:`CPU_BF16_FLAGS` in
+    /proc/cpuinfo (without one, bf16 is emulated through fp32 and measured 8-10x slower here).
+
+    Raises:
+        ValueError: :data:`NATIVE_BF16_ENV` is set to anything but ``0`` or ``1``.
     """
     import torch
 
+    forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"{NATIVE_BF16_ENV} must be 0 or 1 (or unset to detect), got {forced!r}")
+        return forced == "1", f"bf16 {'native' if forced == '1' else 'not native'} (forced by {NATIVE_BF16_ENV}={forced})"
     if torch.cuda.is_available():
         ok = torch.cuda.is_bf16_supported()
         cap = ".".join(map(str, torch.cuda.get_device_capability()))
@@ -131,11 +145,18 @@ def native_bf16() -> tuple[bool, str]:
 
 
 def _machine_key(dtype: str, threads: int) -> str:
+    """The identity a measured peak belongs to: host, CPU model (or GPU), a digest of the CPU flags, torch's version,
+    dtype and threads. Another CPU under the same host name (a moved VM, a new instance type), a torch upgrade or
+    another thread count measures anew."""
+    import hashlib
+
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
     model = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo_lines() if ln.startswith("model name")), device)
-    return f"{platform.node()}|{model if not torch.cuda.is_available() else device}|{dtype}|threads={threads}"
+    flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
+    return (f"{platform.node()}|{model if not torch.cuda.is_available() else device}|flags={flags}|"
+            f"torch={torch.__version__}|{dtype}|threads={threads}")
 
 
 def _cpuinfo_lines() -> list[str]:
@@ -145,8 +166,10 @@ def _cpuinfo_lines() -> list[str]:
         return []
 
 
-def measure_matmul_peak(dtype: str = "fp32", size: int = 1024, seconds: float = 1.0) -> float:
-    """FLOP/s of a square ``size`` matmul in ``dtype`` on this device (2·size³ per product), best of ~``seconds``."""
+def measure_matmul_peak(dtype: str = "fp32", size: int = 1024, seconds: float = 1.0, trials: int = 3) -> float:
+    """FLOP/s of a square ``size`` matmul in ``dtype`` on this device (2·size³ per product): the best single
+    product over ``trials`` rounds of about ``seconds / trials`` each, after one untimed warm-up product. The best,
+    not the mean, because load from other processes only ever slows a product down."""
     import torch
 
     tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
@@ -155,21 +178,34 @@ def measure_matmul_peak(dtype: str = "fp32", size: int = 1024, seconds: float = 
         size = max(size, 8192)
     a = torch.randn(size, size, dtype=tdtype, device=device)
     b = torch.randn(size, size, dtype=tdtype, device=device)
-    best, t_end = 0.0, time.perf_counter() + seconds
-    while True:
-        t0 = time.perf_counter()
-        (a @ b).sum().item()
-        dt = time.perf_counter() - t0
-        best = max(best, 2 * size**3 / dt)
-        if time.perf_counter() > t_end:
-            return best
+    (a @ b).sum().item()  # warm-up: allocator, kernel selection
+    best = 0.0
+    for _ in range(max(1, trials)):
+        t_end = time.perf_counter() + seconds / max(1, trials)
+        while True:
+            t0 = time.perf_counter()
+            (a @ b).sum().item()
+            best = max(best, 2 * size**3 / (time.perf_counter() - t0))
+            if time.perf_counter() > t_end:
+                break
+    return best
 
 
-def peak_flops(dtype: str = "fp32") -> tuple[float, str]:
+#: A cached peak is refused and measured again when a quick check now beats it by more than this factor: it was
+#: measured under load (a cached 56 GFLOP/s where the CPU does 206 gave "MFU 100.9%").
+PEAK_RECHECK_FACTOR = 1.10
+#: Seconds of the quick check that every :func:`peak_flops` call makes against the cached figure.
+PEAK_RECHECK_SECONDS = 0.25
+
+
+def peak_flops(dtype: str = "fp32", *, remeasure: bool = False) -> tuple[float, str]:
     """The device's peak FLOP/s for ``dtype`` and where the figure comes from.
 
-    A known GPU (:data:`PUBLISHED_PEAK_FLOPS`) uses its published peak; anything else a matmul measured once per
-    (machine, CPU model, dtype, torch threads) and cached in :data:`PEAK_CACHE` (JSON). Returns ``(FLOP/s, source)``.
+    A known GPU (:data:`PUBLISHED_PEAK_FLOPS`) uses its published peak. Anything else uses a matmul peak
+    (:func:`measure_matmul_peak`) cached in :data:`PEAK_CACHE` (JSON) per machine identity (:func:`_machine_key`),
+    never reused blindly: every call times a quick check (:data:`PEAK_RECHECK_SECONDS`), and a cached figure that
+    the check beats by more than :data:`PEAK_RECHECK_FACTOR` (or ``remeasure``) is measured again; the cache keeps
+    the highest figure seen. Returns ``(FLOP/s, source)``.
     """
     import torch
 
@@ -183,16 +219,25 @@ def peak_flops(dtype: str = "fp32") -> tuple[float, str]:
         cache = json.loads(PEAK_CACHE.read_text())
     except (OSError, ValueError):
         cache = {}
-    if key not in cache:
-        cache[key] = measure_matmul_peak(dtype)
-        try:
-            PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
-            from .manifest import atomic_write_text
+    entry = cache.get(key)
+    cached = float(entry["flops"]) if isinstance(entry, dict) and "flops" in entry else None
+    quick = measure_matmul_peak(dtype, seconds=PEAK_RECHECK_SECONDS, trials=1)
+    if cached is not None and not remeasure and quick <= PEAK_RECHECK_FACTOR * cached:
+        return max(cached, quick), f"measured {dtype} matmul peak ({PEAK_CACHE}), re-checked"
+    if cached is not None:
+        logger.warning("cached %s matmul peak %.3g FLOP/s refused (a check now gives %.3g%s): measuring again",
+                       dtype, cached, quick, ", re-measure asked" if remeasure else "")
+    flops = max(measure_matmul_peak(dtype), quick, cached or 0.0)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    cache[key] = {"flops": flops, "measured_at": time.time(), "load_average_1min": load}
+    try:
+        PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        from .manifest import atomic_write_text
 
-            atomic_write_text(PEAK_CACHE, json.dumps(cache, indent=2) + "\n")
-        except OSError as err:  # a read-only home only costs a re-measurement next time
-            logger.warning("could not cache the matmul peak in %s: %s", PEAK_CACHE, err)
-    return cache[key], f"measured {dtype} matmul peak ({PEAK_CACHE})"
+        atomic_write_text(PEAK_CACHE, json.dumps(cache, indent=2) + "\n")
+    except OSError as err:  # a read-only home only costs a re-measurement next time
+        logger.warning("could not cache the matmul peak in %s: %s", PEAK_CACHE, err)
+    return flops, f"measured {dtype} matmul peak ({PEAK_CACHE})"
 
 
 #: Largest batch ``auto`` picks: 64 on CPU (issue 12: batch 64 generated 1.72x faster than 16, identical outputs;

@@ -77,3 +77,92 @@ def accelerate_mixed_precision(requested: str = "auto", stage: str | None = None
     fp32 is ``"no"``. For stages that drive accelerate themselves (PPO) instead of a TRL trainer."""
     chosen = resolve_precision(requested, stage)
     return "no" if chosen == "fp32" else chosen
+
+
+def stage_accelerator(mixed_precision: str, **kwargs):
+    """``accelerate.Accelerator(mixed_precision=..., **kwargs)`` for a stage that drives accelerate itself (PPO),
+    in a process where something else may already have set accelerate's process-wide state.
+
+    accelerate keeps one ``AcceleratorState`` per process and refuses a second ``Accelerator`` with another mixed
+    precision ("AcceleratorState has already been initialized and cannot be changed"); a TRL trainer run earlier in
+    the same process (a test, a notebook) leaves its precision there. Like transformers' ``TrainingArguments``, this
+    resets that state when its precision differs, keeping the process group (``PartialState``) so a distributed
+    launch is unaffected.
+
+    Args:
+        mixed_precision: accelerate's vocabulary, ``"no"`` | ``"bf16"`` | ``"fp16"``
+            (:func:`accelerate_mixed_precision`).
+        kwargs: passed on to ``Accelerator``.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+
+    shared = AcceleratorState._shared_state
+    initialized = bool(shared) and shared != PartialState._shared_state
+    previous = str(shared.get("_mixed_precision", "no")) if initialized else None
+    if initialized and previous != mixed_precision:
+        logger.info("accelerate state had mixed precision %r; reset for %r", previous, mixed_precision)
+        AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(mixed_precision=mixed_precision, **kwargs)
+
+
+def keep_in_fp32(module):
+    """Run ``module`` (a reward model's score head) in fp32 with autocast off, whatever the surrounding autocast.
+
+    Under bf16 autocast a ``Linear`` rounds its output to bf16 (8 mantissa bits: a score of 3.0 moves by up to
+    0.008), and reward-model scores decide agreement ties and must reproduce after a reload. The input is cast to
+    fp32 and autocast is switched off for the module's own forward by a forward pre-hook and an always-called
+    forward hook (hooks survive the deep copy PEFT makes of a ``modules_to_save`` head; a patched ``forward``
+    would not). The weights stay as they are (fp32 master weights under autocast). Idempotent.
+
+    Returns:
+        ``module``.
+    """
+    import torch
+
+    if getattr(module, "_rlhf_fp32", False):
+        return module
+    contexts: list = []
+
+    def enter(mod, args):
+        x = args[0] if args else None
+        device = x.device.type if isinstance(x, torch.Tensor) else "cpu"
+        ctx = torch.autocast(device, enabled=False)
+        ctx.__enter__()
+        contexts.append(ctx)
+        return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+    def leave(mod, args, output):
+        if contexts:
+            contexts.pop().__exit__(None, None, None)
+        return output
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave, always_call=True)
+    module._rlhf_fp32 = True
+    return module
+
+
+def generation_precision(requested: str = "auto") -> Literal["fp32", "bf16"]:
+    """The weights' dtype for greedy generation on this device, logged with its reason.
+
+    Decoding is bound by memory bandwidth (every weight is read once per generated token), so bf16 weights halve
+    its cost where bf16 is native (:func:`rlhf.machine.native_bf16`); where it is emulated, fp32 is faster.
+
+    Args:
+        requested: ``auto`` (bf16 where native, else fp32), ``fp32`` or ``bf16`` (fp32, with a warning, where bf16
+            is not native).
+
+    Raises:
+        ValueError: an unknown ``requested`` value.
+    """
+    from .machine import native_bf16
+
+    if requested not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"generation precision must be auto, fp32 or bf16, got {requested!r}")
+    ok, evidence = native_bf16()
+    chosen = "fp32" if requested == "fp32" or not ok else "bf16"
+    (logger.warning if requested == "bf16" and chosen != "bf16" else logger.info)(
+        "generation precision: %s (requested %s; %s)", chosen, requested, evidence
+    )
+    return chosen

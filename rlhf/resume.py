@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -225,18 +226,48 @@ def checkpoint_step(path: str | os.PathLike) -> int:
 
 
 class ResumeCallback(TrainerCallback):
-    """Marks each Trainer checkpoint complete once saved; optional fault injection (see module docstring)."""
+    """Marks each Trainer checkpoint complete once saved; saves by wall time; optional fault injection (see module
+    docstring).
+
+    Checkpoints by time: where the stage config has ``save_minutes`` > 0, a Trainer checkpoint is saved once that
+    many minutes have passed since training began or since the last save, and at the end of each epoch (not at the
+    last step, and only a minute or more after the last save), on top of the Trainer's own ``save_strategy``. A
+    checkpoint of a 135M model (weights and Adam state, about 1.6 GB) takes seconds: every few steps it is a share of
+    the stage's time, every 30 minutes it is noise, and a kill still loses at most ``save_minutes`` of training. In a
+    multi-process run rank 0's clock decides for every rank (a broadcast per step), since a save is collective under
+    DeepSpeed and FSDP.
+    """
 
     def __init__(self):
         raw = os.environ.get(FAULT_ENV)
         self.kill_after = int(raw) if raw else None
         self.start_step: int | None = None  # the global step training began at (the resumed checkpoint's)
+        self._last_save = time.monotonic()
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start_step = int(state.global_step)  # after the Trainer restored the checkpoint's state
+        self._last_save = time.monotonic()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        minutes = float(getattr(args, "save_minutes", 0) or 0)
+        if minutes > 0 and state.global_step < state.max_steps and not control.should_save:
+            due = _same_on_every_rank(time.monotonic() - self._last_save >= 60 * minutes)
+            if due:
+                logger.info("checkpoint at step %d: %.0f minutes since the last one", state.global_step, minutes)
+                control.should_save = True
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # A resume point at an epoch boundary, unless epochs are short (many epochs of a few rows would save every
+        # few steps): only a minute or more after the last save.
+        if (float(getattr(args, "save_minutes", 0) or 0) > 0 and state.global_step < state.max_steps
+                and not control.should_save and _same_on_every_rank(time.monotonic() - self._last_save >= 60)):
+            control.should_save = True
         return control
 
     def on_save(self, args, state, control, **kwargs):
+        self._last_save = time.monotonic()
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
@@ -250,6 +281,17 @@ class ResumeCallback(TrainerCallback):
             logger.warning("%s=%d: sending SIGKILL to this process (pid %d)", FAULT_ENV, self.kill_after, os.getpid())
             os.kill(os.getpid(), signal.SIGKILL)
         return control
+
+
+def _same_on_every_rank(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank of an initialised process group (else ``flag``)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    box = [flag]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def check_finished(trainer, resumed_from: str | None) -> None:

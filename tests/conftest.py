@@ -3,7 +3,9 @@ Prefect home for the whole session.
 
 Prefect: before anything imports prefect, PREFECT_HOME and PREFECT_API_DATABASE_CONNECTION_URL point at a temporary
 directory and PREFECT_API_URL is unset, so no test run, flow run or artifact reaches the user's ~/.prefect database
-or a server their profile names (issue 8). The directory is removed at the end of the session.
+or a server their profile names. The directory is removed at the end of the session.
+
+Precision: ``RLHF_NATIVE_BF16=0`` unless set (see below).
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The suite's numbers (golden files, tolerances, bit-identical reruns) are fp32's, so by default it runs as on a CPU
+# without native bf16, on every CPU; the bf16 path is run on every machine too, by the tests that force the detection
+# to 1 (tests/test_precision_bf16.py, test_machine_efficiency.py, test_lineage.py). Stage subprocesses inherit it.
+# RLHF_NATIVE_BF16= (empty) runs the suite on this machine's own detection instead.
+os.environ.setdefault("RLHF_NATIVE_BF16", "0")
 
 TEST_PREFECT_HOME = tempfile.mkdtemp(prefix="rlhf-tests-prefect-")
 os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME

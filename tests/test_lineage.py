@@ -61,13 +61,22 @@ def test_empty_tensor_checkpoint_is_refused(tmp_path):
         check_checkpoint(tmp_path / "nothing")
 
 
-def test_precision_on_cpu_is_fp32_and_bad_values_are_refused():
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_precision_follows_the_bf16_detection_both_ways_and_bad_values_are_refused(native, monkeypatch):
+    # Both paths on every machine: the detection is forced, whatever this CPU's flags are.
     if torch.cuda.is_available():
         pytest.skip("CPU rule")
-    assert resolve_precision("auto") == "fp32"
-    assert resolve_precision("bf16") == "fp32"
+    monkeypatch.setenv("RLHF_NATIVE_BF16", native)
+    if native == "0":  # bf16 would be emulated: fp32 whatever is asked
+        assert resolve_precision("auto") == "fp32" and resolve_precision("bf16") == "fp32"
+    else:
+        assert resolve_precision("auto", "sft") == "bf16" and resolve_precision("bf16", "dpo") == "bf16"
+    assert resolve_precision("fp32", "sft") == "fp32"
     with pytest.raises(ValueError):
         resolve_precision("int8")
+    monkeypatch.setenv("RLHF_NATIVE_BF16", "yes")
+    with pytest.raises(ValueError, match="RLHF_NATIVE_BF16 must be 0 or 1"):
+        resolve_precision("auto")
 
 
 # Stage recipes, in every preset folder, nested ones too (recipes/8b/full/): accelerate_configs/ are accelerate's

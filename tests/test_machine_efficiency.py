@@ -14,6 +14,7 @@ import torch
 from rlhf.efficiency import CountingCollator, efficiency
 from rlhf.machine import (
     CPU_BF16_FLAGS,
+    _machine_key,
     PEAK_CACHE,
     auto_batch_size,
     cpu_flags,
@@ -87,6 +88,9 @@ def test_a_stage_run_through_the_flow_uses_every_core_and_reports_its_efficiency
 
     n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(resolve_base_model("tiny")).parameters())
     assert eff["mfu"] == pytest.approx(6 * n * eff["tokens_per_s"] / eff["peak_flops"])
+    assert 0 < eff["mfu"] <= 1
+    assert eff["first_step_seconds"] > 0 and eff["steady_step_seconds"] > 0  # 2 steps: the warm-up apart
+    assert eff["warmup_seconds"] == pytest.approx(eff["first_step_seconds"] - eff["steady_step_seconds"])
     assert run.manifest["config"]["train_sampling_strategy"] == "group_by_length"
 
 
@@ -112,17 +116,66 @@ def test_mfu_is_six_n_tokens_per_second_over_the_peak():
 def test_the_matmul_peak_is_measured_once_per_machine_and_cached():
     first, source = peak_flops("fp32")
     assert first > 1e8 and (not torch.cuda.is_available() and "measured" in source or torch.cuda.is_available())
-    if not torch.cuda.is_available():
-        assert any(v == first for v in json.loads(PEAK_CACHE.read_text()).values())
-    assert peak_flops("fp32")[0] == first  # cached, not re-measured
+    if torch.cuda.is_available():
+        return
+    entry = json.loads(PEAK_CACHE.read_text())[_machine_key("fp32", torch.get_num_threads())]
+    assert entry["flops"] == first and entry["measured_at"] > 0
+    again, source = peak_flops("fp32")
+    assert again >= first and "re-checked" in source  # the cached figure, checked against a quick measurement
 
 
-def test_native_bf16_follows_the_cpu_flags_and_auto_precision_follows_it():
-    from rlhf.precision import FP32_UNDER_AUTO, resolve_precision
+def test_a_cached_peak_measured_under_load_is_refused_and_measured_again(tmp_path, monkeypatch):
+    import rlhf.machine as machine
 
+    if torch.cuda.is_available():
+        pytest.skip("published peaks on known GPUs")
+    cache = tmp_path / "peak.json"
+    key = machine._machine_key("fp32", torch.get_num_threads())
+    cache.write_text(json.dumps({key: {"flops": 1e6, "measured_at": 0}}))  # far below what any CPU does
+    monkeypatch.setattr(machine, "PEAK_CACHE", cache)
+    flops, source = machine.peak_flops("fp32")
+    assert flops > machine.PEAK_RECHECK_FACTOR * 1e6 and "re-checked" not in source
+    assert json.loads(cache.read_text())[key]["flops"] == flops
+    cache.write_text(json.dumps({key: 123.0}))  # an old-format entry (a bare number) is measured again too
+    assert machine.peak_flops("fp32")[0] > 1e6
+
+
+def test_mfu_above_100_percent_is_refused_not_reported(monkeypatch):
+    import rlhf.machine as machine
+
+    calls = []
+    monkeypatch.setattr(machine, "peak_flops", lambda dtype, remeasure=False: (calls.append(remeasure) or 1e6, "x"))
+    eff = efficiency(n_params=1_000_000, tokens=1000, seconds=2.0, dtype="fp32")  # 3e9 FLOP/s against 1e6
+    assert calls == [False, True]  # measured again before giving up
+    assert eff["mfu"] is None and "peak is wrong" in eff["mfu_null_reason"]
+
+
+def test_step_timer_reports_the_first_step_apart_from_the_steady_state():
+    from rlhf.efficiency import StepTimer
+
+    timer = StepTimer()
+    assert timer.summary() == {"first_step_seconds": None, "steady_step_seconds": None, "warmup_seconds": None}
+    timer.seconds = [4.0, 1.0, 1.5, 1.2]
+    assert timer.summary() == {"first_step_seconds": 4.0, "steady_step_seconds": 1.2, "warmup_seconds": 2.8}
+
+
+def test_native_bf16_follows_the_cpu_flags_unless_forced(monkeypatch):
+    monkeypatch.delenv("RLHF_NATIVE_BF16", raising=False)
     native, evidence = native_bf16()
     if not torch.cuda.is_available():
         assert native == bool(set(CPU_BF16_FLAGS) & cpu_flags())
+    for forced in ("0", "1"):
+        monkeypatch.setenv("RLHF_NATIVE_BF16", forced)
+        native, evidence = native_bf16()
+        assert native == (forced == "1") and "forced by RLHF_NATIVE_BF16" in evidence
+
+
+@pytest.mark.parametrize("forced", ["0", "1"])
+def test_auto_precision_follows_the_bf16_detection(forced, monkeypatch):
+    from rlhf.precision import FP32_UNDER_AUTO, resolve_precision
+
+    monkeypatch.setenv("RLHF_NATIVE_BF16", forced)
+    native, evidence = native_bf16()
     expected = "bf16" if native else ("fp16" if torch.cuda.is_available() else "fp32")
     assert resolve_precision("auto", "sft") == expected
     for stage in FP32_UNDER_AUTO:  # DPO's and the RM's numbers move in bf16: fp32 where bf16 is native

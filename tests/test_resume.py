@@ -28,10 +28,12 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "smoke"
 TOL = 1e-6
 
 # SFT: 8 rows, batch 2 -> 4 steps an epoch; 8 steps = 2 epochs; a Trainer checkpoint every 2 steps.
-SFT_ARGS = ["--max_train_samples", "8", "--max_steps", "8", "--save_steps", "2", "--save_total_limit", "3"]
+# save_minutes 0: checkpoints by step only, so which ones exist never depends on this machine's speed.
+SFT_ARGS = ["--max_train_samples", "8", "--max_steps", "8", "--save_steps", "2", "--save_total_limit", "3",
+            "--save_minutes", "0"]
 # DPO: 4 pairs, batch 1 -> 4 steps an epoch; 8 steps = 2 epochs; checkpoints at 3 and 6 (6 is mid second epoch).
 DPO_ARGS = ["--max_train_samples", "4", "--per_device_train_batch_size", "1", "--max_steps", "8", "--save_steps",
-            "3", "--step0_pairs", "0"]
+            "3", "--step0_pairs", "0", "--save_minutes", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +244,36 @@ def test_length_grouped_order_is_a_function_of_seed_and_epoch_only():
     other = EpochSeededLengthGroupedSampler(2, lengths=lengths, seed=42)
     other.set_epoch(1)
     assert list(other) == first  # a fresh process (a resumed run) draws the same order
+
+
+def test_checkpoints_by_time_every_save_minutes_and_at_epoch_ends_never_at_the_last_step(monkeypatch):
+    """The wall-time rule of ResumeCallback on a fake clock: due after ``save_minutes``, the clock restarts at each
+    save, an epoch end saves only a minute or more after the last save, the last step never (the stage saves it)."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    import rlhf.resume as resume
+
+    now = [1000.0]
+    monkeypatch.setattr(resume.time, "monotonic", lambda: now[0])
+    cb = resume.ResumeCallback()
+    args, state = SimpleNamespace(save_minutes=30, output_dir="/nonexistent"), TrainerState(max_steps=100)
+    cb.on_train_begin(args, state, TrainerControl())
+
+    def step_end(at_minutes: float, step: int = 10) -> bool:
+        now[0], state.global_step = 1000.0 + 60 * at_minutes, step
+        return cb.on_step_end(args, state, TrainerControl()).should_save
+
+    assert not step_end(29.9) and step_end(30.0)
+    cb.on_save(args, state, TrainerControl())  # the clock restarts at the save
+    assert not step_end(59.0) and step_end(60.0)
+    assert not step_end(600, step=100)  # the last step: the stage saves the model itself
+    cb.on_save(args, state, TrainerControl())
+    now[0] += 59
+    assert not cb.on_epoch_end(args, state, TrainerControl()).should_save  # a short epoch: no extra save
+    now[0] += 1
+    state.global_step = 50
+    assert cb.on_epoch_end(args, state, TrainerControl()).should_save
+    args.save_minutes = 0  # off: only the Trainer's own save_strategy
+    assert not step_end(10_000) and not cb.on_epoch_end(args, state, TrainerControl()).should_save
