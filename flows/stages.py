@@ -25,7 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
+from data.fingerprint import data_fingerprint
+from rlhf.lineage import code_version, content_hash, json_hash
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
 from rlhf.registry import STAGES, stage as registry_stage
 from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir

@@ -1,4 +1,5 @@
-"""Lineage (DESIGN.md principle 8): content hashes, data fingerprints, and the code each stage runs.
+"""Lineage (DESIGN.md principle 8): content hashes, and the code each stage runs. (Data sources are fingerprinted by
+``data.fingerprint``, one layer up.)
 
 Caches are keyed on content, never on a path: a file that changed under the same name gets a new hash. A stage's
 code version covers the packages it really imports (read from the source, followed transitively), so a change
@@ -127,13 +128,3 @@ def code_version(packages: tuple[str, ...] | None = None, root: str | os.PathLik
             h.update(f.relative_to(root).as_posix().encode())
             h.update(file_hash(f).encode())
     return h.hexdigest()
-
-
-def data_fingerprint(source: str) -> str:
-    """Content hash of a data source: ``demo:<name>`` (bundled file), a local path, or ``hub:<id>``."""
-    if source.startswith("demo:"):
-        from data.bundle import demo_path
-
-        return content_hash(demo_path(source.removeprefix("demo:")))
-    p = Path(source).expanduser()
-    return content_hash(p) if p.exists() else f"hub:{source}"
