@@ -27,7 +27,7 @@ from typing import Any, Literal, NoReturn
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from judging.labels import FIRST, SECOND, TIE
+from data.labels import FIRST, SECOND, TIE
 
 __all__ = [
     "Role",
@@ -49,7 +49,7 @@ __all__ = [
 
 Role = Literal["system", "user", "assistant"]
 
-#: The expert-label convention of :class:`AnnotatorLabel`, declared once in ``judging.labels``: 0 = tie,
+#: The expert-label convention of :class:`AnnotatorLabel`, declared once in ``data.labels``: 0 = tie,
 #: 1 = the first response (``PreferencePair.chosen``) is better, 2 = the second (``rejected``) is better.
 FIRST_BETTER, SECOND_BETTER = FIRST, SECOND
 

@@ -45,6 +45,7 @@ __all__ = [
     "format_location",
     "validate_rows",
     "write_rejects",
+    "handle_rejects",
 ]
 
 logger = logging.getLogger(__name__)
@@ -340,3 +341,36 @@ def validate_rows(
             summary=_summarise(rejects),
         )
     return accepted, rejects
+
+
+def handle_rejects(rejects: list, n_total: int, args, what: str) -> None:
+    """What a stage does with the rows its preparation rejected (e.g. truncation, tokenization).
+
+    Strict: raise the first reject. Lenient: write them all to ``<output_dir>/rejects-<what>.jsonl`` and raise
+    when their share exceeds ``args.max_reject_rate``. Never silent: the count is logged either way.
+
+    Args:
+        rejects: the rejected rows (each with ``file, row, field, reason``; the strict mode raises the first, so they
+            are exceptions, e.g. :class:`DataValidationError`).
+        n_total: rows before rejection (the rate's denominator).
+        args: the stage config: ``data_mode`` (``"strict"``/``"lenient"``), ``output_dir``, ``max_reject_rate``.
+        what: the step that rejected them, used in the file name and the log.
+
+    Raises:
+        the first reject (strict); DataValidationError: the reject rate is above ``args.max_reject_rate``.
+    """
+    if not rejects:
+        return
+    if args.data_mode == "strict":
+        raise rejects[0]
+    path = Path(args.output_dir) / f"rejects-{what}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in rejects:
+            f.write(json.dumps({"file": r.file, "row": r.row, "field": r.field, "reason": r.reason}) + "\n")
+    rate = len(rejects) / max(n_total, 1)
+    logger.warning("%s: %d of %d rows rejected (%.1f%%), listed in %s", what, len(rejects), n_total, 100 * rate, path)
+    if rate > args.max_reject_rate:
+        raise DataValidationError(
+            f"{len(rejects)}/{n_total} rows rejected > max_reject_rate {args.max_reject_rate}", file=str(path)
+        )

@@ -23,8 +23,10 @@ from trl import DPOTrainer
 from .trainer import FP32LogProbDPOTrainer
 
 from data.decontamination import decontaminate_stage_rows
+from data.fingerprint import data_fingerprint
 from data.loaders import load_pairs
 from data.schemas import pair_to_trl
+from data.validation import handle_rejects
 from rlhf.lineage import content_hash
 from rlhf.rundir import install_failure_hook
 from rlhf.resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
@@ -33,8 +35,7 @@ from rlhf.manifest import read_manifest
 from rlhf.checkpoint import gather_full_state_dict, save_checkpoint, verify_hash
 from rlhf.config import parse_stage_config, peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
-from rlhf.entrypoint import handle_rejects, setup_stage
-from rlhf.lineage import data_fingerprint
+from rlhf.entrypoint import setup_stage
 from rlhf.manifest import stage_manifest
 from rlhf.tracking import log_summary
 

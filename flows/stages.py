@@ -4,8 +4,8 @@ This is orchestration only: which command, which directory, whether a cached res
 is a content hash of everything a stage's result depends on (DESIGN.md principle 8): the stage name, the recipe
 file's bytes, the extra arguments, the hashes of the data files the recipe names (``*_data``) and of the JSON
 inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, and
-the version of the code the stage runs (the packages it imports, from rlhf.registry). A matching key next to a
-finished manifest means the stage is skipped.
+the version of the code the stage runs (exactly the modules it imports, ``rlhf.lineage.stage_code_modules``). A
+matching key next to a finished manifest means the stage is skipped.
 
 Resume (issue 11, point 4): the key is also written at a stage's start (``ATTEMPT_KEY_FILE``). A rerun that finds an
 unfinished folder (no manifest) started with the same key and holding a complete Trainer checkpoint keeps the
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
+from data.fingerprint import data_fingerprint
+from rlhf.lineage import code_version, content_hash, json_hash, stage_code_modules
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
 from rlhf.registry import STAGES, stage as registry_stage
 from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir
@@ -82,7 +83,7 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
             "data": data,
             "model": model,
             "parents": {p.stage: [p.cache_key, _result_hash(p)] for p in parents},
-            "code": code_version(registry_stage(stage).code_packages),
+            "code": code_version(stage_code_modules(stage)),
         }
     )
 

@@ -37,11 +37,12 @@ from typing import Any
 
 
 from data.decontamination import seen_in_training
+from data.fingerprint import data_fingerprint
 from rlhf.distributed import actual_world_size, check_launch, init_state, is_main_process
 from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import BLOCKED_EXIT_CODE
 from rlhf.config import parse_stage_config
-from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
+from rlhf.lineage import code_version, content_hash, json_hash
 from rlhf.manifest import atomic_write_text, write_manifest
 from rlhf.precision import generation_precision
 from rlhf.rundir import check_output_dir, install_failure_hook

@@ -6,7 +6,7 @@ probability is ``p_m = a p + (1 - a)(1 - p)``, so ``p_m - 1/2 = (2a - 1)(p - 1/2
 50 % (and every difference of win rates) is multiplied by the attenuation factor ``2a - 1``.
 Seed figure: a = 0.85 shrinks a true 4-point gap to 4 * 0.7 = 2.8 measured points.
 
-Label convention (``judging.labels``): 0 = tie, 1 = first response
+Label convention (``data.labels``): 0 = tie, 1 = first response
 better, 2 = second response better, -1 = unparsed judge output / no expert majority.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from gates.result import GateResult, Metric
 from judging import agreement as _agreement
-from judging.labels import FIRST, SECOND, TIE, UNPARSED
+from data.labels import FIRST, SECOND, TIE, UNPARSED
 
 GATE_NAME = "judge_agreement"
 GATE_VERSION = "2"
@@ -127,7 +127,7 @@ class JudgeExpertAgreement:
     tie_agreement: float
     three_class_agreement: float
 
-    # The labels are called "expert" labels everywhere (judging.labels); the old names still read.
+    # The labels are called "expert" labels everywhere (data.labels); the old names still read.
     @property
     def n_human_ties(self) -> int:
         return self.n_expert_ties

@@ -12,7 +12,7 @@ import numpy as np
 
 from judging.judges import JudgeConfig, make_judge, n_unparsed, pair_id, position_consistency
 from judging.judges import preferences as judgment_preferences
-from judging.labels import scores_to_preference
+from data.labels import scores_to_preference
 from judging.qualify import qualify_judge
 from judging.scoring import load_reward_model, score, verdicts_from_scores
 from rlhf.serialization import to_jsonable
@@ -35,7 +35,7 @@ class Measurements:
 
     Fields:
         preferences: AlpacaEval preferences of the candidate vs the baseline on the win-rate suite, shape (n_winrate,)
-            (``judging.labels``: 2.0 candidate wins, 1.0 baseline wins, 1.5 draw).
+            (``data.labels``: 2.0 candidate wins, 1.0 baseline wins, 1.5 draw).
         len_candidate, len_baseline: answer lengths in tokens, shape (n_winrate,).
         intents: intent of each win-rate prompt; traffic: the traffic-share table {intent: share}.
         judge: the judge's agreement with expert labels (None: not measured); judge_source: where it was looked for.
@@ -93,7 +93,7 @@ def judge_preferences(judge: str, suites: Suites, answers: dict[str, dict]) -> n
     """The round's reward model scores both answers to each win-rate prompt; the higher score wins.
 
     Returns:
-        AlpacaEval preferences, shape (n_winrate,) (``judging.labels.scores_to_preference``).
+        AlpacaEval preferences, shape (n_winrate,) (``data.labels.scores_to_preference``).
     """
     rm, tok = load_reward_model(judge)
     prompts = suites.prompts["winrate"]

@@ -4,7 +4,7 @@ Everything here is a pure function of label / score arrays, so the PPO unlock ru
 (``judging.unlock``) and the judge-agreement gate can be tested against hand-worked
 numbers and against the real PandaLM test set (``../shared/datasets/pandalm``).
 
-Label convention: ``judging.labels`` (expert labels: ``0`` tie, ``1`` first response better, ``2`` second
+Label convention: ``data.labels`` (expert labels: ``0`` tie, ``1`` first response better, ``2`` second
 response better; ``NO_MAJORITY = -1`` for items where the annotators have no strict majority, ``UNPARSED = -1``
 for judge outputs that are not a verdict). A label is *decisive* when it is 1 or 2 (it picks a side).
 
@@ -38,7 +38,7 @@ from sklearn.metrics import cohen_kappa_score
 from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
 from statsmodels.stats.proportion import proportion_confint
 
-from judging.labels import FIRST, LABELS, NO_MAJORITY, SECOND, TIE, UNPARSED
+from data.labels import FIRST, LABELS, NO_MAJORITY, SECOND, TIE, UNPARSED
 from judging.scoring import parse_judge_verdict, verdicts_from_scores
 from rlhf.serialization import to_jsonable
 

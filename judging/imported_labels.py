@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from judging.labels import FIRST, SECOND, TIE, UNPARSED, label_to_preference
+from data.labels import FIRST, SECOND, TIE, UNPARSED, label_to_preference
 from judging.scoring import parse_judge_verdict
 
 from .judges import Judge, Judgment, check_lengths, pair_id

@@ -1,7 +1,7 @@
 """One pairwise judge interface for the gates, the reward model's agreement measurement and the flywheel.
 
 ``judge.judge(prompts, responses_a, responses_b)`` -> one :class:`Judgment` per item: a preference in AlpacaEval's
-convention (``judging.labels``: 1.0 response A better, 2.0 response B better, 1.5 draw, values in between are
+convention (``data.labels``: 1.0 response A better, 2.0 response B better, 1.5 draw, values in between are
 weighted preferences; NaN when the judge's answer could not be parsed) plus the raw verdict. In the gates, A is
 the baseline and B the candidate, so 2.0 means the candidate wins.
 

@@ -1,6 +1,6 @@
 """Reward-model judges: the round's reward model (``reward_model`` backend) or any checkpoint with a score head
 (``sequence_classifier``). Both responses are scored (``judging.scoring.score``); the higher score wins, equal
-scores are a draw (``judging.labels.scores_to_preference``)."""
+scores are a draw (``data.labels.scores_to_preference``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from judging.labels import scores_to_preference
+from data.labels import scores_to_preference
 from judging.scoring import check_score_head, load_reward_model, score
 
 from .judges import Judge, Judgment, check_lengths

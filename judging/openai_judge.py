@@ -37,7 +37,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from judging.labels import BASELINE_WINS, CANDIDATE_WINS
+from data.labels import BASELINE_WINS, CANDIDATE_WINS
 from rlhf.lineage import json_hash
 
 from .judges import Judge, JudgeConfig, Judgment, check_lengths, prompt_text

@@ -2,7 +2,7 @@
 annotators (PandaLM's test set with its three human annotators by default) and cached per judge identity.
 
 ``qualify_judge(judge, config)`` judges each agreement pair (response 1 as A, response 2 as B) through the one
-judge interface, turns the preferences into labels (``judging.labels.preference_to_label``: 1.0 -> first better,
+judge interface, turns the preferences into labels (``data.labels.preference_to_label``: 1.0 -> first better,
 2.0 -> second, 1.5 -> tie, NaN -> unparsed) and measures ``judging.agreement.judge_agreement`` against the
 annotators' strict majority (agreement a on decisive expert labels, Wilson interval, n). The result is cached
 under the sha256 of (judge identity, agreement data fingerprint, n), so a judge is measured once and re-measured
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from data.fingerprint import data_fingerprint
+from data.labels import preference_to_label
 from judging.agreement import JudgeAgreement, judge_agreement
-from judging.labels import preference_to_label
-from rlhf.lineage import data_fingerprint
 from rlhf.serialization import to_jsonable
 
 from .cache import JudgmentCache

@@ -1,5 +1,5 @@
 """Judging below the stages: score (prompt, response) pairs with a Bradley-Terry reward model, in batches, and
-the one parser that turns a judge's verdict or two scores into an expert-convention label (``judging.labels``).
+the one parser that turns a judge's verdict or two scores into an expert-convention label (``data.labels``).
 
 Used by the reward-model stage (held-out agreement), the gate stage (the judge) and PPO (the reward), so the
 three score exactly alike.
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from judging.labels import FIRST, SECOND, TIE, UNPARSED, scores_to_label
+from data.labels import FIRST, SECOND, TIE, UNPARSED, scores_to_label
 
 _VERDICTS = {"1": FIRST, "2": SECOND, "0": TIE, "tie": TIE}
 

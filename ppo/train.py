@@ -49,6 +49,7 @@ from transformers import (
     AutoTokenizer,
 )
 
+from data.fingerprint import data_fingerprint
 from data.loaders import load_chat_prompts
 from judging.unlock import decide_from_metrics
 from ppo.config import PPOConfig, PPOScriptArguments
@@ -56,7 +57,7 @@ from ppo.trainer import Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
 from rlhf.config import parse_stage_config
 from rlhf.distributed import check_launch
-from rlhf.lineage import content_hash, data_fingerprint
+from rlhf.lineage import content_hash
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
 from rlhf.precision import accelerate_mixed_precision, stage_accelerator
 from rlhf.rundir import install_failure_hook

@@ -25,9 +25,11 @@ from transformers import set_seed
 from trl import RewardTrainer
 
 from data.decontamination import decontaminate_stage_rows
+from data.fingerprint import data_fingerprint
 from data.loaders import load_pairs
 from data.pairs import prepare_pairs
 from data.schemas import pair_to_trl
+from data.validation import handle_rejects
 from judging.agreement import expert_labels, inter_annotator_agreement, rm_agreement
 from judging.judges import judge_pairs
 from judging.model_judges import RewardModelJudge, judgment_scores
@@ -37,8 +39,8 @@ from rlhf.precision import keep_in_fp32
 from rlhf.config import parse_stage_config, peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
 from rlhf.machine import auto_batch_size
-from rlhf.entrypoint import handle_rejects, setup_stage
-from rlhf.lineage import content_hash, data_fingerprint
+from rlhf.entrypoint import setup_stage
+from rlhf.lineage import content_hash
 from rlhf.manifest import read_manifest, stage_manifest
 from rlhf.rundir import install_failure_hook
 from rlhf.resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record

@@ -1,8 +1,9 @@
-"""Lineage (DESIGN.md principle 8): content hashes, data fingerprints, and the code each stage runs.
+"""Lineage (DESIGN.md principle 8): content hashes, and the code each stage runs.
 
 Caches are keyed on content, never on a path: a file that changed under the same name gets a new hash. A stage's
-code version covers the packages it really imports (read from the source, followed transitively), so a change
-in shared code recomputes every stage that runs it and no other.
+code version covers exactly the modules it imports (read from the source, file level and inside functions,
+followed transitively from its entry module), so a change in a module recomputes every stage that runs it and no
+other. (Data sources are fingerprinted by ``data.fingerprint``, one layer up.)
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import ast
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from .registry import PROJECT_PACKAGES
+from .registry import stage as registry_stage
 
 _CHUNK = 1 << 20  # 1 MiB reads keep memory flat on multi-GB checkpoints
 
@@ -57,83 +62,165 @@ def json_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-ROOT = Path(__file__).resolve().parent.parent  # the repository: one folder per package
+# Where the project's packages sit: the checkout (editable install), or site-packages (wheel install), whose
+# installed .py files are then what is hashed. Only the folders of PROJECT_PACKAGES are read, never the rest.
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def project_packages(root: str | os.PathLike = ROOT) -> tuple[str, ...]:
-    """The repository's own top-level packages (folders holding .py files, namespace packages included; not the
-    tests), sorted."""
-    root = Path(root)
-    return tuple(
-        sorted(
-            d.name
-            for d in root.iterdir()
-            if d.is_dir() and not d.name.startswith((".", "_")) and d.name != "tests" and any(d.glob("*.py"))
-        )
-    )
+class Import(NamedTuple):
+    """One project module imported by one statement."""
+
+    line: int  # line of the import statement
+    module: str  # the imported project module, e.g. "data.labels"
+    in_function: bool  # inside a function (runs when called) rather than at file level (runs on import)
 
 
-def imported_packages(package: str, root: str | os.PathLike = ROOT) -> set[str]:
-    """Project packages that ``package``'s own .py files import directly (module level or inside a function).
+def project_modules(root: str | os.PathLike = ROOT, packages: Iterable[str] = PROJECT_PACKAGES) -> dict[str, Path]:
+    """Module name -> source file of every .py file of ``packages`` under ``root``, sorted by name.
 
-    Read from the source with :mod:`ast` (nothing is imported): ``import a.b``, ``from a.b import c`` and
-    relative imports (which stay inside ``package``). The result excludes ``package`` itself.
+    ``pkg/__init__.py`` is module ``pkg``; a folder without ``__init__.py`` (a namespace package) has no file of its
+    own, its modules still count. A package folder that is absent is skipped.
     """
     root = Path(root)
-    own = set(project_packages(root))
-    found: set[str] = set()
-    for f in sorted((root / package).rglob("*.py")):
-        if "__pycache__" in f.parts:
-            continue
-        tree = ast.parse(f.read_text(encoding="utf-8"), filename=str(f))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
+    out = {}
+    for pkg in packages:
+        for f in (root / pkg).rglob("*.py"):
+            if "__pycache__" in f.parts:
                 continue
-            found.update(top for top in (n.split(".")[0] for n in names) if top in own)
-    found.discard(package)
-    return found
+            parts = f.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return dict(sorted(out.items()))
 
 
-def code_packages(package: str, root: str | os.PathLike = ROOT) -> tuple[str, ...]:
-    """``package`` and every project package it imports, transitively (e.g. gates -> judging -> rlhf -> data).
+def _prefixes(dotted: str) -> list[str]:
+    parts = dotted.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
-    This is the code a stage runs, so it is what its cache key follows (:func:`code_version`): a change in any of
-    these packages recomputes the stage, a change elsewhere does not. Sorted, ``package`` included.
+
+def module_imports(module: str, path: str | os.PathLike, modules: Mapping[str, Path]) -> list[Import]:
+    """The project modules one source file imports, at file level and inside functions, read with :mod:`ast`
+    (nothing is executed).
+
+    ``import a.b.c`` imports ``a``, ``a.b`` and ``a.b.c`` (importing a module runs its packages' ``__init__``);
+    ``from a.b import c`` imports ``a``, ``a.b`` and, when ``a.b.c`` is a module, that too; relative imports resolve
+    against ``module``'s package. Only names in ``modules`` count (the standard library and third-party packages
+    are left out), and neither ``module`` itself nor its own packages do (they are imported before it runs).
+
+    Args:
+        module: the file's module name (``"data.schemas"``; a package's ``__init__.py`` is the package's name).
+        path: the file.
+        modules: the project's modules (:func:`project_modules`).
+
+    Returns:
+        One :class:`Import` per (statement, imported module), in source order.
+
+    Raises:
+        SyntaxError: the file does not parse.
     """
-    seen, todo = {package}, [package]
+    path = Path(path)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    out: list[Import] = []
+
+    def targets(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [m for alias in node.names for m in _prefixes(alias.name)]
+        if node.level - 1 > len(package):
+            return []  # beyond the top level: Python refuses it too
+        prefix = ".".join(package[: len(package) - (node.level - 1)]) if node.level else ""
+        # "from .. import sft" one level below the top names top-level modules; Python refuses it at run time,
+        # counting it keeps the layer check strict
+        base = ".".join(p for p in (prefix, node.module) if p)
+        names = [f"{base}.{a.name}" if base else a.name for a in node.names if a.name != "*"]
+        return (_prefixes(base) if base else []) + names
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for m in dict.fromkeys(targets(child)):
+                    # a module's own packages are being imported already when it runs (Python imports a.b before
+                    # a.b.c), so "from a.b import x" in a.b.c is no edge back to a.b
+                    if m in modules and m != module and not module.startswith(f"{m}."):
+                        out.append(Import(child.lineno, m, in_function))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), False)
+    return out
+
+
+def import_graph(root: str | os.PathLike = ROOT, packages: Iterable[str] = PROJECT_PACKAGES) -> dict[str, list[Import]]:
+    """Every project module -> the project modules it imports (:func:`module_imports`)."""
+    modules = project_modules(root, packages)
+    return {m: module_imports(m, f, modules) for m, f in modules.items()}
+
+
+def code_modules(
+    entries: Iterable[str], root: str | os.PathLike = ROOT, packages: Iterable[str] = PROJECT_PACKAGES
+) -> tuple[str, ...]:
+    """``entries`` and every project module they import, transitively, at file level and inside functions (a lazy
+    import runs when the stage calls that function), with the package ``__init__`` modules each import runs.
+
+    This is the code a stage runs, so it is what its cache key follows (:func:`code_version`): a change in one of
+    these modules recomputes the stage, a change in any other module does not.
+
+    Returns:
+        Sorted module names, e.g. ``("data", "data.schemas", ..., "sft.train")``.
+
+    Raises:
+        ValueError: an entry that is not a module of ``packages`` under ``root``.
+    """
+    modules = project_modules(root, packages)
+    seen: set[str] = set()
+    todo = []
+    for entry in entries:
+        if entry not in modules:
+            raise ValueError(f"{entry!r} is not a module of {', '.join(packages)} under {root}")
+        todo += [m for m in _prefixes(entry) if m in modules]
     while todo:
-        for dep in imported_packages(todo.pop(), root):
-            if dep not in seen:
-                seen.add(dep)
-                todo.append(dep)
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += [i.module for i in module_imports(m, modules[m], modules) if i.module not in seen]
     return tuple(sorted(seen))
 
 
-def code_version(packages: tuple[str, ...] | None = None, root: str | os.PathLike = ROOT) -> str:
-    """Hash of the pipeline's own source: the .py files of ``packages`` (default: every project package).
+def stage_code_modules(stage: str, root: str | os.PathLike = ROOT) -> tuple[str, ...]:
+    """The modules a registry stage runs: :func:`code_modules` from its entry module and its config modules (the
+    flow parses the recipe with those before the stage starts).
+
+    Raises:
+        ValueError: an unknown stage.
+    """
+    entry = registry_stage(stage)
+    return code_modules((entry.module, *(c.split(":")[0] for c in entry.configs)), root)
+
+
+def code_packages(stage: str, root: str | os.PathLike = ROOT) -> tuple[str, ...]:
+    """The top-level packages of :func:`stage_code_modules`, sorted; e.g. ``sft`` -> ``("data", "rlhf", "sft")``.
+
+    For reading (what a stage depends on); the cache key follows the modules themselves.
+    """
+    return tuple(sorted({m.split(".")[0] for m in stage_code_modules(stage, root)}))
+
+
+def code_version(
+    modules: Iterable[str] | None = None, root: str | os.PathLike = ROOT, packages: Iterable[str] = PROJECT_PACKAGES
+) -> str:
+    """Hash of the pipeline's own source: the files of ``modules`` (default: every project module).
 
     A change to the code a stage runs changes its value, so a cached result computed by older code is not reused.
+    Computed from the files on disk (a checkout, or the installed package), so it needs no git.
+
+    Returns:
+        64-char hex digest over each module's relative path and file hash, in module-name order.
+
+    Raises:
+        KeyError: a module that is not one of ``packages`` under ``root``.
     """
     root = Path(root)
-    packages = project_packages(root) if packages is None else packages
+    files = project_modules(root, packages)
     h = hashlib.sha256()
-    for pkg in packages:
-        d = root / pkg
-        for f in sorted(q for q in d.rglob("*.py") if "__pycache__" not in q.parts):
-            h.update(f.relative_to(root).as_posix().encode())
-            h.update(file_hash(f).encode())
+    for m in sorted(files) if modules is None else sorted(set(modules)):
+        h.update(files[m].relative_to(root).as_posix().encode())
+        h.update(b"\0")
+        h.update(file_hash(files[m]).encode())
     return h.hexdigest()
-
-
-def data_fingerprint(source: str) -> str:
-    """Content hash of a data source: ``demo:<name>`` (bundled file), a local path, or ``hub:<id>``."""
-    if source.startswith("demo:"):
-        from data.bundle import demo_path
-
-        return content_hash(demo_path(source.removeprefix("demo:")))
-    p = Path(source).expanduser()
-    return content_hash(p) if p.exists() else f"hub:{source}"

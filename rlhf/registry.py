@@ -2,7 +2,8 @@
 files, the CLI's stage commands and their help, the recipe/override checks, and each stage's cache-key code set.
 
 Entries are plain strings (module paths), so ``rlhf`` never imports a stage: a stage's module is imported only
-when it runs, and the code it depends on is read from its source (:func:`rlhf.lineage.code_packages`).
+when it runs, and the code it depends on is read from its source (:func:`rlhf.lineage.stage_code_modules`).
+:data:`LAYERS` places every package of the project, stages included, in the import order the layer tests enforce.
 
     name          key in the flow, the round manifest and ``--set <name>.key=value``; the stage's output folder
     package       the stage's own package
@@ -17,8 +18,6 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from .lineage import code_packages
-
 
 @dataclass(frozen=True)
 class Stage:
@@ -30,11 +29,6 @@ class Stage:
     configs: tuple[str, ...]
     recipe: str
     cli: str
-
-    @property
-    def code_packages(self) -> tuple[str, ...]:
-        """The packages whose code this stage runs: its own and what it imports, transitively (from the source)."""
-        return code_packages(self.package)
 
     def config_classes(self) -> tuple[type, ...]:
         """Import and return the config dataclasses (imports the stage's config module, not its training code)."""
@@ -62,6 +56,23 @@ STAGES: dict[str, Stage] = {
         Stage("gates", "gates", "gates.evaluate", ("gates.config:GateStageConfig",), "gates", "gates"),
     )
 }
+
+
+#: The project's packages by layer, top to bottom. A package imports only its own modules and packages of the
+#: layers below its own (never one beside it: a stage never imports another stage). The stages' layer is the
+#: registry's packages plus the flywheel (a stage the round flow does not launch). Below it, the shared packages
+#: one per layer: judging (judges, agreement) > data (schemas, loaders, labels, validation, decontamination)
+#: > rlhf (plumbing). Checked on the source by tests/test_layers.py, and drawn in the README's Layout section.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("flows",),
+    (*dict.fromkeys(s.package for s in STAGES.values()), "flywheel"),
+    ("judging",),
+    ("data",),
+    ("rlhf",),
+)
+
+#: Every top-level package of the project (what ``pyproject.toml`` installs), sorted.
+PROJECT_PACKAGES: tuple[str, ...] = tuple(sorted(p for layer in LAYERS for p in layer))
 
 
 def stage(name: str) -> Stage:

@@ -19,14 +19,14 @@ from trl import SFTTrainer
 
 from data.decontamination import decontaminate_stage_rows
 from data.loaders import load_sft
-from data.validation import DataValidationError
+from data.fingerprint import data_fingerprint
+from data.validation import DataValidationError, handle_rejects
 from rlhf.lineage import content_hash
 from rlhf.models import model_fingerprint, resolve_base_model
 from rlhf.checkpoint import freeze_dir, gather_full_state_dict, save_checkpoint
 from rlhf.config import parse_stage_config, peft_config
 from rlhf.efficiency import count_tokens, group_by_length, summary as _numbers, train_efficiency
-from rlhf.entrypoint import handle_rejects, setup_stage
-from rlhf.lineage import data_fingerprint
+from rlhf.entrypoint import setup_stage
 from rlhf.manifest import stage_manifest
 from rlhf.rundir import install_failure_hook
 from rlhf.resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record

@@ -19,7 +19,7 @@ from gates.refusal import refusal_rates
 from gates.render import ppo_unlock_line
 from gates.result import release_verdict
 from gates.sycophancy import SycophancyMeasure, flip_rate, suggested_answer_agreement
-from judging.labels import scores_to_preference
+from data.labels import scores_to_preference
 from judging.unlock import ppo_unlock_decision
 from judging.agreement import ConfidenceInterval, RewardModelAgreement, inter_annotator_agreement
 

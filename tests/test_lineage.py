@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from rlhf.lineage import content_hash, json_hash
 from rlhf.manifest import read_manifest, write_manifest
 from rlhf.precision import resolve_precision
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
 
 
 def test_content_hash_follows_content_not_path(tmp_path):
@@ -180,14 +182,66 @@ def test_stage_cache_key_changes_with_any_input(tmp_path):
     assert key != stage_cache_key("dpo", recipe, [], [parent])
 
 
-def test_a_code_change_recomputes_only_the_stages_that_run_that_code():
+def _copy_packages(dest: Path) -> None:
+    """The project's package folders, .py files only (what the code version reads), under ``dest``."""
+    from rlhf.registry import PROJECT_PACKAGES
+
+    def not_code(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if n == "__pycache__" or (Path(folder, n).is_file() and not n.endswith(".py"))]
+
+    for pkg in PROJECT_PACKAGES:
+        shutil.copytree(ROOT / pkg, dest / pkg, ignore=not_code)
+
+
+def test_a_code_change_recomputes_only_the_stages_that_run_that_code(tmp_path):
+    """For every stage, in both directions: a change in a module the stage imports (directly, transitively or
+    inside a function) changes its code version, a change in any other module does not. Run on a copy of the
+    source; each change is a comment, which leaves the code sets as they are."""
+    from rlhf.lineage import code_packages, code_version, project_modules, stage_code_modules
     from rlhf.registry import STAGES
 
-    packages = {name: s.code_packages for name, s in STAGES.items()}
-    assert "gates" not in packages["sft"] and "gates" not in packages["dpo"]
-    assert all({"rlhf", "data"} <= set(v) for v in packages.values())
-    assert "judging" in packages["gates"] and "judging" in packages["reward_model"]  # both import judging
-    assert all(name in pkgs for name, pkgs in packages.items())
+    _copy_packages(tmp_path)
+    sets = {name: set(stage_code_modules(name, tmp_path)) for name in STAGES}
+    assert sets == {name: set(stage_code_modules(name)) for name in STAGES}  # the copy reads as the tree does
+
+    def keys() -> dict[str, str]:
+        return {name: code_version(sets[name], tmp_path) for name in STAGES}
+
+    files = project_modules(tmp_path)
+    # each stage's entry and config modules, every judging module (the judge backends among them), the modules
+    # that moved between layers, and code no stage runs (the flows, the flywheel)
+    probes = sorted({
+        *(s.module for s in STAGES.values()), *(c.split(":")[0] for s in STAGES.values() for c in s.configs),
+        *(m for m in files if m.startswith("judging.")), "data.labels", "data.fingerprint", "data.validation",
+        "rlhf.lineage", "rlhf.entrypoint", "rlhf.registry", "flows.stages", "flows.round", "flywheel.store",
+    })  # fmt: skip
+    before = keys()
+    for module in probes:
+        original = files[module].read_bytes()
+        files[module].write_bytes(original + b"\n# changed\n")
+        changed = {name for name, key in keys().items() if key != before[name]}
+        files[module].write_bytes(original)
+        assert changed == {name for name in STAGES if module in sets[name]}, module
+    for name in STAGES:  # both directions were exercised for every stage
+        assert any(m in sets[name] for m in probes) and any(m not in sets[name] for m in probes), name
+    # a judge backend is code the gates (and the reward model's held-out judging) run; SFT, DPO and PPO do not
+    assert [n for n in STAGES if "judging.openai_judge" in sets[n]] == ["reward_model", "gates"]
+    assert "judging" not in code_packages("sft") and "judging" not in code_packages("dpo")
+    assert code_packages("sft") == ("data", "rlhf", "sft")
+
+
+def test_the_stage_cache_key_follows_the_stage_code_version(tmp_path, monkeypatch):
+    import flows.stages
+    from rlhf.lineage import stage_code_modules
+
+    seen = []
+    monkeypatch.setattr(flows.stages, "code_version", lambda modules: seen.append(tuple(modules)) or "v1")
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("beta: 0.1\n")
+    key = flows.stages.stage_cache_key("sft", recipe, [], [])
+    assert seen == [stage_code_modules("sft")]
+    monkeypatch.setattr(flows.stages, "code_version", lambda modules: "v2")
+    assert flows.stages.stage_cache_key("sft", recipe, [], []) != key
 
 
 def _write_tree(root: Path, files: dict[str, str]) -> None:
@@ -198,47 +252,88 @@ def _write_tree(root: Path, files: dict[str, str]) -> None:
 
 
 def test_code_dependencies_follow_real_imports_transitively(tmp_path):
-    """stage_a -> shared_b (a lazy import inside a function) -> shared_c; unrelated_d is imported by nobody."""
-    from rlhf.lineage import code_packages, code_version, imported_packages
+    """stage_a.train -> stage_a.helpers, and shared_b.util (a lazy import inside a function) -> shared_c.core;
+    the modules beside them and unrelated_d are imported by nobody."""
+    from rlhf.lineage import Import, code_modules, code_version, module_imports, project_modules
 
     _write_tree(tmp_path, {
         "stage_a/__init__.py": "",
         "stage_a/train.py": "import os\nfrom . import helpers\n\ndef main():\n    from shared_b.util import f\n",
-        "stage_a/helpers.py": "import numpy\n",
+        "stage_a/helpers.py": "import numpy\nfrom stage_a import train\n",  # a circle is followed once
+        "stage_a/unused.py": "import unrelated_d\n",  # in the stage's package, but its entry never imports it
         "shared_b/__init__.py": "",
         "shared_b/util.py": "import shared_c.core as core\n\ndef f():\n    return core.X\n",
+        "shared_b/other.py": "Z = 0\n",
         "shared_c/core.py": "X = 1\n",  # a namespace package (no __init__.py) still counts
         "unrelated_d/__init__.py": "Y = 2\n",
-        "tests/test_x.py": "import stage_a\n",  # tests are not a package of the product
+        "tests/test_x.py": "import stage_a\n",  # not a package of the product
     })  # fmt: skip
-    assert imported_packages("stage_a", tmp_path) == {"shared_b"}  # os, numpy and relative imports are not deps
-    deps = code_packages("stage_a", tmp_path)
-    assert deps == ("shared_b", "shared_c", "stage_a")
-    before = code_version(deps, tmp_path)
-    (tmp_path / "unrelated_d" / "__init__.py").write_text("Y = 3\n")
-    assert code_version(code_packages("stage_a", tmp_path), tmp_path) == before  # an unrelated change: reused
+    packages = ("shared_b", "shared_c", "stage_a", "unrelated_d")
+    modules = project_modules(tmp_path, packages)
+    assert "tests.test_x" not in modules and "shared_c" not in modules  # no file of its own
+    assert module_imports("stage_a.train", modules["stage_a.train"], modules) == [
+        Import(2, "stage_a.helpers", False),  # os is not the project's; stage_a itself is already imported
+        Import(5, "shared_b", True),
+        Import(5, "shared_b.util", True),
+    ]
+
+    def deps() -> tuple[str, ...]:
+        return code_modules(["stage_a.train"], tmp_path, packages)
+
+    assert deps() == ("shared_b", "shared_b.util", "shared_c.core", "stage_a", "stage_a.helpers", "stage_a.train")
+    before = code_version(deps(), tmp_path, packages)
+    for unrelated in ("unrelated_d/__init__.py", "shared_b/other.py", "stage_a/unused.py", "tests/test_x.py"):
+        (tmp_path / unrelated).write_text("CHANGED = 1\n")
+        assert code_version(deps(), tmp_path, packages) == before, unrelated  # reused
     (tmp_path / "shared_c" / "core.py").write_text("X = 2\n")  # two imports away
-    assert code_version(code_packages("stage_a", tmp_path), tmp_path) != before  # recomputed
+    assert code_version(deps(), tmp_path, packages) != before  # recomputed
+    with pytest.raises(ValueError, match="'stage_z.train' is not a module"):
+        code_modules(["stage_z.train"], tmp_path, packages)
 
 
-@pytest.mark.parametrize("name", ["reward_model", "gates"])  # the stages that reach shared code indirectly
+@pytest.mark.parametrize("name", ["sft", "dpo", "reward_model", "ppo", "gates"])
 def test_each_stage_code_set_covers_what_importing_it_loads(name):
-    """The lineage bug of issue 6: gates ran dpo's code (via reward_model) but their key did not follow it. Now the
-    set is read from the source; this checks it against Python itself: every project package that importing the
-    stage's module loads is in the stage's code set (lazy imports inside functions come on top of these)."""
+    """The static code set against Python itself: every project module that importing the stage's entry and config
+    modules loads is in the stage's code set (imports inside functions come on top of these). A stage whose code
+    set missed a module it runs would reuse a result computed by older code."""
     import json
     import subprocess
     import sys
 
-    from rlhf.lineage import ROOT, project_packages
+    from rlhf.lineage import project_modules, stage_code_modules
     from rlhf.registry import STAGES
 
     entry = STAGES[name]
-    code = (f"import json, sys; import {entry.module}; "
-            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))")
+    imports = "; ".join(f"import {m}" for m in (entry.module, *(c.split(":")[0] for c in entry.configs)))
+    code = f"import json, sys; {imports}; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    loaded = set(json.loads(out.splitlines()[-1])) & set(project_packages())
-    assert entry.package in loaded and loaded <= set(entry.code_packages), sorted(loaded - set(entry.code_packages))
+    loaded = set(json.loads(out.splitlines()[-1])) & set(project_modules())
+    code_set = set(stage_code_modules(name))
+    assert entry.module in loaded and loaded <= code_set, sorted(loaded - code_set)
+
+
+def test_code_versions_are_read_from_an_installed_copy(tmp_path):
+    """A wheel install has no checkout: the packages sit in site-packages among others. The code versions come from
+    the installed files, read only inside the project's own package folders."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from rlhf.lineage import code_version, stage_code_modules
+    from rlhf.registry import STAGES
+
+    site = tmp_path / "site-packages"
+    _copy_packages(site)
+    _write_tree(site, {"other_pkg/__init__.py": "import rlhf\n", "other_pkg/big.py": "X = 1\n"})
+    code = ("import json; from rlhf.lineage import ROOT, code_version, stage_code_modules; from rlhf.registry import "
+            "STAGES; print(json.dumps([str(ROOT), {n: code_version(stage_code_modules(n)) for n in STAGES}]))")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    root, versions = json.loads(out.splitlines()[-1])
+    assert Path(root) == site
+    assert versions == {n: code_version(stage_code_modules(n)) for n in STAGES}  # same files, same versions
 
 
 def test_cache_key_follows_base_model_content_and_parent_results(tmp_path):
@@ -292,13 +387,3 @@ def test_recipes_and_overrides_are_checked_before_anything_trains():
         check_stage_config("dpo", dpo, ["--beta", "abc"])
     with pytest.raises(FileNotFoundError, match="dpo.train_data = /nope.jsonl: no such file"):
         check_stage_config("dpo", dpo, ["--train_data", "/nope.jsonl"])
-
-
-def test_shared_code_never_imports_a_stage_or_the_flows():
-    """The bottom layer (rlhf, judging, data) stands alone: rlhf/registry.py names the stages as strings only."""
-    from rlhf.lineage import imported_packages
-    from rlhf.registry import STAGES
-
-    above = {s.package for s in STAGES.values()} | {"flows", "flywheel"}
-    for shared in ("rlhf", "judging", "data"):
-        assert not imported_packages(shared) & above, (shared, sorted(imported_packages(shared) & above))

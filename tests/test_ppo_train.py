@@ -15,7 +15,8 @@ from ppo.config import PPOConfig, PPOScriptArguments
 from data.loaders import load_chat_prompts as load_prompts
 from ppo.train import main, parse_args
 from rlhf.checkpoint import check_checkpoint, freeze_dir
-from rlhf.lineage import code_version, content_hash, data_fingerprint, json_hash
+from data.fingerprint import data_fingerprint
+from rlhf.lineage import code_version, content_hash, json_hash
 from rlhf.manifest import read_manifest, write_manifest
 from rlhf.models import save_tiny_models
 
