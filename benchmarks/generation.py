@@ -13,6 +13,12 @@ tokens/s, with identical greedy outputs.
     python benchmarks/generation.py --n 64 --model tiny
     python benchmarks/generation.py --n 128 --n-baseline 0   # skip the one-at-a-time run
     python benchmarks/generation.py --n 64 --n-baseline 0 --skip-heldout --max-new-tokens 32
+    python benchmarks/generation.py --precision fp32    # the weights' dtype; default auto (bf16 where native)
+
+The weights are loaded as the gate stage loads them (``generation_precision``: bf16 where native, else fp32). The
+memory bound is printed too: decoding reads every weight once per step, so batch-1 decoding cannot beat
+copy bandwidth / weight bytes tokens/s (``rlhf.machine.measure_copy_bandwidth``), and batch B, B times that.
+Target (gate generation at the memory bound): auto >= 12x one at a time, identical outputs in the same precision.
 """
 
 from __future__ import annotations
@@ -52,14 +58,23 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", default="auto", help="The new setting: an int or auto.")
     ap.add_argument("--old-batch-size", type=int, default=16, help="The baseline batch size (before issue 12).")
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                    help="The weights' dtype (rlhf.precision.generation_precision).")
     ap.add_argument("--skip-heldout", action="store_true",
                     help="Leave out the long HH-RLHF conversations (prefill-bound): the refusal suites' short prompts.")
     args = ap.parse_args()
     torch.manual_seed(0)
     path = resolve_base_model(args.model)
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    from rlhf.machine import measure_copy_bandwidth
+    from rlhf.precision import generation_precision
+
+    precision = generation_precision(args.precision)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[precision])
     ps = prompts(args.n, args.skip_heldout)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = measure_copy_bandwidth()
+    bound_1 = bandwidth / weight_bytes
 
     from rlhf.machine import auto_batch_size
 
@@ -76,8 +91,10 @@ def main() -> None:
     t_old = time.perf_counter() - t0
     tps_batched = sum(batched_len) / t_batched
     tps_old = sum(old_len) / t_old
-    print(f"model {args.model}: {args.n} prompts, {args.max_new_tokens} new tokens max, "
-          f"{torch.get_num_threads()} threads")
+    print(f"model {args.model} in {precision}: {args.n} prompts, {args.max_new_tokens} new tokens max, "
+          f"{torch.get_num_threads()} threads; weights {weight_bytes / 2**20:.0f} MiB, copy bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s -> memory bound {bound_1:.1f} tok/s at batch 1, {new_bs * bound_1:.0f} at "
+          f"batch {new_bs}")
     print(f"new (batch {args.batch_size} = {new_bs}): {sum(batched_len)} tokens in {t_batched:.1f} s = "
           f"{tps_batched:.1f} tok/s")
     print(f"old (batch {args.old_batch_size}):  {sum(old_len)} tokens in {t_old:.1f} s = {tps_old:.1f} tok/s")
@@ -91,7 +108,9 @@ def main() -> None:
         tps_single = sum(single_len) / t_single
         print(f"one at a time: {sum(single_len)} tokens in {t_single:.1f} s = {tps_single:.1f} tok/s "
               f"(first {args.n_baseline})")
-        print(f"speed-up vs one at a time: {tps_batched / tps_single:.2f}x (target >= 5x)")
+        print(f"one at a time: {tps_single / bound_1:.0%} of the batch-1 memory bound; batch {new_bs}: "
+              f"{tps_batched / (new_bs * bound_1):.0%} of its bound (prefill and padding included)")
+        print(f"speed-up vs one at a time: {tps_batched / tps_single:.2f}x (target >= 12x)")
         print(f"identical greedy outputs vs one at a time: {sum(a == b for a, b in zip(batched, single))}/{args.n_baseline}")
 
 

@@ -191,6 +191,28 @@ def measure_matmul_peak(dtype: str = "fp32", size: int = 1024, seconds: float = 
     return best
 
 
+def measure_copy_bandwidth(megabytes: int = 256, trials: int = 5) -> float:
+    """Memory bandwidth of this device in bytes/s: the best of ``trials`` copies of a ``megabytes`` tensor (bytes
+    read plus bytes written over the copy's time). Decoding one token reads every weight once, so this over the
+    weights' bytes bounds tokens/s at batch 1."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: page faults
+    best = 0.0
+    for _ in range(max(1, trials)):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = max(best, 2 * src.numel() * 4 / (time.perf_counter() - t0))
+    return best
+
+
 #: A cached peak is refused and measured again when a quick check now beats it by more than this factor: it was
 #: measured under load (a cached 56 GFLOP/s where the CPU does 206 gave "MFU 100.9%").
 PEAK_RECHECK_FACTOR = 1.10
