@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from .distributed import check_launch
+from .manifest import precision_name
 from .tracking import setup_wandb
 
 logger = logging.getLogger(__name__)
@@ -43,11 +44,6 @@ def setup_tracking(name: str, args, *, round_id: str | None = None) -> None:
     if "wandb" in (args.report_to or []):
         group = round_id if round_id is not None else getattr(args, "round_id", None)
         setup_wandb(run_name=getattr(args, "run_name", None) or name, group=group, output_dir=args.output_dir)
-
-
-def precision_name(args) -> str:
-    """The dtype a TRL config trains in: ``bf16``, ``fp16`` or ``fp32`` (from its resolved ``bf16``/``fp16``)."""
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
 # Exit code of a gate run whose report is written and whose release is blocked (CI fails on it).

@@ -96,6 +96,11 @@ def read_manifest(output_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def precision_name(args) -> str:
+    """The dtype a TRL config trains in: ``bf16``, ``fp16`` or ``fp32`` (from its resolved ``bf16``/``fp16``)."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
 def stage_manifest(
     stage: str,
     args,
@@ -125,7 +130,7 @@ def stage_manifest(
     if config is None:
         config = {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_")}
     if precision is None and hasattr(args, "bf16"):
-        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+        precision = precision_name(args)
     return write_manifest(
         args.output_dir,
         {

@@ -30,9 +30,9 @@ from typing import Any
 from .checkpoint import gather_full_state_dict, save_checkpoint
 from .config import parse_stage_config, peft_config
 from .efficiency import count_tokens, group_by_length, summary, train_efficiency
-from .entrypoint import precision_name, setup_stage
+from .entrypoint import setup_stage
 from .lineage import content_hash
-from .manifest import stage_manifest
+from .manifest import precision_name, stage_manifest
 from .resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
 from .rundir import install_failure_hook
 from .tracking import log_summary
