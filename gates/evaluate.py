@@ -38,15 +38,15 @@ from typing import Any
 
 from data.decontamination import seen_in_training
 from data.fingerprint import data_fingerprint
-from rlhf.distributed import actual_world_size, check_launch, init_state, is_main_process
+from rlhf.distributed import actual_world_size, init_state, is_main_process
 from rlhf.efficiency import summary as efficiency_summary
-from rlhf.entrypoint import BLOCKED_EXIT_CODE
+from rlhf.entrypoint import BLOCKED_EXIT_CODE, setup_stage, setup_tracking
 from rlhf.config import parse_stage_config
-from rlhf.lineage import code_version, content_hash, json_hash
-from rlhf.manifest import atomic_write_text, write_manifest
+from rlhf.lineage import content_hash, json_hash
+from rlhf.manifest import atomic_write_text, stage_manifest
 from rlhf.precision import generation_precision
 from rlhf.rundir import check_output_dir, install_failure_hook
-from rlhf.tracking import log_summary, setup_wandb
+from rlhf.tracking import log_summary
 from rlhf.vllm_engine import check_engine
 
 from .config import DATA_FIELDS, GateStageConfig
@@ -66,12 +66,11 @@ logger = logging.getLogger("gates.evaluate")
 def main(argv: list[str] | None = None) -> int:
     (args,) = parse_stage_config((GateStageConfig,), argv)
     install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Multi-process launch (torchrun / accelerate launch): the world-size contract and collective timeout first;
     # every rank generates and scores a share, rank 0 alone judges, measures and writes (rlhf/distributed.py).
     if actual_world_size() > 1:
         init_state(args.collective_timeout_s)  # the process group, with the timeout (the variable overrides it)
-    launch = check_launch(args)
+    launch = setup_stage("gates", args, tracking=False)  # logging and the launch check; W&B on rank 0, below
     check_engine(args.engine)
     main_rank = is_main_process()
     out = Path(args.output_dir)
@@ -83,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     models = resolve_models(args)
     if main_rank:
         clear_previous_outputs(out)
-    if main_rank and "wandb" in (args.report_to or []):
-        setup_wandb(run_name="gates", group=args.round_id, output_dir=out)
+        setup_tracking("gates", args)
 
     # 2. generate: both models answer every suite
     suites = load_suites(args)
@@ -193,32 +191,27 @@ def write_gates_manifest(
         **{k: getattr(args, k) for k in DATA_FIELDS},
         **{f"{k}_hash": data_fingerprint(getattr(args, k)) for k in DATA_FIELDS},
     }
-    return write_manifest(
-        Path(args.output_dir),
-        {
-            "stage": "gates",
-            "round_id": args.round_id,
-            "code_version": code_version(),
-            "config": asdict(args),
-            "config_hash": json_hash(asdict(args)),
-            "inputs": inputs,
-            "outputs": {
-                "verdict": verdict,
-                "report_json": str(reports["json"]),
-                "report_md": str(reports["markdown"]),
-                "junit": str(reports["junit"]),
-                "gate_table": table,
-                "judge": judge,
-                "gate_tables": {r.name: r.table for r in results},
-                "plots": {k: str(v) for k, v in plots.items()},
-                "drift_counters": dict(asdict(drift_counters)),
-                "prompts_truncated": prompts_truncated or {},
-                "seen_in_training": seen_in_training or {},
-            },
-            "metrics": {
-                **{r.name: r.to_dict() for r in results},
-                **({"threads": efficiency["threads"], "efficiency": efficiency} if efficiency else {}),
-            },
+    return stage_manifest(
+        "gates",
+        args,
+        config=asdict(args),
+        inputs=inputs,
+        outputs={
+            "verdict": verdict,
+            "report_json": str(reports["json"]),
+            "report_md": str(reports["markdown"]),
+            "junit": str(reports["junit"]),
+            "gate_table": table,
+            "judge": judge,
+            "gate_tables": {r.name: r.table for r in results},
+            "plots": {k: str(v) for k, v in plots.items()},
+            "drift_counters": dict(asdict(drift_counters)),
+            "prompts_truncated": prompts_truncated or {},
+            "seen_in_training": seen_in_training or {},
+        },
+        metrics={
+            **{r.name: r.to_dict() for r in results},
+            **({"threads": efficiency["threads"], "efficiency": efficiency} if efficiency else {}),
         },
     )
 

@@ -56,12 +56,12 @@ from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
 from rlhf.config import parse_stage_config
-from rlhf.distributed import check_launch
+from rlhf.entrypoint import setup_stage, setup_tracking
 from rlhf.lineage import content_hash
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
 from rlhf.precision import accelerate_mixed_precision, stage_accelerator
 from rlhf.rundir import install_failure_hook
-from rlhf.tracking import log_summary, setup_wandb, wandb_mode
+from rlhf.tracking import log_summary, wandb_mode
 
 logger = logging.getLogger("ppo.train")
 
@@ -309,11 +309,10 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         RuntimeError: pi_ref's content hash differs from the SFT record (before training: nothing is loaded) or
             moved during training; PPO is locked by the reward-model stage; a parent checkpoint changed.
     """
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     script_args, config = parse_args(argv)
     install_failure_hook(config.output_dir)  # the flow reads the reason, whatever the exception
-    launch = check_launch()  # RLHF_EXPECTED_WORLD_SIZE and RLHF_COLLECTIVE_TIMEOUT_S, before anything loads
+    # logging, RLHF_EXPECTED_WORLD_SIZE and RLHF_COLLECTIVE_TIMEOUT_S, before anything loads; W&B once inputs check
+    launch = setup_stage("ppo", config, tracking=False)
     started = time.time()
     output_dir = Path(config.output_dir)
     inputs = resolve_inputs(script_args)
@@ -327,8 +326,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         output_dir.mkdir(parents=True, exist_ok=True)
     run_config = {**asdict(script_args), **asdict(config)}
     use_wandb = "wandb" in config.report_to
-    if use_wandb:
-        setup_wandb(run_name=config.run_name or "ppo", group=script_args.round_id, output_dir=output_dir)
+    setup_tracking("ppo", config, round_id=script_args.round_id)
 
     prompts, prompts_source, n_rejected = load_prompt_source(script_args, output_dir)
     models = load_models(inputs)

@@ -3,8 +3,8 @@
 The PPO unlock override is a flow parameter (``judging.unlock``), not a field here, so it never changes this
 stage's cache key.
 
-Changed defaults (vs TRL 1.16): activation (gradient) checkpointing off, bf16 resolved per device, max_length 512,
-save_strategy "steps" (resume), report_to ["wandb"] (see sft/config.py for why).
+Changed defaults (vs TRL 1.16): ``rlhf.config.TrainerDefaults`` (shared with SFT and DPO, with the reasons);
+bf16 resolved per device.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from trl import RewardConfig
 
-from rlhf.config import PipelineArguments
+from rlhf.config import PipelineArguments, TrainerDefaults
 
 
 @dataclass
-class RewardStageConfig(PipelineArguments, RewardConfig):
+class RewardStageConfig(PipelineArguments, TrainerDefaults, RewardConfig):
     sft_dir: str = field(
         default="", metadata={"help": "SFT stage output dir; the reward model starts from its checkpoint."}
     )
@@ -51,16 +51,3 @@ class RewardStageConfig(PipelineArguments, RewardConfig):
         metadata={"help": "Batch size when scoring held-out pairs: an int, or auto (64 on CPU unless memory says "
                   "otherwise, rlhf.machine.auto_batch_size)."},
     )
-    # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
-    gradient_checkpointing: bool | None = field(
-        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
-    )
-    max_length: int | None = field(default=512, metadata={"help": "Max tokens of prompt + response."})
-    # Resume (issue 11, rlhf/resume.py): Trainer checkpoints every save_steps, the last save_total_limit kept; the
-    # stage removes them once its own final checkpoint and manifest are written.
-    save_strategy: str = field(default="steps", metadata={"help": "Trainer checkpoints for resume: steps | epoch | no."})
-    save_steps: float = field(default=50, metadata={"help": "Save a Trainer checkpoint every N optimizer steps."})
-    save_total_limit: int | None = field(
-        default=2, metadata={"help": "Trainer checkpoints kept (oldest removed); 2 survive a kill during a save."}
-    )
-    report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

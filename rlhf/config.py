@@ -1,12 +1,13 @@
 """Pipeline arguments mixed into each stage's TRL config, and the LoRA config built from them.
 
-Each stage config is ``@dataclass class XStageConfig(TRLConfig, PipelineArguments)``: TRL's fields keep their
-meaning and help; ours are listed here once. Recipes are YAML files parsed strictly by ``trl.TrlParser``
-(unknown keys are errors; ``--key value`` on the command line overrides the file).
+Each stage config is ``@dataclass class XStageConfig(PipelineArguments, TrainerDefaults, TRLConfig)``: TRL's
+fields keep their meaning and help; ours are listed here once. Recipes are YAML files parsed strictly by
+``trl.TrlParser`` (unknown keys are errors; ``--key value`` on the command line overrides the file).
 
 :class:`CommonArguments` holds the fields every stage has, PPO included (PPO has no TRL config to mix into, so
 its script arguments extend this class alone); :class:`PipelineArguments` adds the model, precision and LoRA
-fields of the TRL-based stages.
+fields of the TRL-based stages; :class:`TrainerDefaults` holds the defaults the TRL-based stages change in TRL's
+own fields, once for all three (it stands before the TRL config in the bases, so its defaults win).
 """
 
 from __future__ import annotations
@@ -42,6 +43,34 @@ class CommonArguments:
         parent = getattr(super(), "__post_init__", None)  # the TRL config's, in a stage config
         if parent is not None:
             parent()
+
+
+@dataclass
+class TrainerDefaults:
+    """TRL 1.16 fields whose defaults every TRL-based stage (SFT, DPO, reward model) changes, and why.
+
+    activation (gradient) checkpointing off: the 135M model fits without it, and on CPU it costs a second forward
+    per step (TRL 1.16 defaults it to True; transformers 5 renamed it activation_checkpointing). max_length 512.
+    Trainer checkpoints by wall time (``save_minutes``, 30, and at epoch ends; ``save_strategy`` "no" turns off the
+    Trainer's every-N-steps saving, which a recipe can set back with ``save_strategy: steps``), 2 kept, so a killed
+    stage resumes (rlhf/resume.py); the stage removes them once its own final checkpoint and manifest are written. report_to ["wandb"]: offline unless a key is set
+    (rlhf/tracking.py). bf16 is not here: :class:`PipelineArguments` resolves it per device.
+    """
+
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
+    )
+    max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
+    save_strategy: str = field(
+        default="no",
+        metadata={"help": "The Trainer's own checkpoints: steps | epoch | no (checkpoints by time, save_minutes, "
+                  "happen either way)."},
+    )
+    save_steps: float = field(default=50, metadata={"help": "save_strategy steps: a Trainer checkpoint every N steps."})
+    save_total_limit: int | None = field(
+        default=2, metadata={"help": "Trainer checkpoints kept (oldest removed); 2 survive a kill during a save."}
+    )
+    report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})
 
 
 @dataclass

@@ -96,6 +96,11 @@ def read_manifest(output_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def precision_name(args) -> str:
+    """The dtype a TRL config trains in: ``bf16``, ``fp16`` or ``fp32`` (from its resolved ``bf16``/``fp16``)."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
 def stage_manifest(
     stage: str,
     args,
@@ -105,20 +110,27 @@ def stage_manifest(
     metrics: dict[str, Any],
     precision: str | None = None,
     extra: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``<output_dir>/manifest.json`` with lineage: input hashes, config hash, code version, outputs, metrics.
 
     Args:
         args: the stage's parsed config: any object whose ``vars()`` are its settings, with ``output_dir`` and
             ``round_id`` (and ``bf16``/``fp16`` for a TRL config, unless ``precision`` is given).
-        precision: the dtype the stage trained in (``fp32``/``bf16``/``fp16``); default from ``args.bf16``/``fp16``.
+        precision: the dtype the stage trained in (``fp32``/``bf16``/``fp16``); default from ``args.bf16``/``fp16``;
+            a stage that trains nothing (no ``precision``, no ``bf16`` field: the gate stage) records none.
         extra: more top-level entries (e.g. library versions).
+        config: the settings to record and hash, where ``vars(args)`` is not the form (``dataclasses.asdict`` of a
+            config holding nested dataclasses).
 
     Returns:
         The manifest's path; the manifest holds ``stage, round_id, inputs, config, config_hash, code_version,
         precision, outputs, metrics`` (+ ``extra``, ``finished_at``).
     """
-    config = {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_")}
+    if config is None:
+        config = {k: v for k, v in sorted(vars(args).items()) if not k.startswith("_")}
+    if precision is None and hasattr(args, "bf16"):
+        precision = precision_name(args)
     return write_manifest(
         args.output_dir,
         {
@@ -128,7 +140,7 @@ def stage_manifest(
             "config_hash": json_hash(config),
             "config": config,
             "code_version": code_version(),
-            "precision": precision or ("bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"),
+            **({"precision": precision} if precision is not None else {}),
             "outputs": outputs,
             "metrics": metrics,
             **(extra or {}),

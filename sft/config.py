@@ -1,11 +1,8 @@
 """SFT stage config: TRL's ``SFTConfig`` plus the pipeline's arguments.
 
-Changed defaults (vs TRL 1.16) and why:
-    activation (gradient) checkpointing off: the 135M model fits without it; on CPU it costs a second forward per step.
-    bf16 None -> resolved per device by ``precision`` (TRL's bf16=True is emulated, 8-10x slower, on these CPUs).
-    report_to ["wandb"]: offline unless a key is set (rlhf/tracking.py).
-    max_length 512; save_strategy "steps" every 50 steps, 2 kept (resume, rlhf/resume.py; the final checkpoint is
-    still the stage's own atomic save).
+Changed defaults (vs TRL 1.16): activation checkpointing off, max_length 512, Trainer checkpoints for resume,
+report_to ["wandb"] (``rlhf.config.TrainerDefaults``, shared with DPO and the reward model, says why); bf16
+None -> resolved per device by ``precision`` (TRL's bf16=True is emulated, 8-10x slower, on CPUs without it).
 """
 
 from __future__ import annotations
@@ -14,11 +11,11 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
-from rlhf.config import PipelineArguments
+from rlhf.config import PipelineArguments, TrainerDefaults
 
 
 @dataclass
-class SFTStageConfig(PipelineArguments, SFTConfig):
+class SFTStageConfig(PipelineArguments, TrainerDefaults, SFTConfig):
     train_data: str = field(
         default="demo:hh_rlhf/sft.jsonl",
         metadata={"help": "SFT conversations (`messages`): demo:<file>, a local jsonl/json path or a hub dataset id."},
@@ -33,16 +30,3 @@ class SFTStageConfig(PipelineArguments, SFTConfig):
         default=0.0,
         metadata={"help": "Largest share of rows allowed to end with no trainable (labelled) token before SFT stops."},
     )
-    # TRL 1.16 defaults gradient_checkpointing to True; transformers 5 renamed it activation_checkpointing.
-    gradient_checkpointing: bool | None = field(
-        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
-    )
-    max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
-    # Resume (issue 11, rlhf/resume.py): Trainer checkpoints every save_steps, the last save_total_limit kept; the
-    # stage removes them once its own final checkpoint and manifest are written.
-    save_strategy: str = field(default="steps", metadata={"help": "Trainer checkpoints for resume: steps | epoch | no."})
-    save_steps: float = field(default=50, metadata={"help": "Save a Trainer checkpoint every N optimizer steps."})
-    save_total_limit: int | None = field(
-        default=2, metadata={"help": "Trainer checkpoints kept (oldest removed); 2 survive a kill during a save."}
-    )
-    report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})

@@ -12,10 +12,13 @@ Per row (DESIGN.md "Known pitfalls"):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from data.special_tokens import guard_messages
 from data.validation import DataValidationError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -109,3 +112,27 @@ def prepare_sft_rows(
                 out.rows.append({"id": conv.id, "prompt": system + turns, "completion": completion})
             break
     return out
+
+
+def check_fully_masked(train_dataset, rows: list[dict], max_rate: float, *, file: str) -> list:
+    """Name and count the rows TRL's SFTTrainer dropped as fully masked, and stop above ``max_rate``.
+
+    TRL 1.16 drops rows whose labels are all masked ("Dropping fully masked examples") without naming them. The
+    trainer's tokenized ``train_dataset`` keeps each row's ``id``; the ids of ``rows`` missing from it are logged.
+
+    Returns:
+        the dropped rows' ids (empty when the dataset has no ``id`` column to compare).
+
+    Raises:
+        DataValidationError: their share exceeds ``max_rate`` (names the first ids).
+    """
+    if "id" not in train_dataset.column_names:
+        return []
+    kept = set(train_dataset["id"])
+    lost = [r["id"] for r in rows if r["id"] not in kept]
+    if lost:
+        logger.warning("TRL dropped %d fully masked rows: %s", len(lost), lost[:20])
+    if lost and len(lost) / len(rows) > max_rate:
+        raise DataValidationError(f"{len(lost)} rows fully masked after tokenization (ids {lost[:10]})", file=file,
+                                  field="messages")
+    return lost

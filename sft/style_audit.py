@@ -8,9 +8,12 @@ the configured maximum.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
+
+logger = logging.getLogger(__name__)
 
 _BULLET = re.compile(r"^\s*([-*\u2022]|\d+[.)])\s+", re.M)
 _WORD = re.compile(r"[a-z0-9']+")
@@ -65,3 +68,16 @@ def audit_style(replies: list[str], *, max_opener_share: float = 0.25, top_k: in
         f"({'within' if passed else 'above'} the {max_opener_share:.0%} limit)"
     )
     return StyleAudit(n, top, formats, max_opener_share, passed, message)
+
+
+def audit_demonstrations(rows: list[dict], *, max_opener_share: float, action: str) -> StyleAudit:
+    """:func:`audit_style` of the final replies of prepared SFT rows (``completion[0]["content"]``), logged.
+
+    Raises:
+        SystemExit: the audit failed and ``action`` is ``fail`` (``warn``: a warning only).
+    """
+    audit = audit_style([r["completion"][0]["content"] for r in rows], max_opener_share=max_opener_share)
+    (logger.warning if not audit.passed else logger.info)("style audit: %s", audit.message)
+    if not audit.passed and action == "fail":
+        raise SystemExit(f"style audit failed: {audit.message}")
+    return audit

@@ -6,6 +6,8 @@
   byte-identical ``generations.jsonl`` and the same report numbers as on 1 process.
 - SFT and DPO on 2 processes (DDP, per-device batch halved: the same global batch) end at the 1-process losses and
   weights within the stated tolerance; the loss curves are printed (``pytest -s`` shows them).
+- In SFT, DPO and the reward model on 2 processes, rank 0 alone writes the checkpoint and the manifest (what each
+  process writes is recorded by tests/rank_writes.py).
 - ``engine: vllm`` where vllm cannot run is a clear error before anything is generated.
 
 Each launch is a real ``python -m torch.distributed.run --nproc_per_node N`` of the stage module from this tree.
@@ -40,14 +42,48 @@ def _env(**extra) -> dict:
 
 
 def launch(module: str, args: list[str], nproc: int, log: Path, **env) -> int:
-    """Run ``module`` on ``nproc`` processes (torchrun; one process: plain ``python -m``), output to ``log``."""
+    """Run ``module`` on ``nproc`` processes (torchrun; one process: plain ``python -m``), output to ``log``.
+
+    On several processes each one records what it writes under ``--output_dir`` (tests/rank_writes.py), read back
+    with :func:`written`."""
     cmd = [sys.executable, "-m", module, *args]
     if nproc > 1:
+        target = ["-m", module]
+        if "--output_dir" in args:
+            target = [str(ROOT / "tests" / "rank_writes.py"), module]
+            env.update(RLHF_TEST_WATCH_DIR=args[args.index("--output_dir") + 1], RLHF_TEST_WRITES=f"{log}.rank")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", module, *args]
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *target, *args]
     with open(log, "w") as f:
         return subprocess.run(cmd, check=False, cwd=ROOT, env=_env(**env), stdout=f, stderr=subprocess.STDOUT,
                               timeout=600).returncode
+
+
+def written(log: Path, rank: int) -> set[str]:
+    """What process ``rank`` of a :func:`launch` logged to ``log`` wrote under its output folder (relative paths)."""
+    return set(Path(f"{log}.rank{rank}.txt").read_text().splitlines())
+
+
+#: a stage's own outputs (with their temporary siblings: ``.checkpoint.<random>``, ``.manifest.json.<random>.tmp``)
+FINAL_OUTPUTS = ("checkpoint", "pi_ref", "manifest.json", "agreement_scores.jsonl")
+
+
+def final_outputs(paths: set[str]) -> set[str]:
+    """The stage outputs among ``paths`` (the first part of each path, a temporary sibling named by its target)."""
+    found = set()
+    for p in paths:
+        top = Path(p).parts[0] if Path(p).parts else ""  # "": the output folder itself
+        found |= {o for o in FINAL_OUTPUTS if top == o or top.startswith(f".{o}.")}
+    return found
+
+
+def assert_rank_0_alone_writes(log: Path, outputs: set[str]) -> None:
+    """Rank 0 wrote the stage's ``outputs``; rank 1 wrote none of the stage's outputs (at most its share of the
+    Trainer's resume state)."""
+    rank0, rank1 = written(log, 0), written(log, 1)
+    print(f"\nrank 1 wrote under the output folder: {sorted(rank1)}")
+    assert final_outputs(rank0) == outputs, sorted(rank0)
+    assert final_outputs(rank1) == set(), sorted(rank1)
 
 
 def _free_port() -> int:
@@ -259,3 +295,19 @@ def test_dpo_on_two_processes_matches_one(tmp_path, sft_runs):
         _train("dpo", ["--sft_dir", str(sft_runs[1])], tmp_path / f"dpo{n}", n)
     pi_ref = json.loads((sft_runs[1] / "manifest.json").read_text())["outputs"]["pi_ref"]
     _compare_training("DPO", tmp_path / "dpo1", tmp_path / "dpo2", Path(pi_ref))
+
+
+def test_only_rank_0_writes_the_checkpoint_and_manifest(tmp_path, sft_runs):
+    """Every trainer stage on 2 processes: the checkpoint (SFT: and pi_ref; the reward model: and its held-out
+    scores) and the manifest come from rank 0 alone. SFT's run is the fixture's; DPO's and the reward model's here."""
+    assert_rank_0_alone_writes(sft_runs[2].with_suffix(".log"), {"checkpoint", "pi_ref", "manifest.json"})
+    _train("dpo", ["--sft_dir", str(sft_runs[1]), "--max_steps", "1"], tmp_path / "dpo", 2)
+    assert_rank_0_alone_writes(tmp_path / "dpo.log", {"checkpoint", "manifest.json"})
+    out, log = tmp_path / "rm", tmp_path / "rm.log"
+    rc = launch("reward_model.train", ["--config", str(SMOKE / "reward.yaml"), "--output_dir", str(out),
+                                       "--report_to", "none", "--per_device_train_batch_size", "1", "--max_steps", "1",
+                                       "--sft_dir", str(sft_runs[1]), "--max_agreement_pairs", "4"],
+                2, log, RLHF_EXPECTED_WORLD_SIZE="2")
+    assert rc == 0, log.read_text()[-3000:]
+    assert_rank_0_alone_writes(log, {"checkpoint", "manifest.json", "agreement_scores.jsonl"})
+    assert json.loads((out / "manifest.json").read_text())["metrics"]["processes"] == 2
