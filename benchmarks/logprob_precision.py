@@ -14,7 +14,8 @@ Printed per mode against fp32, on ``--pairs`` held-out pairs (prompt + chosen, p
 the per-sequence log-probability error |Δ logp| in nats (median, 95th percentile, max) and relative to the
 sequence's |logp|; the sign agreement of logp(chosen) - logp(rejected) (the comparison DPO's margin is built on);
 the score error |Δ score|, the sign agreement of score(chosen) - score(rejected), and the held-out agreement with
-the labels (chosen preferred) in each mode. The reward model is the base model with a seeded new score head, as
+the labels (chosen preferred) in each mode; and DPO's margin against a policy a little away from the reference
+(``--perturb``), whose error is what moves DPO's loss (the two models' rounding largely cancels in it). The reward model is the base model with a seeded new score head, as
 the reward stage starts: precision error does not depend on the head being trained. Targets (``rlhf.precision``):
 per-sequence |Δ logp| 95th percentile <= 0.05 nats, sign agreements = 1.0, held-out agreement unchanged.
 
@@ -39,7 +40,7 @@ def _autocast(mode: str):
     return contextlib.nullcontext() if mode == "fp32" else torch.autocast(device, dtype=torch.bfloat16)
 
 
-def sequence_logps(model_path: str, pairs, tokenizer, mode: str) -> np.ndarray:
+def sequence_logps(model_path: str, pairs, tokenizer, mode: str, perturb: float = 0.0) -> np.ndarray:
     """Per-sequence completion log-probabilities, shape ``(2 * len(pairs),)``: chosen then rejected, pair by pair.
 
     The sequences are tokenized as TRL's DPO collator sees them (prompt rendered with the chat template, the
@@ -49,6 +50,11 @@ def sequence_logps(model_path: str, pairs, tokenizer, mode: str) -> np.ndarray:
     from trl.trainer.utils import add_fused_lm_head
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    if perturb:  # a policy a few updates away from the reference: every weight moved by ``perturb`` of its scale
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * perturb * p.abs().mean())
     add_fused_lm_head(model, cast_lm_head_to_fp32=mode != "bf16")
     out = []
     for pair in pairs:
@@ -92,6 +98,10 @@ def main() -> None:
     ap.add_argument("--data", default="demo:hh_rlhf/pairs_heldout.jsonl")
     ap.add_argument("--pairs", type=int, default=48)
     ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--perturb", type=float, default=0.01,
+                    help="The policy for the DPO-margin check: the reference with every weight moved by this share of "
+                         "its layer's mean magnitude (a stand-in for a few training steps).")
+    ap.add_argument("--beta", type=float, default=0.1)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -115,6 +125,9 @@ def main() -> None:
     print(f"model {args.model}, {len(pairs)} pairs of {args.data} ({2 * len(pairs)} sequences), "
           f"{torch.get_num_threads()} threads; bf16: {evidence}{'' if native else ' (EMULATED: errors hold, speed not)'}")
     logps = {m: sequence_logps(path, pairs, tok, m) for m in MODES}
+    policy = {m: sequence_logps(path, pairs, tok, m, perturb=args.perturb) for m in MODES}
+    # DPO's margin: beta * ((log pi_c - log ref_c) - (log pi_r - log ref_r)), the policy a perturbed reference
+    margins = {m: args.beta * ((policy[m][0::2] - logps[m][0::2]) - (policy[m][1::2] - logps[m][1::2])) for m in MODES}
     scores = {m: reward_scores(path, pairs, m) for m in MODES}
     labels_fp32 = float(np.mean(scores["fp32"][0::2] > scores["fp32"][1::2]))
     print(f"{'mode':16s} {'|dlogp| med':>11s} {'p95':>7s} {'max':>7s} {'rel p95':>8s} {'sign':>5s} | "
@@ -127,6 +140,14 @@ def main() -> None:
         print(f"{m:16s} {np.median(d):11.4f} {np.percentile(d, 95):7.4f} {d.max():7.4f} "
               f"{np.percentile(rel, 95):8.2e} {_sign_agreement(logps[m], logps['fp32']):5.3f} | "
               f"{ds.max():12.2e} {_sign_agreement(scores[m], scores['fp32']):5.3f} {agree:8.3f}", flush=True)
+    print(f"DPO margin (beta {args.beta}, policy = reference perturbed by {args.perturb}): fp32 |margin| median "
+          f"{np.median(np.abs(margins['fp32'])):.4f}")
+    for m in MODES[1:]:
+        dm = np.abs(margins[m] - margins["fp32"])
+        same = float(np.mean(np.sign(margins[m]) == np.sign(margins["fp32"])))
+        print(f"{m:16s} |d margin| median {np.median(dm):.4f} p95 {np.percentile(dm, 95):.4f} max {dm.max():.4f}; "
+              f"margin sign agreement {same:.3f}; loss -logsigmoid(margin) max |d| "
+              f"{np.max(np.abs(np.logaddexp(0, -margins[m]) - np.logaddexp(0, -margins['fp32']))):.4f}", flush=True)
 
 
 if __name__ == "__main__":

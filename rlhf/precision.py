@@ -1,14 +1,23 @@
 """Resolve training precision per device by measurement, not assumption (DESIGN.md: bf16 only where the hardware
-has it, and log the choice; issue 12).
+has it, and log the choice).
 
 ``auto`` picks bf16 autocast only where the device computes bf16 natively (``rlhf.machine.native_bf16``: CUDA
 capability 8.0+, or a CPU whose /proc/cpuinfo lists avx512_bf16 / amx_bf16); a CPU without those flags emulates
 bf16 through fp32 and was measured 8-10x slower (a DPO step of the 135M model: 120-155 s bf16 vs 15 s fp32), so it
-stays fp32. Stages whose numbers bf16 changes stay fp32 under ``auto`` (``FP32_UNDER_AUTO``): on a CPU with
-avx512_bf16, DPO's loss drifted 0.651 (bf16) vs 0.685 (fp32) at step 2 and its step-0 ln 2 check needs the
-log-probabilities to 1e-3; the reward model's held-out scores decide agreement ties and must reproduce after a
-reload to 1e-3. SFT's loss matched (2.868 bf16 vs 2.871 fp32), so SFT takes bf16 where native.
-``python benchmarks/precision.py`` re-measures step time and loss drift per stage; this table follows it.
+stays fp32. ``RLHF_NATIVE_BF16=0|1`` forces the detection (the test suite runs both paths on every machine).
+
+DPO and the reward model stay fp32 under ``auto`` even where bf16 is native (``FP32_UNDER_AUTO``), from what bf16
+does to the numbers they decide on, not from a loss drift. Under ``precision: bf16`` they keep the LM head's
+projection and log-softmax (``dpo.trainer``) and the score head (:func:`keep_in_fp32`) in fp32, which halves
+DPO's margin error, but the bf16 backbone's error remains: ``python benchmarks/logprob_precision.py`` on
+SmolLM2-135M, 24 held-out HH-RLHF pairs, a CPU with AMX bf16: per-sequence log-probability error median 0.13 nats
+(p95 0.42; 0.7% of the sequence's log-probability) with the fp32 head, 0.19 without; DPO's margin (beta 0.1,
+policy = the reference with every weight moved by 1% of its layer's scale; fp32 |margin| median 0.051) off by
+median 0.017 (0.031 with TRL's bf16 head) and of the other sign on 3 of 24 pairs; reward scores off by up to 0.029
+and 3 of 24 comparisons flipped. An update smaller than bf16's resolution (8 mantissa bits) also leaves the
+bf16-rounded policy equal to the reference, so early DPO margins would be rounded away. SFT's loss matched (2.868
+bf16 vs 2.871 fp32), so SFT takes bf16 where native. Held-out reward-model scores are always taken in fp32 (the
+stage drops accelerate's autocast wrapper before scoring), so the reload check holds under either precision.
 """
 
 from __future__ import annotations
@@ -20,11 +29,13 @@ logger = logging.getLogger(__name__)
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
-#: Stages kept at fp32 under ``auto`` even where bf16 is native, and the measured reason (issue 12's figures,
-#: re-measured by benchmarks/precision.py).
+#: Stages kept at fp32 under ``auto`` even where bf16 is native, and the measured reason (module docstring;
+#: re-measured by benchmarks/logprob_precision.py).
 FP32_UNDER_AUTO = {
-    "dpo": "bf16 drift changes DPO's loss (0.651 bf16 vs 0.685 fp32 at step 2) and its ln 2 step-0 check",
-    "reward_model": "bf16 drift changes held-out scores, which decide agreement and must reproduce after reload",
+    "dpo": "bf16 moves DPO's margin by median 0.017 against a median margin of 0.051 (3 of 24 signs flipped) even "
+           "with the LM head in fp32 (benchmarks/logprob_precision.py)",
+    "reward_model": "bf16 moves reward scores by up to 0.029 and flips 3 of 24 comparisons even with the score head "
+                    "in fp32 (benchmarks/logprob_precision.py)",
 }
 
 

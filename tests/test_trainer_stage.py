@@ -64,6 +64,8 @@ def test_the_trainer_defaults_are_declared_once_and_win_over_trl(stage):
             assert fields[f.name].default_factory() == f.default_factory()
     assert (fields["max_length"].default, fields["save_steps"].default, fields["gradient_checkpointing"].default) == (
         512, 50, None)
+    # checkpoints by wall time by default, not every N steps
+    assert fields["save_strategy"].default == "no" and fields["save_minutes"].default == 30
 
 
 @pytest.mark.parametrize("stage", TRAINER_STAGES)
