@@ -130,10 +130,11 @@ def child(stage: str, variant: str, steps: int, sft_dir: str | None) -> dict:
             "threads": torch.get_num_threads()}
 
 
-def run_project(stage: str, steps: int, out: Path, sft_dir: str | None) -> dict:
+def run_project(stage: str, steps: int, out: Path, sft_dir: str | None, more: list[str] | None = None) -> dict:
     from flows.stages import launch_command
 
     extra = ["--max_steps", str(steps), "--report_to", "none"] + (["--sft_dir", sft_dir] if sft_dir else [])
+    extra += more or []
     cmd = launch_command(f"{stage}.train", RECIPES / f"{stage}.yaml", out, extra, None)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
@@ -159,7 +160,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--stages", nargs="+", default=["sft", "dpo"], choices=["sft", "dpo"])
-    ap.add_argument("--variants", nargs="+", default=["project", "trl-same", "trl-defaults"])
+    ap.add_argument("--variants", nargs="+", default=["project", "trl-same", "trl-defaults"],
+                    help="project, trl-same, trl-defaults, and project-every-4-steps: the stage with a Trainer "
+                         "checkpoint every 4 steps (the demo recipes' setting before checkpoints by time).")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--sft-dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -178,8 +181,11 @@ def main() -> None:
         for r in range(a.repeats):  # interleaved: each variant once per repeat
             for v in a.variants:
                 dpo_dir = sft_dir if stage == "dpo" else None
-                res = (run_project(stage, a.steps, work / f"{stage}-{v}-{r}", dpo_dir) if v == "project"
-                       else run_trl(stage, v, a.steps, dpo_dir))
+                if v.startswith("project"):
+                    more = ["--save_strategy", "steps", "--save_steps", "4"] if v == "project-every-4-steps" else []
+                    res = run_project(stage, a.steps, work / f"{stage}-{v}-{r}", dpo_dir, more)
+                else:
+                    res = run_trl(stage, v, a.steps, dpo_dir)
                 times[v].append(res)
                 print(f"  {stage} {v:12s} repeat {r}: {res['s_per_step']:.2f} s/step, loss {res['loss']:.4f}, "
                       f"{res.get('precision', '')} threads {res.get('threads')}", flush=True)
@@ -188,6 +194,9 @@ def main() -> None:
         print(f"{stage}: {line}")
         if "project" in med and "trl-same" in med:
             print(f"  {stage} project / trl-same = {med['project'] / med['trl-same']:.3f} (target <= 1.05)")
+        if "project" in med and "project-every-4-steps" in med:
+            print(f"  {stage} checkpoint every 4 steps / by time = "
+                  f"{med['project-every-4-steps'] / med['project']:.3f} (what the step-based checkpoints cost)")
         if "project" in med and "trl-defaults" in med:
             print(f"  {stage} project / trl-defaults = {med['project'] / med['trl-defaults']:.3f} (target <= 1.00)")
     print(f"load average at end: {os.getloadavg()}")
