@@ -55,7 +55,7 @@ class TrainingData:
     """What every stage records about its training rows (``args.train_data``): the manifest's
     ``inputs.train_data_hash`` and ``outputs.decontamination``, ``metrics.n_data_rejected`` and ``n_rejected``."""
 
-    fingerprint: str  # of args.train_data (data.fingerprint / rlhf.lineage.data_fingerprint: the stage computes it)
+    fingerprint: str  # of args.train_data (data.fingerprint.data_fingerprint: the stage computes it)
     decontamination: dict[str, Any]  # data.decontamination.decontaminate_stage_rows's record
     n_data_rejected: int  # schema rejects (lenient mode), listed in rejects-data.jsonl
     n_rejected: int  # the stage's own rejects (tokenization, truncation), listed in rejects-<what>.jsonl
