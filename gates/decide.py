@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .capability import capability_gate_on_parsed
+from . import intent as _intent
+from . import winrate as _winrate
 from .c03_labelled import C03_LABELLED
+from .capability import capability_gate_on_parsed
 from .citations import c03_false_positive_cost, citation_gate
 from .config import GateStageConfig
 from .drift import drift_gate
@@ -22,9 +24,8 @@ from .measure import Measurements
 from .refusal import RefusalThresholds, two_sided_refusal_gate
 from .result import GateResult
 from .sycophancy import sycophancy_gate
-from . import intent as _intent
-from . import winrate as _winrate
 from .winrate import win_rate_gate, without_measured_judge
+
 
 def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     """Every release gate's result on the round's measurements.

@@ -32,11 +32,11 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import yaml
-from statsmodels.stats.proportion import proportion_confint
 
 from gates.judge import attenuation
 from gates.result import GateResult, Metric
 from gates.winrate import preferences_to_scores
+from judging.intervals import bootstrap_means, exact, percentile
 
 GATE_NAME = "intent_matrix"
 GATE_VERSION = "1"
@@ -159,11 +159,6 @@ def _intent_labels(intents: Sequence[Any], n: int) -> list[str]:
     return out
 
 
-def _boot_means(scores: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    idx = rng.integers(0, scores.size, size=(n_boot, scores.size))
-    return scores[idx].mean(axis=1)
-
-
 def intent_win_rates(
     preferences: Any,
     intents: Sequence[Any],
@@ -203,7 +198,6 @@ def intent_win_rates(
     labels = np.asarray(_intent_labels(intents, p.size), dtype=object)
     preferences_to_scores(p)  # validate the whole vector once (range, convention)
     rng = np.random.default_rng(seed)
-    alpha = 1 - confidence
     rows = []
     for intent in sorted(set(labels.tolist())):
         sel = labels == intent
@@ -219,14 +213,13 @@ def intent_win_rates(
         elif method == "exact":
             k = int(s.sum())
             wr = 100 * k / n
-            lo, hi = (100 * float(v) for v in proportion_confint(k, n, alpha=alpha, method="beta"))
+            lo, hi = (100 * v for v in exact(k, n, confidence))
         else:
             wr = 100 * float(s.mean())
             if n < 2:
                 lo, hi = math.nan, math.nan
             else:
-                bm = _boot_means(s, n_boot, rng)
-                lo, hi = (100 * float(v) for v in np.quantile(bm, [alpha / 2, 1 - alpha / 2]))
+                lo, hi = (100 * v for v in percentile(bootstrap_means(s, n_boot, rng), confidence))
         rows.append({
             "intent": intent, "n": n, "win_rate": wr, "ci_low": lo, "ci_high": hi,
             "n_wins": int((s > 0.5).sum()), "n_wins_base": int((s < 0.5).sum()), "n_draws": int((s == 0.5).sum()),
@@ -268,9 +261,8 @@ def traffic_weighted_win_rate(
     if not parts:
         return math.nan, math.nan, math.nan, 0.0
     wr = 100 * sum(w * s.mean() for w, s in parts) / covered
-    boot = sum(w * _boot_means(s, n_boot, rng) for w, s in parts) / covered
-    alpha = 1 - confidence
-    lo, hi = (100 * float(v) for v in np.quantile(boot, [alpha / 2, 1 - alpha / 2]))
+    boot = sum(w * bootstrap_means(s, n_boot, rng) for w, s in parts) / covered
+    lo, hi = (100 * v for v in percentile(boot, confidence))
     return float(wr), lo, hi, covered
 
 

@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 import pandas as pd
 from sklearn.metrics import cohen_kappa_score
-from statsmodels.stats.proportion import confint_proportions_2indep, proportion_confint
 
 from gates.result import GateResult, Metric
+from judging.intervals import Rate, rate_diff
 
 RefusalLabel = Literal["full_compliance", "full_refusal", "partial_refusal"]
 REFUSAL_LABELS: tuple[str, ...] = ("full_compliance", "full_refusal", "partial_refusal")
@@ -375,39 +375,6 @@ def classifier_agreement(path: str | Path, classifier=None) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class Rate:
-    """A proportion with its exact (Clopper-Pearson) interval.
-
-    Fields: k (count), n (items), rate = k / n (fraction, NaN when n == 0), ci_low, ci_high
-    (fractions), confidence.
-    """
-
-    k: int
-    n: int
-    rate: float
-    ci_low: float
-    ci_high: float
-    confidence: float
-
-    @classmethod
-    def from_counts(cls, k: int, n: int, confidence: float = DEFAULT_CONFIDENCE) -> "Rate":
-        """Exact binomial interval (statsmodels ``proportion_confint(method="beta")``).
-
-        Raises:
-            ValueError: k < 0, n < 0, k > n, or confidence outside (0, 1).
-        """
-        k, n = int(k), int(n)
-        if n < 0 or k < 0 or k > n:
-            raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-        if not 0 < confidence < 1:
-            raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-        if n == 0:
-            return cls(k, n, math.nan, math.nan, math.nan, confidence)
-        lo, hi = proportion_confint(k, n, alpha=1 - confidence, method="beta")
-        return cls(k, n, k / n, float(lo), float(hi), confidence)
-
-
-@dataclass(frozen=True)
 class RefusalRates:
     """One model's two refusal axes, kept apart.
 
@@ -551,16 +518,6 @@ class RefusalThresholds:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
 
 
-def _diff_ci(cand: Rate, base: Rate, confidence: float) -> tuple[float, float]:
-    """Newcombe score interval of cand.rate - base.rate (fractions), statsmodels."""
-    if cand.n == 0 or base.n == 0:
-        return (math.nan, math.nan)
-    lo, hi = confint_proportions_2indep(
-        cand.k, cand.n, base.k, base.n, method="newcomb", compare="diff", alpha=1 - confidence
-    )
-    return float(lo), float(hi)
-
-
 def two_sided_refusal_gate(
     candidate: RefusalRates,
     baseline: RefusalRates,
@@ -632,7 +589,7 @@ def two_sided_refusal_gate(
             direction="lower_is_better", unit="percent",
         )
         delta = 100 * (c.rate - b.rate)
-        lo, hi = _diff_ci(c, b, th.confidence)
+        lo, hi = rate_diff(c, b, th.confidence)
         metrics[f"{key}_change"] = Metric(
             value=delta, ci_low=100 * lo, ci_high=100 * hi, n=c.n + b.n, direction="lower_is_better", unit="points"
         )

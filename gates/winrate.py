@@ -34,10 +34,10 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 from sklearn.linear_model import LogisticRegression
 
 from gates.result import GateResult, Metric, mark_inconclusive
+from judging.intervals import normal
 
 logger = logging.getLogger(__name__)
 
@@ -216,12 +216,8 @@ def win_rate_ci(preferences: Any, confidence: float = DEFAULT_CONFIDENCE) -> tup
 
 
 def _normal_ci(value: float, se: float, confidence: float) -> tuple[float, float]:
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if not (math.isfinite(value) and math.isfinite(se)):
-        return (math.nan, math.nan)
-    z = stats.norm.ppf(0.5 + confidence / 2)
-    return (max(0.0, value - z * se), min(100.0, value + z * se))
+    """A win rate's normal interval in percent, clipped to [0, 100]."""
+    return normal(value, se, confidence, low=0.0, high=100.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,12 +8,12 @@ from gates.intent import intent_evidence, intent_matrix_gate
 from gates.judge import (
     items_needed,
     judge_agreement_gate,
-    judge_human_agreement,
     requires_passing_judge,
-    wilson_bounds,
 )
 from gates.sycophancy import SycophancyMeasure, flip_rate, sycophancy_gate
 from gates.winrate import win_rate_evidence, win_rate_gate
+from judging.agreement import judge_agreement
+from judging.intervals import wilson
 
 
 def test_ten_draws_with_empty_answers_are_inconclusive_not_a_50_percent_pass():
@@ -75,29 +75,29 @@ def test_sycophancy_on_two_eligible_items_is_inconclusive():
 
 def test_judge_floor_is_decided_on_the_interval():
     # the smoke round: a = 0.875 on n = 16, CI 0.640-0.965 -> inconclusive, with the n that would decide
-    a = judge_human_agreement([1] * 14 + [2] * 2, [1] * 16)
+    a = judge_agreement([1] * 14 + [2] * 2, [1] * 16)
     g = judge_agreement_gate(a)
     assert g.verdict == "inconclusive"
     assert "CI 0.640-0.965" in g.reason
     assert "about 784 decisive expert-labelled items would decide it if a stays at 0.875 (have 16)" in g.reason
     assert g.metrics["items_needed"].value == 784
     # 784 is the smallest n whose Wilson lower bound at 0.875 clears 0.85
-    assert wilson_bounds(0.875, 784)[0] >= 0.85 > wilson_bounds(0.875, 783)[0]
+    assert wilson(0.875 * 784, 784)[0] >= 0.85 > wilson(0.875 * 783, 783)[0]
     assert items_needed(0.85, 0.85) is None
     # upper bound below the floor -> block; lower bound above -> pass
-    assert judge_agreement_gate(judge_human_agreement([1] * 30 + [2] * 20, [1] * 50)).verdict == "block"
-    assert judge_agreement_gate(judge_human_agreement([1] * 299 + [2], [1] * 300)).verdict == "pass"
+    assert judge_agreement_gate(judge_agreement([1] * 30 + [2] * 20, [1] * 50)).verdict == "block"
+    assert judge_agreement_gate(judge_agreement([1] * 299 + [2], [1] * 300)).verdict == "pass"
 
 
 def test_win_rate_needs_a_passing_judge():
     wr = win_rate_gate([2.0] * 15 + [1.0] * 5, [10] * 20, [10] * 20)
     assert wr.verdict == "pass"
-    judge = judge_agreement_gate(judge_human_agreement([1] * 14 + [2] * 2, [1] * 16))  # inconclusive
+    judge = judge_agreement_gate(judge_agreement([1] * 14 + [2] * 2, [1] * 16))  # inconclusive
     g = requires_passing_judge(wr, judge)
     assert g.verdict == "inconclusive" and g.reason.startswith("Inconclusive: the judge-agreement gate is inconclusive")
     assert g.metrics == wr.metrics
     assert requires_passing_judge(wr, None).verdict == "inconclusive"
-    passed = judge_agreement_gate(judge_human_agreement([1] * 299 + [2], [1] * 300))
+    passed = judge_agreement_gate(judge_agreement([1] * 299 + [2], [1] * 300))
     assert requires_passing_judge(wr, passed).verdict == "pass"
 
 

@@ -14,12 +14,8 @@ from gates.intent import (
     traffic_shares,
     traffic_weighted_win_rate,
 )
-from gates.judge import (
-    JudgeHumanAgreement,
-    corrected_effect_size,
-    judge_agreement_gate_with_effect,
-    judge_human_agreement,
-)
+from gates.judge import corrected_effect_size, judge_agreement_gate_with_effect
+from judging.agreement import Agreement, judge_agreement
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "gates" / "traffic_example.csv"
 
@@ -214,14 +210,14 @@ def test_judge_gate_with_effect_shows_attenuation_and_corrected_gap():
     human = np.array([1] * 10 + [2] * 10)
     judge = human.copy()
     judge[:3] = 2
-    ag = judge_human_agreement(judge, human)
-    assert isinstance(ag, JudgeHumanAgreement) and ag.agreement == pytest.approx(0.85)
+    ag = judge_agreement(judge, human)
+    assert isinstance(ag, Agreement) and ag.agreement == pytest.approx(0.85)
     g = judge_agreement_gate_with_effect(ag, 52.8)
     assert g.verdict == "inconclusive" and "no sample size decides it" in g.reason
     assert g.metrics["attenuation"].value == pytest.approx(0.7)
     assert g.metrics["corrected_gap"].value == pytest.approx(4.0)
     assert "corrected effect is +4.0 points (54.0%)" in g.reason
     judge[:4] = 2  # a = 0.80, CI 0.584-0.919 still reaches 0.85 -> inconclusive, with the n that would decide
-    g2 = judge_agreement_gate_with_effect(judge_human_agreement(judge, human), 52.8)
+    g2 = judge_agreement_gate_with_effect(judge_agreement(judge, human), 52.8)
     assert g2.verdict == "inconclusive" and "win-rate gates cannot decide" in g2.reason
     assert g2.metrics["corrected_gap"].value == pytest.approx(2.8 / 0.6)
