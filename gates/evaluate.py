@@ -196,8 +196,8 @@ def write_gates_manifest(
             "stage": "gates",
             "round_id": args.round_id,
             "code_version": code_version(),
-            "config": asdict(args),
-            "config_hash": json_hash(asdict(args)),
+            "config": args.to_dict(),
+            "config_hash": json_hash(args.to_dict()),
             "inputs": inputs,
             "outputs": {
                 "verdict": verdict,

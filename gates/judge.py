@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gates.result import GateResult, Metric
+from gates import wording
+from gates.result import Finding, GateResult, Metric
 from judging.agreement import Agreement
 from judging.intervals import wilson
 
@@ -161,7 +162,7 @@ def judge_agreement_gate(
 
 def judge_unmeasured_gate(source: str, *, name: str = GATE_NAME) -> GateResult:
     """The judge-agreement gate when the judge's agreement with humans was not measured: "inconclusive" (and the
-    win-rate gates cannot decide either, see ``gates.winrate.without_measured_judge``).
+    win-rate gates cannot decide either, see ``judge_decides``).
 
     Args:
         source: where the per-pair judgments were looked for (the reward-model stage directory), for the reason.
@@ -190,28 +191,45 @@ def judge_gate(
     return judge_agreement_gate_with_effect(agreement, measured_win_rate, floor=floor)
 
 
-def requires_passing_judge(result: GateResult, judge: GateResult | None) -> GateResult:
-    """A win-rate-type gate's result, made inconclusive unless the judge-agreement gate passed.
+def judge_decides(results: list[GateResult], judge: GateResult | None, agreement: float | None, *,
+                  floor: float = DEFAULT_FLOOR) -> list[GateResult]:
+    """The judge-floor rule, applied once, in the decision step, to every gate whose numbers the judge measured.
 
-    A win rate is measured by the judge; a judge that is unmeasured, below the floor, or not shown
-    to clear it on the interval cannot decide a win rate, whatever the win rate says (DESIGN.md
-    "Release gates", judge-agreement row). Pure: returns a copy, never mutates.
+    A win rate is measured by the judge; a judge that is unmeasured, below the floor, or not shown to clear it
+    on the interval (the judge-agreement gate did not pass) cannot decide a win rate, whatever the win rate says
+    (DESIGN.md "Release gates", judge-agreement row). Such a gate becomes "inconclusive" with a
+    ``judge_cannot_decide`` finding first (its sentence leads the reason); its metrics are kept and, when measured,
+    the judge's agreement is added to them as ``judge_agreement``. Pure: returns copies.
 
     Args:
-        result: the win-rate or per-intent gate's result.
-        judge: the judge-agreement gate's result (None: no judge was measured).
+        results: the win-rate and per-intent gates' results.
+        judge: the judge-agreement gate's result (None: no judge gate).
+        agreement: the judge's measured agreement a in [0, 1] (None: not measured).
+        floor: the judge floor (reported in the finding).
 
-    Returns:
-        ``result`` unchanged when ``judge`` passed, else the same metrics with verdict "inconclusive" and
-        the judge's state first in the reason.
+    Raises:
+        TypeError: ``agreement`` not a number; ValueError: outside [0, 1].
     """
-    if judge is not None and judge.verdict == "pass":
-        return result
-    why = "no judge-agreement measurement" if judge is None else f"the judge-agreement gate is {judge.verdict}"
-    return result.model_copy(update={
-        "verdict": "inconclusive",
-        "reason": f"Inconclusive: {why}, so the judge's preferences cannot decide this gate. {result.reason}",
-    })
+    if agreement is not None:
+        if isinstance(agreement, bool) or not isinstance(agreement, (int, float)):
+            raise TypeError(f"judge agreement must be a number in [0, 1], got {type(agreement).__name__}")
+        agreement = float(agreement) if math.isnan(agreement) else _check_a(agreement)  # NaN: no decisive label
+    decides = agreement is not None and judge is not None and judge.verdict == "pass"
+    out = []
+    for r in results:
+        metrics = dict(r.metrics)
+        if agreement is not None:
+            metrics["judge_agreement"] = Metric(value=agreement, direction="higher_is_better", unit="fraction")
+        if decides:
+            out.append(r.model_copy(update={"metrics": metrics}))
+            continue
+        found = Finding(code="judge_cannot_decide", values={
+            "judge_verdict": None if judge is None else judge.verdict, "agreement": agreement, "floor": floor})
+        out.append(r.model_copy(update={
+            "verdict": "inconclusive", "metrics": metrics, "findings": [found, *r.findings],
+            "reason": f"{wording.judge_cannot_decide(found.values)} {r.reason}",
+        }))
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from judging.agreement import Agreement, judge_agreement
-from judging.judges import JudgeConfig, make_judge, n_unparsed, pair_id, position_consistency
+from judging.factory import make_judge
+from judging.judges import JudgeConfig, n_unparsed, pair_id, position_consistency
 from judging.judges import preferences as judgment_preferences
 from judging.labels import scores_to_preference
 from judging.qualify import qualify_judge

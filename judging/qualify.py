@@ -108,7 +108,7 @@ def qualify_judge(judge: Judge, config: JudgeConfig, *, use_cache: bool = True) 
     """Measure (or read from the cache) ``judge``'s agreement with the annotators of ``config.agreement_data``.
 
     Args:
-        judge: any backend (``judging.judges.make_judge``).
+        judge: any backend (``judging.factory.make_judge``).
         config: ``agreement_data`` (PandaLM-format pairs with annotator labels), ``agreement_n`` (first N pairs;
             0: all), ``cache_dir``.
         use_cache: read a cached measurement of this identity (always written).
@@ -158,7 +158,7 @@ def qualify_judge(judge: Judge, config: JudgeConfig, *, use_cache: bool = True) 
 
 def judge_agreement_report(config: JudgeConfig, *, reward_model: str | None = None) -> JudgeQualification | None:
     """``qualify_judge(make_judge(config), config)``: the CLI's ``rlhf judge agreement``."""
-    from .judges import make_judge
+    from .factory import make_judge
 
     return qualify_judge(make_judge(config, reward_model=reward_model), config)
 

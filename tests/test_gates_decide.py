@@ -87,7 +87,8 @@ def test_an_unmeasured_judge_makes_both_win_rate_gates_inconclusive():
     assert v["judge_agreement"] == v["length_controlled_win_rate"] == v["intent_matrix"] == "inconclusive"
     assert v["capability"] == v["refusal_two_sided"] == "pass"
     assert "runs/r/reward_model has no per-pair agreement scores" in results[0].reason
-    assert results[1].reason.startswith("Inconclusive: the judge's agreement with humans was not measured.")
+    assert results[1].findings[0].code == "judge_cannot_decide" and results[1].findings[0].values["agreement"] is None
+    assert results[2].findings[0].code == "judge_cannot_decide"
     assert release_verdict(results) == "block"
 
 

@@ -8,7 +8,7 @@ from gates.intent import intent_evidence, intent_matrix_gate
 from gates.judge import (
     items_needed,
     judge_agreement_gate,
-    requires_passing_judge,
+    judge_decides,
 )
 from gates.sycophancy import SycophancyMeasure, flip_rate, sycophancy_gate
 from gates.winrate import win_rate_evidence, win_rate_gate
@@ -20,8 +20,9 @@ def test_ten_draws_with_empty_answers_are_inconclusive_not_a_50_percent_pass():
     # the smoke round: 10 of 10 draws, every answer empty on both sides
     g = win_rate_gate([1.5] * 10, [1] * 10, [1] * 10, answered=[False] * 10)
     assert g.verdict == "inconclusive"
-    assert g.reason.startswith("too little evidence: 0 decisive items with both answers non-empty")
-    assert "needs at least 10 (10 draws there; 10 of 10 items have an empty answer on a side)" in g.reason
+    assert g.finding("too_little_evidence").values == {
+        "method": "matched", "min_decisive": 10, "n_items": 10, "n_in_set": 10, "n_decisive": 0, "n_draws": 10,
+        "n_unanswered": 10}
     assert g.metrics["decisive_items"].value == 0 and g.metrics["decisive_items"].n == 10
     assert g.metrics["length_controlled_win_rate"].value == 50.0  # the number is still reported
 
@@ -93,12 +94,13 @@ def test_win_rate_needs_a_passing_judge():
     wr = win_rate_gate([2.0] * 15 + [1.0] * 5, [10] * 20, [10] * 20)
     assert wr.verdict == "pass"
     judge = judge_agreement_gate(judge_agreement([1] * 14 + [2] * 2, [1] * 16))  # inconclusive
-    g = requires_passing_judge(wr, judge)
-    assert g.verdict == "inconclusive" and g.reason.startswith("Inconclusive: the judge-agreement gate is inconclusive")
-    assert g.metrics == wr.metrics
-    assert requires_passing_judge(wr, None).verdict == "inconclusive"
+    (g,) = judge_decides([wr], judge, 0.875)
+    assert g.verdict == "inconclusive" and g.findings[0].code == "judge_cannot_decide"
+    assert g.findings[0].values["judge_verdict"] == "inconclusive"
+    assert {k: v for k, v in g.metrics.items() if k != "judge_agreement"} == wr.metrics
+    assert judge_decides([wr], None, None)[0].verdict == "inconclusive"
     passed = judge_agreement_gate(judge_agreement([1] * 299 + [2], [1] * 300))
-    assert requires_passing_judge(wr, passed).verdict == "pass"
+    assert judge_decides([wr], passed, 299 / 300)[0].verdict == "pass"
 
 
 def test_candidate_equal_to_baseline_is_refused_unless_allowed():

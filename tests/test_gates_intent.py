@@ -134,8 +134,14 @@ def test_meaningful_traffic_intent_without_data_is_inconclusive():
 
 def test_judge_below_floor_makes_the_matrix_inconclusive():
     prefs, intents = _hand_data()
-    g = intent_matrix_gate(prefs, intents, {"chat": 0.6, "coding": 0.3, "legal": 0.1}, judge_agreement=0.80)
-    assert g.verdict == "inconclusive" and "2a-1 = 0.60" in g.reason
+    from gates.judge import judge_agreement_gate, judge_decides
+
+    g = intent_matrix_gate(prefs, intents, {"chat": 0.6, "coding": 0.3, "legal": 0.1})
+    judge = judge_agreement_gate(judge_agreement([1] * 800 + [2] * 200, [1] * 1000))  # CI 0.775-0.823: block
+    (g,) = judge_decides([g], judge, 0.80)
+    assert g.verdict == "inconclusive" and g.findings[0].values == {"judge_verdict": "block", "agreement": 0.8,
+                                                                    "floor": 0.85}
+    assert "2a-1 = 0.60" in g.reason  # the sentence rendered from that finding
     assert g.metrics["judge_agreement"].value == 0.8
 
 

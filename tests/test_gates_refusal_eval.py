@@ -9,10 +9,9 @@ import pandas as pd
 import pytest
 
 from gates.refusal import (
-    Rate,
+    XSTEST_JUDGE_TEMPLATE,
     RefusalClassifierQuality,
     RefusalRates,
-    XSTEST_JUDGE_TEMPLATE,
     classify_refusal,
     corrected_rate,
     parse_xstest_judge_answer,
@@ -30,6 +29,7 @@ from gates.refusal_eval import (
     measured_quality,
     xstest_root,
 )
+from judging.intervals import Rate
 
 # ---------------------------------------------------------------------------------------------
 # pattern fixes (issue 7's examples)

@@ -8,9 +8,10 @@ import pytest
 
 import gates.report as report
 from gates.judge import judge_agreement_gate
-from gates.refusal import Rate, RefusalRates, two_sided_refusal_gate
+from gates.refusal import RefusalRates, two_sided_refusal_gate
 from gates.winrate import WIN_RATE_COLUMNS, win_rate_gate
 from judging.agreement import judge_agreement
+from judging.intervals import Rate
 
 
 def results():
