@@ -60,9 +60,72 @@ def judge_cannot_decide(v: dict[str, Any]) -> str:
     return f"Inconclusive: {why}, so the judge's preferences cannot decide this gate."
 
 
+def _axis(v: dict[str, Any]) -> str:
+    return (f"{v['label']} {100 * v['baseline_rate']:.1f}% -> {100 * v['candidate_rate']:.1f}% ({v['delta']:+.1f} "
+            f"points, {100 * v['confidence']:g}% CI {100 * v['ci_low']:+.1f} to {100 * v['ci_high']:+.1f}; "
+            f"n {v['n_baseline']} -> {v['n_candidate']}; allowed +{v['limit']:g})")
+
+
+def _regressed(v: dict[str, Any]) -> str:
+    basis = ("on evidence (the interval of the change is above 0)" if v["on_evidence"]
+             else "could be noise (the interval of the change includes 0)")
+    return f"{_axis(v)}: regressed beyond its threshold, {basis}"
+
+
+def _untrusted(v: dict[str, Any]) -> str:
+    if v["agreement"] is None:
+        return f"{v['label']}: the classifier's agreement with humans on this kind of set is unknown ({v['source']})"
+    return (f"{v['label']}: the classifier agrees with humans {v['agreement']:.3f} of the time on this kind of set "
+            f"(worst held-out model), below the floor {v['floor']:.2f}")
+
+
+def _corrected(v: dict[str, Any]) -> str:
+    raw = f"{v['label']}: raw {100 * v['baseline_rate']:.1f}% -> {100 * v['candidate_rate']:.1f}%"
+    if not v["measured"]:
+        return f"{raw}, no correction (the classifier's error on this kind of set is not measured)"
+    c = v["candidate_corrected"]
+    return (f"{raw}, corrected {100 * v['baseline_corrected']:.1f}% -> {100 * c[0]:.1f}% (candidate's interval "
+            f"widened to {100 * c[1]:.1f}-{100 * c[2]:.1f}% by the classifier's error on this kind of set: fpr "
+            f"{v['fpr']:.3f}, fnr {v['fnr']:.3f}; agreement {v['agreement']:.3f})")
+
+
+def _refusal_reason(findings: Sequence[Finding]) -> str:
+    def all_of(code: str) -> list[dict[str, Any]]:
+        return [f.values for f in findings if f.code == code]
+
+    untrusted, missing = all_of("classifier_untrusted"), [v["label"] for v in all_of("axis_without_items")]
+    blocks, notes = [_regressed(v) for v in all_of("axis_regressed")], [_axis(v) for v in all_of("axis_within")]
+    (naive,) = all_of("naive_average")
+    naive_txt = (f"The naive average of (100 - rate) goes {naive['baseline']:.2f} -> {naive['candidate']:.2f}; it is "
+                 "shown only to show why it is not used: the axes are judged separately.")
+    if untrusted:
+        out = ("Inconclusive: the refusal classifier is not trusted for " + "; ".join(map(_untrusted, untrusted))
+               + ", so it cannot decide the release on its own.")
+        out += (" Measured (not deciding): " + "; ".join(blocks) + ".") if blocks else ""
+        out += f" No items for: {', '.join(missing)}." if missing else ""
+        out += " " + naive_txt
+    elif missing:
+        out = f"no items for: {', '.join(missing)}; cannot judge that axis. " + naive_txt
+    elif blocks:
+        out = "Blocked: " + "; ".join(blocks) + "." + (" Within threshold: " + "; ".join(notes) + "." if notes else "")
+        out += " " + naive_txt
+    else:
+        out = "Both axes within threshold: " + "; ".join(notes) + ". " + naive_txt
+    for q in all_of("classifier"):
+        out += (f" Classifier: {q['name']}; measured 3-class agreement with humans {q['agreement']:.3f} "
+                f"({q['source']}). " + "; ".join(map(_corrected, all_of("corrected"))) + ".")
+    unparsed = [f"{v['label']}: baseline {v['baseline']} of {v['baseline_total']}, candidate {v['candidate']} of "
+                f"{v['candidate_total']}" for v in all_of("unparsed")]
+    if unparsed:
+        out += (" Unparsable grades (left out of the rates, never counted as compliance or refusal): "
+                + "; ".join(unparsed) + ".")
+    return out
+
+
 #: gate name -> the function rendering its whole reason from its findings.
 REASONS: dict[str, Callable[[Sequence[Finding]], str]] = {
     "length_controlled_win_rate": _win_rate_reason,
+    "refusal_two_sided": _refusal_reason,
 }
 
 
