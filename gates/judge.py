@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from gates import wording
-from gates.result import Finding, GateResult, Metric
+from gates.result import Finding, GateResult, Metric, Verdict
 from judging.agreement import Agreement
 from judging.intervals import wilson
 
@@ -102,30 +102,56 @@ def items_needed(rate: float, floor: float, *, confidence: float = DEFAULT_CONFI
     return hi
 
 
+def verdict(agreement: Agreement, floor: float = DEFAULT_FLOOR) -> tuple[Verdict, list[Finding]]:
+    """The judge-agreement rule, decided on the interval (DESIGN.md "The judge is pluggable").
+
+    No decisive expert label -> "inconclusive" (judge unmeasured). Wilson interval's lower bound >= ``floor`` ->
+    "pass". Upper bound < ``floor`` -> "block" (on evidence; the win-rate gates are then inconclusive). Otherwise
+    the interval straddles the floor -> "inconclusive", with :func:`items_needed`, the decisive items that would
+    decide it at the observed rate. The point estimate alone never passes or blocks.
+
+    Returns:
+        (verdict, findings): ``agreement`` (a, its interval, n, ties, attenuation) and the rule's outcome:
+        ``no_decisive_labels``, ``below_floor``, ``at_or_above_floor`` or ``straddles_floor`` (with
+        ``items_needed``, None when no n decides it).
+    """
+    ag = agreement
+    found = Finding(code="agreement", values={
+        "agreement": ag.agreement, "ci_low": ag.ci.low, "ci_high": ag.ci.high, "n": ag.n,
+        "n_expert_tie": ag.n_expert_tie, "attenuation": ag.attenuation, "floor": floor})
+    if ag.n == 0:
+        return "inconclusive", [Finding(code="no_decisive_labels")]
+    if ag.ci.high < floor:
+        return "block", [found, Finding(code="below_floor", values={"floor": floor})]
+    if ag.ci.low >= floor:
+        return "pass", [found, Finding(code="at_or_above_floor", values={"floor": floor})]
+    return "inconclusive", [found, Finding(code="straddles_floor", values={
+        "floor": floor, "items_needed": items_needed(ag.agreement, floor), "n": ag.n,
+        "side": "above" if ag.agreement >= floor else "below"})]
+
+
 def judge_agreement_gate(
     agreement: Agreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME
 ) -> GateResult:
-    """The judge-agreement gate, decided on the interval (DESIGN.md "The judge is pluggable").
-
-    Rule: no decisive expert label -> "inconclusive" (judge unmeasured). Wilson interval's lower bound
-    >= ``floor`` -> "pass". Upper bound < ``floor`` -> "block" (on evidence; the win-rate gates are
-    then inconclusive). Otherwise the interval straddles the floor -> "inconclusive", and the reason
-    gives :func:`items_needed`, the decisive items that would decide it at the observed rate.
-    The point estimate alone never passes or blocks.
+    """The judge-agreement gate: the record's numbers, :func:`verdict`, and the words (``gates.wording``).
 
     Returns:
-        GateResult with metrics ``agreement`` (fraction, CI, n = n_decisive), ``attenuation``
+        GateResult with metrics ``agreement`` (fraction, CI, n = decisive labels), ``attenuation``
         (2a - 1) and, when inconclusive on the interval, ``items_needed`` (count; null when no n
-        decides it); ``table`` holds the tie and abstention counts.
+        decides it); ``table`` holds the tie and abstention counts; ``findings`` as :func:`verdict` returns them.
     """
     ag = agreement
+    v, findings = verdict(ag, floor)
     metrics = {
-        "agreement": Metric(
-            value=ag.agreement, ci_low=ag.ci.low, ci_high=ag.ci.high, n=ag.n,
-            direction="higher_is_better", unit="fraction",
-        ),
+        "agreement": Metric(value=ag.agreement, ci_low=ag.ci.low, ci_high=ag.ci.high, n=ag.n,
+                            direction="higher_is_better", unit="fraction"),
         "attenuation": Metric(value=ag.attenuation, n=ag.n, direction="higher_is_better", unit="factor"),
     }
+    straddles = next((f for f in findings if f.code == "straddles_floor"), None)
+    if straddles is not None:
+        need = straddles.values["items_needed"]
+        metrics["items_needed"] = Metric(value=math.nan if need is None else float(need), n=ag.n,
+                                         direction="lower_is_better", unit="items")
     table = [{
         "n_items": ag.n_items, "n_decisive": ag.n, "n_agree": ag.n_agree,
         "n_expert_ties": ag.n_expert_tie, "n_expert_no_majority": ag.n_expert_no_majority,
@@ -133,31 +159,8 @@ def judge_agreement_gate(
         "agreement_both_decisive": ag.agreement_excluding_abstentions, "tie_agreement": ag.tie_agreement,
         "three_class_agreement": ag.three_class_accuracy,
     }]
-    txt = (
-        f"judge agreement a = {ag.agreement:.3f} (share of {ag.n} decisive expert labels whose side the judge "
-        f"picked; 95% Wilson CI {ag.ci.low:.3f}-{ag.ci.high:.3f}; {ag.n_expert_tie} expert ties reported apart)"
-    )
-    att = f" Attenuation 2a-1 = {ag.attenuation:.3f}: a true win-rate gap shows up multiplied by it."
-    if ag.n == 0:
-        verdict, reason = "inconclusive", "no decisive expert labels, so judge agreement is unknown."
-    elif ag.ci.high < floor:
-        verdict = "block"
-        reason = (f"Blocked on evidence: {txt}; the whole interval is below the floor {floor:.2f}; "
-                  f"win-rate gates are inconclusive.{att}")
-    elif ag.ci.low >= floor:
-        verdict, reason = "pass", f"Passed: {txt}; the whole interval is at or above the floor {floor:.2f}.{att}"
-    else:
-        need = items_needed(ag.agreement, floor)
-        metrics["items_needed"] = Metric(value=math.nan if need is None else float(need), n=ag.n,
-                                         direction="lower_is_better", unit="items")
-        side = "above" if ag.agreement >= floor else "below"
-        how = ("no sample size decides it (the estimate equals the floor)" if need is None else
-               f"about {need} decisive expert-labelled items would decide it if a stays at {ag.agreement:.3f}")
-        verdict = "inconclusive"
-        reason = (f"Inconclusive: {txt}; the estimate is {side} the floor {floor:.2f} but the interval contains it, "
-                  f"so the judge is not shown to clear it; {how} (have {ag.n}); win-rate gates cannot "
-                  f"decide.{att}")
-    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=table)
+    return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=metrics,
+                      reason=wording.reason(GATE_NAME, findings), table=table, findings=findings)
 
 
 def judge_unmeasured_gate(source: str, *, name: str = GATE_NAME) -> GateResult:
@@ -312,7 +315,7 @@ def judge_agreement_gate_with_effect(
         txt = (f" Measured gap {eff.measured_gap:+.1f} points cannot be corrected: attenuation {eff.attenuation:.2f} <= 0 "
                "(the judge is no better than chance).")
     return GateResult(name=base.name, version=base.version, verdict=base.verdict, metrics=metrics,
-                      reason=base.reason + txt, table=base.table)
+                      reason=base.reason + txt, table=base.table, findings=base.findings)
 
 
 # --------------------------------------------------------------------------------------------

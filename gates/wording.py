@@ -122,10 +122,34 @@ def _refusal_reason(findings: Sequence[Finding]) -> str:
     return out
 
 
+def _judge_reason(findings: Sequence[Finding]) -> str:
+    by = {f.code: f.values for f in findings}
+    if "no_decisive_labels" in by:
+        return "no decisive expert labels, so judge agreement is unknown."
+    v = by["agreement"]
+    txt = (f"judge agreement a = {v['agreement']:.3f} (share of {v['n']} decisive expert labels whose side the judge "
+           f"picked; 95% Wilson CI {v['ci_low']:.3f}-{v['ci_high']:.3f}; {v['n_expert_tie']} expert ties reported "
+           "apart)")
+    att = f" Attenuation 2a-1 = {v['attenuation']:.3f}: a true win-rate gap shows up multiplied by it."
+    floor = v["floor"]
+    if "below_floor" in by:
+        return (f"Blocked on evidence: {txt}; the whole interval is below the floor {floor:.2f}; "
+                f"win-rate gates are inconclusive.{att}")
+    if "at_or_above_floor" in by:
+        return f"Passed: {txt}; the whole interval is at or above the floor {floor:.2f}.{att}"
+    s = by["straddles_floor"]
+    need = s["items_needed"]
+    how = ("no sample size decides it (the estimate equals the floor)" if need is None else
+           f"about {need} decisive expert-labelled items would decide it if a stays at {v['agreement']:.3f}")
+    return (f"Inconclusive: {txt}; the estimate is {s['side']} the floor {floor:.2f} but the interval contains it, "
+            f"so the judge is not shown to clear it; {how} (have {s['n']}); win-rate gates cannot decide.{att}")
+
+
 #: gate name -> the function rendering its whole reason from its findings.
 REASONS: dict[str, Callable[[Sequence[Finding]], str]] = {
     "length_controlled_win_rate": _win_rate_reason,
     "refusal_two_sided": _refusal_reason,
+    "judge_agreement": _judge_reason,
 }
 
 

@@ -79,8 +79,9 @@ def test_judge_floor_is_decided_on_the_interval():
     a = judge_agreement([1] * 14 + [2] * 2, [1] * 16)
     g = judge_agreement_gate(a)
     assert g.verdict == "inconclusive"
-    assert "CI 0.640-0.965" in g.reason
-    assert "about 784 decisive expert-labelled items would decide it if a stays at 0.875 (have 16)" in g.reason
+    v = g.finding("agreement").values
+    assert (round(v["ci_low"], 3), round(v["ci_high"], 3), v["n"]) == (0.640, 0.965, 16)
+    assert g.finding("straddles_floor").values == {"floor": 0.85, "items_needed": 784, "n": 16, "side": "above"}
     assert g.metrics["items_needed"].value == 784
     # 784 is the smallest n whose Wilson lower bound at 0.875 clears 0.85
     assert wilson(0.875 * 784, 784)[0] >= 0.85 > wilson(0.875 * 783, 783)[0]

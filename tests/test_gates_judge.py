@@ -81,11 +81,11 @@ def test_judge_gate():
     # 84/100: the estimate is below 0.85 but the interval (0.756-0.899) contains it -> inconclusive, not a block
     bad = judge_agreement([1] * 84 + [2] * 16, [1] * 100)
     g = judge_agreement_gate(bad)
-    assert g.verdict == "inconclusive" and "interval contains it" in g.reason
+    assert g.verdict == "inconclusive" and g.finding("straddles_floor").values["side"] == "below"
     assert g.metrics["attenuation"].value == pytest.approx(0.68)
     # 70/100: CI 0.604-0.781, wholly below -> block on evidence
     g70 = judge_agreement_gate(judge_agreement([1] * 70 + [2] * 30, [1] * 100))
-    assert g70.verdict == "block" and "on evidence" in g70.reason
+    assert g70.verdict == "block" and g70.finding("below_floor").values == {"floor": 0.85}
     none = judge_agreement([1, 2], [0, 0])
     assert judge_agreement_gate(none).verdict == "inconclusive"
 
@@ -108,7 +108,7 @@ def test_pandalm_gpt35_judge_below_floor_on_evidence():
     assert a.agreement == pytest.approx(692 / 894, abs=1e-12)
     assert (a.n_tie, a.n_unparsed_total) == (33, 25)
     g = judge_agreement_gate(a)
-    assert g.verdict == "block" and "on evidence" in g.reason  # Wilson CI high 0.800 < 0.85
+    assert g.verdict == "block" and g.finding("below_floor") is not None  # Wilson CI high 0.800 < 0.85
     assert a.ci.high < 0.85
     assert math.isclose(g.metrics["attenuation"].value, 2 * 692 / 894 - 1)
 
