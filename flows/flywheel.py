@@ -94,7 +94,7 @@ def ingest_task(db: str, files: list[str]) -> list[dict]:
 def judge_task(db: str, params: FlywheelParameters) -> dict:
     from flywheel.judge import DEFAULT_REFERENCE, gates_judge, judge_turns
     from flywheel.store import SignalStore
-    from judging.judges import JudgeConfig
+    from judging.judges import JudgeConfig, parse_mapping
 
     store = SignalStore(db)
     config = params.judge
@@ -102,10 +102,7 @@ def judge_task(db: str, params: FlywheelParameters) -> dict:
         import yaml
 
         config = (yaml.safe_load(Path(params.gates_recipe).read_text()) or {}).get("judge")
-    if config is None:
-        config = {"backend": "reward_model"}
-    if isinstance(config, str):
-        config = json.loads(config)
+    config = parse_mapping(config, where="judge") or {"backend": "reward_model"}
     config = {"batch_size": params.judge_batch_size, "max_length": params.judge_max_length, **config}
     judge = gates_judge(
         config, reward_model=params.reward_model_dir, reference=params.judge_reference or DEFAULT_REFERENCE

@@ -1,6 +1,6 @@
 """Judge score per turn from the gates' judge, cached by content hash.
 
-The judge is the one the gates use: ``judging.judges.make_judge`` with the gates recipe's ``judge:`` mapping
+The judge is the one the gates use: ``judging.factory.make_judge`` with the gates recipe's ``judge:`` mapping
 (:class:`judging.judges.JudgeConfig`; backends ``reward_model`` (default: the round's reward model),
 ``sequence_classifier``, ``openai``, ``labels``). That interface is pairwise, so a turn is judged as the pair
 (A = a fixed reference reply, B = the turn's response) for the turn's user message:
@@ -79,9 +79,10 @@ def gates_judge(
         ValueError: a bad judge config, or the backend's required settings missing (``judging.judges``).
         FileNotFoundError: ``reward_model`` is neither a stage dir nor a checkpoint.
     """
-    from judging.judges import JudgeConfig, make_judge
+    from judging.factory import make_judge
+    from judging.judges import JudgeConfig
 
-    cfg = config if isinstance(config, JudgeConfig) else JudgeConfig.from_dict(config, where="flywheel judge")
+    cfg = JudgeConfig.from_dict(config, where="flywheel judge")
     ckpt = str(_checkpoint_of(reward_model)) if reward_model else None
     judge = make_judge(cfg, reward_model=ckpt)
     pointwise = cfg.backend in _POINTWISE

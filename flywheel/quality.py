@@ -2,8 +2,8 @@
 
 Each signal implies a verdict: ``thumbs_down``, ``regenerate``, ``edit``, ``abandon`` -> "bad";
 ``thumbs_up``, ``copy``, ``continued`` -> "good". Over the turns that carry the signal and have an expert verdict,
-agreement = share whose verdict is the implied one, with n and a Wilson score interval (statsmodels
-``proportion_confint(method="wilson")``; Wilson 1927). For thumbs-down this is P(expert bad | thumbs-down), the
+agreement = share whose verdict is the implied one, with n and a Wilson score interval
+(``judging.intervals.wilson``; Wilson 1927). For thumbs-down this is P(expert bad | thumbs-down), the
 seed's 0.55.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pandas as pd
-from statsmodels.stats.proportion import proportion_confint
+
+from judging.intervals import wilson
 
 from .schema import SIGNALS
 
@@ -78,7 +79,7 @@ def signal_quality(turns: pd.DataFrame, verdicts: pd.DataFrame, *, alpha: float 
         has = merged[merged[s] > 0]
         n = len(has)
         agree = int((has["expert_bad"] == (IMPLIED[s] == "bad")).sum()) if n else 0
-        lo, hi = proportion_confint(agree, n, alpha=alpha, method="wilson") if n else (None, None)
+        lo, hi = wilson(agree, n, 1 - alpha) if n else (None, None)
         out.append(
             {
                 "signal": s,

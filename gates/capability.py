@@ -31,10 +31,9 @@ from typing import Any, Literal
 
 import numpy as np
 from statsmodels.stats.contingency_tables import mcnemar
-from statsmodels.stats.proportion import proportion_confint
 
-from gates.refusal import Rate
 from gates.result import GateResult, Metric
+from judging.intervals import Rate, newcombe_paired_diff
 
 GATE_NAME = "capability"
 GATE_VERSION = "1"
@@ -85,51 +84,6 @@ def _as_bool_1d(name: str, x: Any) -> np.ndarray:
     return arr
 
 
-def newcombe_paired_diff_ci(
-    both: int, first_only: int, second_only: int, neither: int, confidence: float = DEFAULT_CONFIDENCE
-) -> tuple[float, float]:
-    """Newcombe's square-and-add interval for p1 - p2 from a paired 2x2 table.
-
-    Table: ``both`` = n11 (both succeed), ``first_only`` = n12, ``second_only`` = n21,
-    ``neither`` = n22; p1 = (n11 + n12) / N, p2 = (n11 + n21) / N. With Wilson intervals
-    (l1, u1), (l2, u2) and psi Newcombe's continuity-corrected correlation (A = n11 n22 - n12 n21;
-    psi = (A - N/2)/sqrt(prod of margins) if A > N/2, 0 if 0 <= A <= N/2, A/sqrt(...) if A < 0):
-
-        L = d - sqrt((p1 - l1)^2 + (u2 - p2)^2 - 2 psi (p1 - l1)(u2 - p2))
-        U = d + sqrt((p2 - l2)^2 + (u1 - p1)^2 - 2 psi (p2 - l2)(u1 - p1))
-
-    Returns:
-        (L, U) as fractions; (NaN, NaN) when N == 0.
-
-    Raises:
-        ValueError: a negative count or confidence outside (0, 1).
-    """
-    cells = (both, first_only, second_only, neither)
-    if any(int(c) != c or c < 0 for c in cells):
-        raise ValueError(f"cell counts must be non-negative integers, got {cells}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    n11, n12, n21, n22 = (int(c) for c in cells)
-    N = n11 + n12 + n21 + n22
-    if N == 0:
-        return (math.nan, math.nan)
-    alpha = 1 - confidence
-    r1, r2, c1, c2 = n11 + n12, n21 + n22, n11 + n21, n12 + n22
-    p1, p2 = r1 / N, c1 / N
-    l1, u1 = proportion_confint(r1, N, alpha=alpha, method="wilson")
-    l2, u2 = proportion_confint(c1, N, alpha=alpha, method="wilson")
-    if 0 in (r1, r2, c1, c2):
-        psi = 0.0
-    else:
-        A = n11 * n22 - n12 * n21
-        denom = math.sqrt(float(r1) * r2 * c1 * c2)
-        psi = (A - N / 2) / denom if A > N / 2 else (0.0 if A >= 0 else A / denom)
-    d = p1 - p2
-    lo = d - math.sqrt(max(0.0, (p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2)))
-    hi = d + math.sqrt(max(0.0, (p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1)))
-    return (max(-1.0, float(lo)), min(1.0, float(hi)))
-
-
 def paired_accuracy(
     candidate_correct: Any, baseline_correct: Any, *, confidence: float = DEFAULT_CONFIDENCE
 ) -> PairedAccuracy:
@@ -162,7 +116,7 @@ def paired_accuracy(
         p = 1.0
     else:
         p = float(mcnemar([[n11, n12], [n21, n22]], exact=True).pvalue)
-    lo, hi = newcombe_paired_diff_ci(n11, n12, n21, n22, confidence)
+    lo, hi = newcombe_paired_diff(n11, n12, n21, n22, confidence)
     return PairedAccuracy(
         n=n, both_correct=n11, candidate_only=n12, baseline_only=n21, both_wrong=n22,
         candidate=Rate.from_counts(n11 + n12, n, confidence), baseline=Rate.from_counts(n11 + n21, n, confidence),

@@ -42,8 +42,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gates.refusal import Rate
 from gates.result import GateResult, Metric
+from judging.intervals import Rate
 
 GATE_NAME = "citation_honesty"
 GATE_VERSION = "2"

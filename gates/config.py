@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from judging.judges import JudgeConfig
 
@@ -28,9 +28,10 @@ class GateStageConfig:
         default="", metadata={"help": "Candidate: a stage dir with a manifest, or a checkpoint."}
     )
     reward_model_dir: str = field(default="", metadata={"help": "The judge: reward-model stage dir or checkpoint."})
-    # dict | str | None: HfArgumentParser then parses it as a string (JSON on the command line) while a recipe's YAML
-    # mapping arrives as a dict; __post_init__ turns either into a checked dict (judging.judges.JudgeConfig).
-    judge: dict | str | None = field(
+    # Given as a dict (a recipe's YAML mapping) or a str (JSON on the command line: HfArgumentParser reads the union
+    # as str); __post_init__ parses either once into a checked JudgeConfig, which the stage then holds and passes
+    # on. Only ``to_dict`` (the manifest) redacts its API key.
+    judge: JudgeConfig | str | dict | None = field(
         default=None,
         metadata={
             "help": "The pairwise judge (judging.judges.JudgeConfig), a mapping in the recipe or JSON on the command "
@@ -138,7 +139,8 @@ class GateStageConfig:
                   "(an LLM with XSTest's 3-class grading prompt, gates/refusal_llm.py; endpoint --refusal_judge, "
                   "else the openai --judge's)."},
     )
-    refusal_judge: dict | str | None = field(
+    # As ``judge``: parsed once in __post_init__ (None when not given).
+    refusal_judge: JudgeConfig | str | dict | None = field(
         default=None,
         metadata={
             "help": "The LLM refusal grader's endpoint for --refusal_classifier openai (judging.judges.JudgeConfig "
@@ -189,28 +191,28 @@ class GateStageConfig:
             raise ValueError(f"engine must be transformers or vllm, got {self.engine!r}")
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"vllm_tensor_parallel_size must be at least 1, got {self.vllm_tensor_parallel_size}")
-        self.judge = self.judge_config().to_dict()
-        if self.refusal_judge not in (None, "", {}):
-            self.refusal_judge = self.refusal_judge_config().to_dict()
+        from .refusal_llm import refusal_grader_config
+
+        self.judge = JudgeConfig.from_dict(self.judge, where="--judge")
+        if self.refusal_judge in (None, "", {}):
+            self.refusal_judge = None
+        else:
+            self.refusal_judge = refusal_grader_config(self.refusal_judge, self.judge)
 
     def refusal_judge_config(self) -> JudgeConfig:
         """The LLM refusal grader's endpoint (``gates.refusal_llm.refusal_grader_config``: ``--refusal_judge``, else
-        the openai ``--judge``'s settings). Raises ValueError naming the bad key, or when there is no endpoint."""
+        the openai ``--judge``'s settings). Raises ValueError when there is no endpoint."""
         from .refusal_llm import refusal_grader_config
 
-        rj = self.refusal_judge
-        if isinstance(rj, dict) and rj.get("api_key") == "<redacted>":
-            rj = {**rj, "api_key": getattr(self, "_refusal_judge_api_key", "")}
-        cfg = refusal_grader_config(rj, self.judge_config())
-        object.__setattr__(self, "_refusal_judge_api_key", cfg.api_key)
-        return cfg
+        return refusal_grader_config(self.refusal_judge, self.judge)
 
     def judge_config(self) -> JudgeConfig:
-        """The judge as a ``JudgeConfig`` (raises ValueError naming ``--judge`` and the bad key).
+        """The judge (parsed once, in ``__post_init__``)."""
+        return self.judge
 
-        ``to_dict`` redacts an API key, so the key is kept aside for the judge itself."""
-        if isinstance(self.judge, dict) and self.judge.get("api_key") == "<redacted>":
-            return JudgeConfig.from_dict({**self.judge, "api_key": getattr(self, "_judge_api_key", "")}, where="--judge")
-        cfg = JudgeConfig.from_dict(self.judge, where="--judge")
-        object.__setattr__(self, "_judge_api_key", cfg.api_key)
-        return cfg
+    def to_dict(self) -> dict:
+        """The config for the manifest: every field, the judges as ``JudgeConfig.to_dict`` (API keys redacted)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["judge"] = self.judge.to_dict()
+        d["refusal_judge"] = None if self.refusal_judge is None else self.refusal_judge.to_dict()
+        return d

@@ -2,7 +2,7 @@
 
 Each gate decides on its own numbers with its own rule, and every rule lives in its gate's module: the judge
 gate (measured or not, ``gates.judge.judge_gate``), the win-rate gates (inconclusive without a measured judge,
-``gates.winrate.without_measured_judge``), capability (on the items both sides parsed, inconclusive when too
+``gates.judge.judge_decides``), capability (on the items both sides parsed, inconclusive when too
 few did, ``gates.capability.capability_gate_on_parsed``), two-sided refusal, sycophancy, drift and citations. Nothing is
 averaged; ``gates.result.release_verdict`` combines the verdicts.
 """
@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .capability import capability_gate_on_parsed
+from . import intent as _intent
+from . import winrate as _winrate
 from .c03_labelled import C03_LABELLED
+from .capability import capability_gate_on_parsed
 from .citations import c03_false_positive_cost, citation_gate
 from .config import GateStageConfig
 from .drift import drift_gate
 from .intent import intent_matrix_gate
-from .judge import named_judge_gate, requires_passing_judge, unparsed_judge_gates
+from .judge import judge_decides, named_judge_gate, unparsed_judge_gates
 from .measure import Measurements
 from .refusal import RefusalThresholds, two_sided_refusal_gate
 from .result import GateResult
 from .sycophancy import sycophancy_gate
-from . import intent as _intent
-from . import winrate as _winrate
-from .winrate import win_rate_gate, without_measured_judge
+from .winrate import win_rate_gate
+
 
 def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     """Every release gate's result on the round's measurements.
@@ -49,20 +50,15 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     win_rate = float(np.mean(prefs - 1.0) * 100) if parsed.any() else float("nan")
     judge = named_judge_gate(m.judge, win_rate, source=m.judge_source, floor=config.judge_floor, info=m.judge_info)
     if parsed.any():
-        winrate = without_measured_judge(
+        winrate = judge_decides(
             [
-                win_rate_gate(prefs, len_c, len_b, bar=config.lc_bar, judge_agreement=a,
-                              judge_floor=config.judge_floor, glm_prior=m.glm_prior, answered=answered,
+                win_rate_gate(prefs, len_c, len_b, bar=config.lc_bar, glm_prior=m.glm_prior, answered=answered,
                               min_decisive=config.min_decisive),
                 intent_matrix_gate(prefs, intents, m.traffic, min_share=config.intent_min_share,
-                                   bar=config.lc_bar, min_items=config.intent_min_items, judge_agreement=a,
-                                   judge_floor=config.judge_floor, answered=answered),
+                                   bar=config.lc_bar, min_items=config.intent_min_items, answered=answered),
             ],
-            a,
+            judge, a, floor=config.judge_floor,
         )
-        # A measured judge not shown to clear its floor on the interval cannot decide a win rate (issue 8).
-        if m.judge is not None:
-            winrate = [requires_passing_judge(r, judge) for r in winrate]
     else:
         judge_name = (m.judge_info or {}).get("name", m.judge_source)
         winrate = unparsed_judge_gates([(_winrate.GATE_NAME, _winrate.GATE_VERSION),

@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-from statsmodels.stats.proportion import confint_proportions_2indep
 
 from gates.result import GateResult, Metric
+from judging.intervals import bootstrap_medians, newcombe_diff, percentile
 
 GATE_NAME = "personality_drift"
 GATE_VERSION = "1"
@@ -279,15 +279,9 @@ def drift_table(rounds: Mapping[Any, DriftCounters]) -> pd.DataFrame:
 def _median_ratio_ci(cur: Sequence[int], prev: Sequence[int], confidence: float, n_boot: int, seed: int):
     a, b = np.asarray(cur, dtype=float), np.asarray(prev, dtype=float)
     rng = np.random.default_rng(seed)
-    ma = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
-    mb = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+    ma, mb = bootstrap_medians(a, n_boot, rng), bootstrap_medians(b, n_boot, rng)
     with np.errstate(divide="ignore", invalid="ignore"):
-        r = ma / mb - 1.0
-    r = r[np.isfinite(r)]
-    if r.size == 0:
-        return math.nan, math.nan
-    alpha = 1 - confidence
-    lo, hi = np.quantile(r, [alpha / 2, 1 - alpha / 2])
+        lo, hi = percentile(ma / mb - 1.0, confidence)
     return float(lo), float(hi)
 
 
@@ -353,9 +347,7 @@ def drift_gate(
             shown, unit, step_shown = change, "points", step
             kc, kp = current.count(key), previous.count(key)
             if kc is not None and kp is not None and current.n and previous.n:
-                lo, hi = confint_proportions_2indep(kc, current.n, kp, previous.n, method="newcomb",
-                                                    compare="diff", alpha=1 - confidence)
-                lo, hi = 100 * float(lo), 100 * float(hi)
+                lo, hi = (100 * v for v in newcombe_diff(kc, current.n, kp, previous.n, confidence))
             metrics[key] = Metric(value=cur, n=current.n, direction="lower_is_better", unit="percent")
             desc_vals = f"{prev:g}% -> {cur:g}% ({shown:+.1f} points"
         has_ci = math.isfinite(lo) and math.isfinite(hi)

@@ -194,7 +194,7 @@ def write_gates_manifest(
     return stage_manifest(
         "gates",
         args,
-        config=asdict(args),
+        config=args.to_dict(),  # the judge's API key redacted
         inputs=inputs,
         outputs={
             "verdict": verdict,

@@ -47,6 +47,8 @@ import pandas as pd
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 
+from gates.winrate_stats import check_lengths, describe, per_item_lengths, preferences_to_scores
+
 #: Column names of alpaca_eval's published weights file (its patsy terms).
 LENGTH_TERM = "np.tanh(std_delta_len)"
 DIFFICULTY_TERM = "instruction_difficulty"
@@ -206,12 +208,10 @@ def glm_v1_win_rate(
         ``GlmWinRate``.
 
     Raises:
-        ValueError: invalid preferences or lengths (see ``gates.winrate``), difficulty of another length or
+        ValueError: invalid preferences or lengths (see ``gates.winrate_stats``), difficulty of another length or
             not finite, fewer than 2 items.
     """
-    from gates.winrate import _check_lengths, preferences_to_scores
-
-    p, lc, lb = _check_lengths(preferences, len_candidate, len_baseline)
+    p, lc, lb = check_lengths(preferences, len_candidate, len_baseline)
     keep = ~np.isnan(p)
     y = preferences_to_scores(p)
     if y.size < 2:
@@ -277,8 +277,6 @@ def instruction_difficulty_from_models(
     Raises:
         ValueError: no model, a model without published weights, shapes that differ, NaN preferences, prior_sd <= 0.
     """
-    from gates.winrate import _check_lengths, preferences_to_scores
-
     if not annotations:
         raise ValueError("need at least one model's annotations")
     if not prior_sd > 0:
@@ -287,7 +285,7 @@ def instruction_difficulty_from_models(
     for name, (prefs, l_m, l_b) in annotations.items():
         if name not in weights.index:
             raise ValueError(f"{name!r} has no published GLM weights (not a row of the weights file)")
-        p, lm, lbase = _check_lengths(prefs, l_m, l_b)
+        p, lm, lbase = check_lengths(prefs, l_m, l_b)
         if np.isnan(p).any():
             raise ValueError(f"{name!r}: preference item {int(np.flatnonzero(np.isnan(p))[0])} is NaN")
         w = weights.loc[name]
@@ -337,8 +335,6 @@ def published_lc_comparison(
     Raises:
         ValueError: fewer than 2 models, a model missing from the leaderboard or the weights, or bad rows.
     """
-    from gates.winrate import per_item_lengths, win_rate
-
     if len(annotations) < 2:
         raise ValueError("need at least 2 models: difficulty is estimated from the others")
     tri = {}
@@ -363,7 +359,7 @@ def published_lc_comparison(
         )
         g = glm_v1_win_rate(p, l_m, l_b, instruction_difficulty=d, prior=prior)
         g0 = glm_v1_win_rate(p, l_m, l_b, prior=prior)
-        row = win_rate(p).iloc[0]
+        row = describe(preferences_to_scores(p))
         pub = leaderboard.loc[m]
         out[m] = {
             "win_rate": float(row["win_rate"]),

@@ -32,11 +32,10 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import yaml
-from statsmodels.stats.proportion import proportion_confint
 
-from gates.judge import attenuation
 from gates.result import GateResult, Metric
 from gates.winrate import preferences_to_scores
+from judging.intervals import bootstrap_means, exact, percentile
 
 GATE_NAME = "intent_matrix"
 GATE_VERSION = "1"
@@ -159,11 +158,6 @@ def _intent_labels(intents: Sequence[Any], n: int) -> list[str]:
     return out
 
 
-def _boot_means(scores: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    idx = rng.integers(0, scores.size, size=(n_boot, scores.size))
-    return scores[idx].mean(axis=1)
-
-
 def intent_win_rates(
     preferences: Any,
     intents: Sequence[Any],
@@ -203,7 +197,6 @@ def intent_win_rates(
     labels = np.asarray(_intent_labels(intents, p.size), dtype=object)
     preferences_to_scores(p)  # validate the whole vector once (range, convention)
     rng = np.random.default_rng(seed)
-    alpha = 1 - confidence
     rows = []
     for intent in sorted(set(labels.tolist())):
         sel = labels == intent
@@ -219,14 +212,13 @@ def intent_win_rates(
         elif method == "exact":
             k = int(s.sum())
             wr = 100 * k / n
-            lo, hi = (100 * float(v) for v in proportion_confint(k, n, alpha=alpha, method="beta"))
+            lo, hi = (100 * v for v in exact(k, n, confidence))
         else:
             wr = 100 * float(s.mean())
             if n < 2:
                 lo, hi = math.nan, math.nan
             else:
-                bm = _boot_means(s, n_boot, rng)
-                lo, hi = (100 * float(v) for v in np.quantile(bm, [alpha / 2, 1 - alpha / 2]))
+                lo, hi = (100 * v for v in percentile(bootstrap_means(s, n_boot, rng), confidence))
         rows.append({
             "intent": intent, "n": n, "win_rate": wr, "ci_low": lo, "ci_high": hi,
             "n_wins": int((s > 0.5).sum()), "n_wins_base": int((s < 0.5).sum()), "n_draws": int((s == 0.5).sum()),
@@ -268,9 +260,8 @@ def traffic_weighted_win_rate(
     if not parts:
         return math.nan, math.nan, math.nan, 0.0
     wr = 100 * sum(w * s.mean() for w, s in parts) / covered
-    boot = sum(w * _boot_means(s, n_boot, rng) for w, s in parts) / covered
-    alpha = 1 - confidence
-    lo, hi = (100 * float(v) for v in np.quantile(boot, [alpha / 2, 1 - alpha / 2]))
+    boot = sum(w * bootstrap_means(s, n_boot, rng) for w, s in parts) / covered
+    lo, hi = (100 * v for v in percentile(boot, confidence))
     return float(wr), lo, hi, covered
 
 
@@ -321,23 +312,20 @@ def intent_matrix_gate(
     ci_method: Literal["auto", "exact", "bootstrap"] = "auto",
     n_boot: int = DEFAULT_N_BOOT,
     seed: int = 0,
-    judge_agreement: float | None = None,
-    judge_floor: float = 0.85,
     answered: Sequence[bool] | None = None,
     name: str = GATE_NAME,
 ) -> GateResult:
     """Block when a cluster with a meaningful traffic share loses to the baseline on evidence.
 
-    An intent is *meaningful* when its traffic share >= ``min_share``. Rule, in order:
-      1. ``judge_agreement`` given and below ``judge_floor`` -> "inconclusive" (the judge's gaps
-         are shrunk by 2a-1; the release blocks).
-      2. no annotated item at all -> "inconclusive".
-      3. a meaningful intent whose interval lies wholly below ``bar`` (ci_high < bar) -> "block",
+    An intent is *meaningful* when its traffic share >= ``min_share``. The judge's floor is applied once, in the
+    decision step (``gates.judge.judge_decides``). Rule, in order:
+      1. no annotated item at all -> "inconclusive".
+      2. a meaningful intent whose interval lies wholly below ``bar`` (ci_high < bar) -> "block",
          on evidence.
-      4. a meaningful intent with fewer than ``min_items`` items, or fewer than ``min_items``
+      3. a meaningful intent with fewer than ``min_items`` items, or fewer than ``min_items``
          decisive items with both answers non-empty (:func:`intent_evidence`; draws and empty answers
          are not evidence) -> "inconclusive": a meaningful share of traffic is untested.
-      5. otherwise "pass". Intents below the bar whose interval still reaches it are named as
+      4. otherwise "pass". Intents below the bar whose interval still reaches it are named as
          "could be noise"; intents below ``min_share`` are reported but never block.
     Intents in the data without a traffic share get share 0 (reported, not weighted); traffic
     intents without data are reported with n = 0.
@@ -350,7 +338,6 @@ def intent_matrix_gate(
         bar: percent, default 50.
         min_items: items an intent needs before its interval is trusted (default 10).
         confidence, ci_method, n_boot, seed: see :func:`intent_win_rates`.
-        judge_agreement, judge_floor: the judge's agreement with humans, as in ``win_rate_gate``.
         answered: shape (n_items,), True where both answers are non-empty (None: all answered).
 
     Returns:
@@ -363,7 +350,7 @@ def intent_matrix_gate(
 
     Raises:
         ValueError: invalid preferences / intents, a traffic table that does not sum to 1, bad
-            min_share / bar / min_items, judge_agreement outside [0, 1].
+            min_share / bar / min_items.
     """
     if isinstance(traffic, (str, Path)):
         traffic = traffic_shares(traffic)
@@ -375,9 +362,6 @@ def intent_matrix_gate(
         raise ValueError(f"bar must be in percent [0, 100], got {bar}")
     if min_items < 1:
         raise ValueError(f"min_items must be >= 1, got {min_items}")
-    if judge_agreement is not None:
-        judge_agreement = float(judge_agreement)
-        attenuation(judge_agreement)  # validates [0, 1]
     decisive = intent_evidence(preferences, intents, answered)
     per = intent_win_rates(preferences, intents, confidence=confidence, ci_method=ci_method, n_boot=n_boot, seed=seed)
     wr, lo, hi, covered = traffic_weighted_win_rate(
@@ -446,8 +430,6 @@ def intent_matrix_gate(
                 value=r["win_rate"], ci_low=None if math.isnan(r["ci_low"]) else r["ci_low"],
                 ci_high=None if math.isnan(r["ci_high"]) else r["ci_high"], n=r["n"],
                 direction="higher_is_better", unit="percent")
-    if judge_agreement is not None:
-        metrics["judge_agreement"] = Metric(value=judge_agreement, direction="higher_is_better", unit="fraction")
 
     summary = (
         f"traffic-weighted win rate {wr:.1f}% ({pct} CI {lo:.1f}-{hi:.1f}) over {100 * covered:.1f}% of traffic; "
@@ -467,12 +449,7 @@ def intent_matrix_gate(
         notes.append("traffic intents with no data (share below min_share): " + ", ".join(missing_small))
     tail = (" " + ". ".join(notes) + ".") if notes else ""
 
-    if judge_agreement is not None and judge_agreement < judge_floor:
-        verdict = "inconclusive"
-        reason = (f"judge agreement {judge_agreement:.3f} is below the floor {judge_floor:.2f}: gaps are shrunk by "
-                  f"2a-1 = {attenuation(judge_agreement):.2f}, so per-intent win rates cannot decide the release. "
-                  f"{summary}.{tail}")
-    elif n_total == 0:
+    if n_total == 0:
         verdict, reason = "inconclusive", f"no annotated items, so no per-intent win rate.{tail}"
     elif blocks:
         verdict = "block"

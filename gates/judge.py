@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
-
-from gates.result import GateResult, Metric
-from judging import agreement as _agreement
-from data.labels import FIRST, SECOND, TIE, UNPARSED
+from gates import wording
+from gates.result import Finding, GateResult, Metric, Verdict
+from judging.agreement import Agreement
+from judging.intervals import wilson
 
 GATE_NAME = "judge_agreement"
 GATE_VERSION = "2"
@@ -74,142 +72,6 @@ def corrected_gap(measured: float, a: float) -> float:
     return float(measured) / f
 
 
-def majority_label(labels: Any) -> np.ndarray:
-    """Strict-majority label per item of an (n_items, n_annotators) label matrix.
-
-    Returns:
-        int array (n_items,): the label more than half of the annotators gave, else -1.
-
-    Raises:
-        ValueError: not 2-D, or a value outside {0, 1, 2}.
-    """
-    m = np.asarray(labels)
-    if m.ndim != 2:
-        raise ValueError(f"labels must be 2-D (n_items, n_annotators), got shape {m.shape}")
-    if not np.isin(m, (TIE, FIRST, SECOND)).all():
-        raise ValueError("annotator labels must be 0 (tie), 1 or 2")
-    return _agreement._strict_majority(m)
-
-
-@dataclass(frozen=True)
-class JudgeExpertAgreement:
-    """Judge vs expert labels; ties reported apart from the agreement that gates.
-
-    Fields:
-        n_items: items compared.
-        n_decisive: items whose expert label is decisive (1 or 2); denominator of ``agreement``.
-        n_agree: of those, items where the judge picked the experts' side.
-        agreement: a = n_agree / n_decisive (judge ties and unparsed outputs on these items count
-            as disagreement: the judge did not recover the experts' side). NaN if n_decisive == 0.
-        ci_low, ci_high: Wilson score interval of ``agreement`` (as ``judging.agreement``).
-        attenuation: 2a - 1.
-        n_expert_ties: items the experts called a tie (excluded from ``agreement``).
-        n_expert_no_majority: items without an expert majority (-1), excluded.
-        n_judge_ties_on_decisive: decisive-expert items the judge called a tie.
-        n_judge_unparsed: items whose judge output was not a verdict (-1), all items.
-        agreement_both_decisive: agreement over items where both are decisive (judge ties removed).
-        tie_agreement: share of expert-tie items the judge also called a tie (NaN if none).
-        three_class_agreement: P(judge == expert) with tie as a class, over items with an expert label.
-    """
-
-    n_items: int
-    n_decisive: int
-    n_agree: int
-    agreement: float
-    ci_low: float
-    ci_high: float
-    attenuation: float
-    n_expert_ties: int
-    n_expert_no_majority: int
-    n_judge_ties_on_decisive: int
-    n_judge_unparsed: int
-    agreement_both_decisive: float
-    tie_agreement: float
-    three_class_agreement: float
-
-    # The labels are called "expert" labels everywhere (data.labels); the old names still read.
-    @property
-    def n_human_ties(self) -> int:
-        return self.n_expert_ties
-
-    @property
-    def n_human_no_majority(self) -> int:
-        return self.n_expert_no_majority
-
-
-def _labels_1d(name: str, x: Any) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    if not np.isin(arr, (UNPARSED, TIE, FIRST, SECOND)).all():
-        raise ValueError(f"{name} values must be in {{-1, 0, 1, 2}}")
-    return arr.astype(np.int64)
-
-
-def judge_expert_agreement(
-    judge_labels: Any, expert_labels: Any, *, confidence: float = DEFAULT_CONFIDENCE
-) -> JudgeExpertAgreement:
-    """Agreement of an automated judge with expert labels on pairwise items.
-
-    Args:
-        judge_labels: shape (n_items,), values in {-1 unparsed, 0 tie, 1, 2}.
-        expert_labels: shape (n_items,) in {-1 no majority, 0, 1, 2}, or (n_items, n_annotators)
-            raw labels in {0, 1, 2}, reduced with ``majority_label``.
-        confidence: level of the Wilson interval.
-
-    Returns:
-        ``JudgeExpertAgreement``; ``agreement`` is the ``a`` of the judge-agreement gate.
-
-    Raises:
-        ValueError: shapes differ or values outside the convention.
-    """
-    judge = _labels_1d("judge_labels", judge_labels)
-    h = np.asarray(expert_labels)
-    expert = majority_label(h) if h.ndim == 2 else _labels_1d("expert_labels", h)
-    ja = _agreement.judge_agreement(judge, expert, confidence=confidence)
-    return JudgeExpertAgreement(
-        n_items=ja.n_items,
-        n_decisive=ja.n,
-        n_agree=ja.n_agree,
-        agreement=ja.agreement,
-        ci_low=ja.ci.low,
-        ci_high=ja.ci.high,
-        attenuation=2 * ja.agreement - 1,
-        n_expert_ties=ja.n_expert_tie,
-        n_expert_no_majority=ja.n_expert_no_majority,
-        n_judge_ties_on_decisive=ja.n_judge_tie,
-        n_judge_unparsed=ja.n_judge_unparsed_total,
-        agreement_both_decisive=ja.agreement_excluding_judge_abstentions,
-        tie_agreement=_agreement.tie_agreement(judge, expert),
-        three_class_agreement=ja.three_class_accuracy,
-    )
-
-
-JudgeHumanAgreement = JudgeExpertAgreement  # former name
-judge_human_agreement = judge_expert_agreement  # former name
-
-
-def wilson_bounds(rate: float, n: float, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
-    """Wilson score interval of a proportion observed at ``rate`` on ``n`` items (n may be fractional).
-
-    ``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``, z the two-sided normal quantile
-    (Wilson 1927; the interval ``reward_model.agreement`` reports, statsmodels ``method="wilson"``).
-
-    Raises:
-        ValueError: rate outside [0, 1] or n <= 0.
-    """
-    from scipy.stats import norm
-
-    p = _check_a(rate)
-    if not n > 0:
-        raise ValueError(f"n must be > 0, got {n}")
-    z = float(norm.ppf(0.5 + confidence / 2))
-    den = 1 + z * z / n
-    mid = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (mid - half) / den), min(1.0, (mid + half) / den)
-
-
 def items_needed(rate: float, floor: float, *, confidence: float = DEFAULT_CONFIDENCE, max_n: int = 10**7) -> int | None:
     """Smallest n at which a Wilson interval around the observed ``rate`` no longer contains ``floor``.
 
@@ -223,7 +85,7 @@ def items_needed(rate: float, floor: float, *, confidence: float = DEFAULT_CONFI
     rate, floor = _check_a(rate), float(floor)
 
     def decided(n: int) -> bool:
-        lo, hi = wilson_bounds(rate, n, confidence=confidence)
+        lo, hi = wilson(rate * n, n, confidence)
         return lo >= floor if rate > floor else hi < floor
 
     if rate == floor:
@@ -240,67 +102,70 @@ def items_needed(rate: float, floor: float, *, confidence: float = DEFAULT_CONFI
     return hi
 
 
-def judge_agreement_gate(
-    agreement: JudgeExpertAgreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME
-) -> GateResult:
-    """The judge-agreement gate, decided on the interval (DESIGN.md "The judge is pluggable").
+def verdict(agreement: Agreement, floor: float = DEFAULT_FLOOR) -> tuple[Verdict, list[Finding]]:
+    """The judge-agreement rule, decided on the interval (DESIGN.md "The judge is pluggable").
 
-    Rule: no decisive expert label -> "inconclusive" (judge unmeasured). Wilson interval's lower bound
-    >= ``floor`` -> "pass". Upper bound < ``floor`` -> "block" (on evidence; the win-rate gates are
-    then inconclusive). Otherwise the interval straddles the floor -> "inconclusive", and the reason
-    gives :func:`items_needed`, the decisive items that would decide it at the observed rate.
-    The point estimate alone never passes or blocks.
+    No decisive expert label -> "inconclusive" (judge unmeasured). Wilson interval's lower bound >= ``floor`` ->
+    "pass". Upper bound < ``floor`` -> "block" (on evidence; the win-rate gates are then inconclusive). Otherwise
+    the interval straddles the floor -> "inconclusive", with :func:`items_needed`, the decisive items that would
+    decide it at the observed rate. The point estimate alone never passes or blocks.
 
     Returns:
-        GateResult with metrics ``agreement`` (fraction, CI, n = n_decisive), ``attenuation``
-        (2a - 1) and, when inconclusive on the interval, ``items_needed`` (count; null when no n
-        decides it); ``table`` holds the tie and abstention counts.
+        (verdict, findings): ``agreement`` (a, its interval, n, ties, attenuation) and the rule's outcome:
+        ``no_decisive_labels``, ``below_floor``, ``at_or_above_floor`` or ``straddles_floor`` (with
+        ``items_needed``, None when no n decides it).
     """
     ag = agreement
+    found = Finding(code="agreement", values={
+        "agreement": ag.agreement, "ci_low": ag.ci.low, "ci_high": ag.ci.high, "n": ag.n,
+        "n_expert_tie": ag.n_expert_tie, "attenuation": ag.attenuation, "floor": floor})
+    if ag.n == 0:
+        return "inconclusive", [Finding(code="no_decisive_labels")]
+    if ag.ci.high < floor:
+        return "block", [found, Finding(code="below_floor", values={"floor": floor})]
+    if ag.ci.low >= floor:
+        return "pass", [found, Finding(code="at_or_above_floor", values={"floor": floor})]
+    return "inconclusive", [found, Finding(code="straddles_floor", values={
+        "floor": floor, "items_needed": items_needed(ag.agreement, floor), "n": ag.n,
+        "side": "above" if ag.agreement >= floor else "below"})]
+
+
+def judge_agreement_gate(
+    agreement: Agreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME
+) -> GateResult:
+    """The judge-agreement gate: the record's numbers, :func:`verdict`, and the words (``gates.wording``).
+
+    Returns:
+        GateResult with metrics ``agreement`` (fraction, CI, n = decisive labels), ``attenuation``
+        (2a - 1) and, when inconclusive on the interval, ``items_needed`` (count; null when no n
+        decides it); ``table`` holds the tie and abstention counts; ``findings`` as :func:`verdict` returns them.
+    """
+    ag = agreement
+    v, findings = verdict(ag, floor)
     metrics = {
-        "agreement": Metric(
-            value=ag.agreement, ci_low=ag.ci_low, ci_high=ag.ci_high, n=ag.n_decisive,
-            direction="higher_is_better", unit="fraction",
-        ),
-        "attenuation": Metric(value=ag.attenuation, n=ag.n_decisive, direction="higher_is_better", unit="factor"),
+        "agreement": Metric(value=ag.agreement, ci_low=ag.ci.low, ci_high=ag.ci.high, n=ag.n,
+                            direction="higher_is_better", unit="fraction"),
+        "attenuation": Metric(value=ag.attenuation, n=ag.n, direction="higher_is_better", unit="factor"),
     }
-    table = [{
-        "n_items": ag.n_items, "n_decisive": ag.n_decisive, "n_agree": ag.n_agree,
-        "n_expert_ties": ag.n_expert_ties, "n_expert_no_majority": ag.n_expert_no_majority,
-        "n_judge_ties_on_decisive": ag.n_judge_ties_on_decisive, "n_judge_unparsed": ag.n_judge_unparsed,
-        "agreement_both_decisive": ag.agreement_both_decisive, "tie_agreement": ag.tie_agreement,
-        "three_class_agreement": ag.three_class_agreement,
-    }]
-    txt = (
-        f"judge agreement a = {ag.agreement:.3f} (share of {ag.n_decisive} decisive expert labels whose side the judge "
-        f"picked; 95% Wilson CI {ag.ci_low:.3f}-{ag.ci_high:.3f}; {ag.n_expert_ties} expert ties reported apart)"
-    )
-    att = f" Attenuation 2a-1 = {ag.attenuation:.3f}: a true win-rate gap shows up multiplied by it."
-    if ag.n_decisive == 0:
-        verdict, reason = "inconclusive", "no decisive expert labels, so judge agreement is unknown."
-    elif ag.ci_high < floor:
-        verdict = "block"
-        reason = (f"Blocked on evidence: {txt}; the whole interval is below the floor {floor:.2f}; "
-                  f"win-rate gates are inconclusive.{att}")
-    elif ag.ci_low >= floor:
-        verdict, reason = "pass", f"Passed: {txt}; the whole interval is at or above the floor {floor:.2f}.{att}"
-    else:
-        need = items_needed(ag.agreement, floor)
-        metrics["items_needed"] = Metric(value=math.nan if need is None else float(need), n=ag.n_decisive,
+    straddles = next((f for f in findings if f.code == "straddles_floor"), None)
+    if straddles is not None:
+        need = straddles.values["items_needed"]
+        metrics["items_needed"] = Metric(value=math.nan if need is None else float(need), n=ag.n,
                                          direction="lower_is_better", unit="items")
-        side = "above" if ag.agreement >= floor else "below"
-        how = ("no sample size decides it (the estimate equals the floor)" if need is None else
-               f"about {need} decisive expert-labelled items would decide it if a stays at {ag.agreement:.3f}")
-        verdict = "inconclusive"
-        reason = (f"Inconclusive: {txt}; the estimate is {side} the floor {floor:.2f} but the interval contains it, "
-                  f"so the judge is not shown to clear it; {how} (have {ag.n_decisive}); win-rate gates cannot "
-                  f"decide.{att}")
-    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=table)
+    table = [{
+        "n_items": ag.n_items, "n_decisive": ag.n, "n_agree": ag.n_agree,
+        "n_expert_ties": ag.n_expert_tie, "n_expert_no_majority": ag.n_expert_no_majority,
+        "n_judge_ties_on_decisive": ag.n_tie, "n_judge_unparsed": ag.n_unparsed_total,
+        "agreement_both_decisive": ag.agreement_excluding_abstentions, "tie_agreement": ag.tie_agreement,
+        "three_class_agreement": ag.three_class_accuracy,
+    }]
+    return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=metrics,
+                      reason=wording.reason(GATE_NAME, findings), table=table, findings=findings)
 
 
 def judge_unmeasured_gate(source: str, *, name: str = GATE_NAME) -> GateResult:
     """The judge-agreement gate when the judge's agreement with humans was not measured: "inconclusive" (and the
-    win-rate gates cannot decide either, see ``gates.winrate.without_measured_judge``).
+    win-rate gates cannot decide either, see ``judge_decides``).
 
     Args:
         source: where the per-pair judgments were looked for (the reward-model stage directory), for the reason.
@@ -316,7 +181,7 @@ def judge_unmeasured_gate(source: str, *, name: str = GATE_NAME) -> GateResult:
 
 
 def judge_gate(
-    agreement: JudgeExpertAgreement | None,
+    agreement: Agreement | None,
     measured_win_rate: float,
     *,
     source: str,
@@ -329,28 +194,45 @@ def judge_gate(
     return judge_agreement_gate_with_effect(agreement, measured_win_rate, floor=floor)
 
 
-def requires_passing_judge(result: GateResult, judge: GateResult | None) -> GateResult:
-    """A win-rate-type gate's result, made inconclusive unless the judge-agreement gate passed.
+def judge_decides(results: list[GateResult], judge: GateResult | None, agreement: float | None, *,
+                  floor: float = DEFAULT_FLOOR) -> list[GateResult]:
+    """The judge-floor rule, applied once, in the decision step, to every gate whose numbers the judge measured.
 
-    A win rate is measured by the judge; a judge that is unmeasured, below the floor, or not shown
-    to clear it on the interval cannot decide a win rate, whatever the win rate says (DESIGN.md
-    "Release gates", judge-agreement row). Pure: returns a copy, never mutates.
+    A win rate is measured by the judge; a judge that is unmeasured, below the floor, or not shown to clear it
+    on the interval (the judge-agreement gate did not pass) cannot decide a win rate, whatever the win rate says
+    (DESIGN.md "Release gates", judge-agreement row). Such a gate becomes "inconclusive" with a
+    ``judge_cannot_decide`` finding first (its sentence leads the reason); its metrics are kept and, when measured,
+    the judge's agreement is added to them as ``judge_agreement``. Pure: returns copies.
 
     Args:
-        result: the win-rate or per-intent gate's result.
-        judge: the judge-agreement gate's result (None: no judge was measured).
+        results: the win-rate and per-intent gates' results.
+        judge: the judge-agreement gate's result (None: no judge gate).
+        agreement: the judge's measured agreement a in [0, 1] (None: not measured).
+        floor: the judge floor (reported in the finding).
 
-    Returns:
-        ``result`` unchanged when ``judge`` passed, else the same metrics with verdict "inconclusive" and
-        the judge's state first in the reason.
+    Raises:
+        TypeError: ``agreement`` not a number; ValueError: outside [0, 1].
     """
-    if judge is not None and judge.verdict == "pass":
-        return result
-    why = "no judge-agreement measurement" if judge is None else f"the judge-agreement gate is {judge.verdict}"
-    return result.model_copy(update={
-        "verdict": "inconclusive",
-        "reason": f"Inconclusive: {why}, so the judge's preferences cannot decide this gate. {result.reason}",
-    })
+    if agreement is not None:
+        if isinstance(agreement, bool) or not isinstance(agreement, (int, float)):
+            raise TypeError(f"judge agreement must be a number in [0, 1], got {type(agreement).__name__}")
+        agreement = float(agreement) if math.isnan(agreement) else _check_a(agreement)  # NaN: no decisive label
+    decides = agreement is not None and judge is not None and judge.verdict == "pass"
+    out = []
+    for r in results:
+        metrics = dict(r.metrics)
+        if agreement is not None:
+            metrics["judge_agreement"] = Metric(value=agreement, direction="higher_is_better", unit="fraction")
+        if decides:
+            out.append(r.model_copy(update={"metrics": metrics}))
+            continue
+        found = Finding(code="judge_cannot_decide", values={
+            "judge_verdict": None if judge is None else judge.verdict, "agreement": agreement, "floor": floor})
+        out.append(r.model_copy(update={
+            "verdict": "inconclusive", "metrics": metrics, "findings": [found, *r.findings],
+            "reason": f"{wording.judge_cannot_decide(found.values)} {r.reason}",
+        }))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,7 +285,7 @@ def corrected_effect_size(measured_win_rate: float, a: float, *, bar: float = 50
 
 
 def judge_agreement_gate_with_effect(
-    agreement: JudgeExpertAgreement,
+    agreement: Agreement,
     measured_win_rate: float,
     *,
     floor: float = DEFAULT_FLOOR,
@@ -421,9 +303,9 @@ def judge_agreement_gate_with_effect(
         return base
     eff = corrected_effect_size(measured_win_rate, agreement.agreement, bar=bar)
     metrics = dict(base.metrics)
-    metrics["measured_gap"] = Metric(value=eff.measured_gap, n=agreement.n_decisive, direction="higher_is_better",
+    metrics["measured_gap"] = Metric(value=eff.measured_gap, n=agreement.n, direction="higher_is_better",
                                      unit="points")
-    metrics["corrected_gap"] = Metric(value=eff.corrected_gap, n=agreement.n_decisive, direction="higher_is_better",
+    metrics["corrected_gap"] = Metric(value=eff.corrected_gap, n=agreement.n, direction="higher_is_better",
                                       unit="points")
     if math.isfinite(eff.corrected_gap):
         txt = (f" Measured win rate {eff.measured_win_rate:.1f}% = gap {eff.measured_gap:+.1f} points over {bar:g}%; "
@@ -433,7 +315,7 @@ def judge_agreement_gate_with_effect(
         txt = (f" Measured gap {eff.measured_gap:+.1f} points cannot be corrected: attenuation {eff.attenuation:.2f} <= 0 "
                "(the judge is no better than chance).")
     return GateResult(name=base.name, version=base.version, verdict=base.verdict, metrics=metrics,
-                      reason=base.reason + txt, table=base.table)
+                      reason=base.reason + txt, table=base.table, findings=base.findings)
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,7 +327,7 @@ JUDGED_GATES = (GATE_NAME, "length_controlled_win_rate", "intent_matrix")
 
 
 def named_judge_gate(
-    agreement: JudgeExpertAgreement | None,
+    agreement: Agreement | None,
     measured_win_rate: float,
     *,
     source: str,

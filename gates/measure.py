@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from judging.judges import JudgeConfig, make_judge, n_unparsed, pair_id, position_consistency
+from judging.agreement import Agreement, judge_agreement
+from judging.factory import make_judge
+from judging.judges import JudgeConfig, n_unparsed, pair_id, position_consistency
 from judging.judges import preferences as judgment_preferences
 from data.labels import scores_to_preference
 from judging.qualify import qualify_judge
@@ -21,7 +23,6 @@ from .capability import grade_mc
 from .citations import prompt_text
 from .drift import DriftCounters, drift_counters
 from .generation import Suites
-from .judge import JudgeExpertAgreement, judge_expert_agreement
 from .glm_winrate import DEFAULT_WEIGHTS, GlmPrior, load_glm_weights
 from .refusal import RefusalClassifierQuality, classify_refusal, refusal_rates
 from .sycophancy import SycophancyMeasure, flip_rate, suggested_answer_agreement
@@ -65,7 +66,7 @@ class Measurements:
     len_baseline: np.ndarray
     intents: list[str]
     traffic: dict[str, float]
-    judge: JudgeExpertAgreement | None
+    judge: Agreement | None
     judge_source: str
     refusal: dict[str, Any]
     capability: dict[str, np.ndarray]
@@ -102,7 +103,7 @@ def judge_preferences(judge: str, suites: Suites, answers: dict[str, dict]) -> n
     return scores_to_preference(s_base, s_cand)
 
 
-def measured_judge_agreement(judge_manifest: dict) -> JudgeExpertAgreement | None:
+def measured_judge_agreement(judge_manifest: dict) -> Agreement | None:
     """The judge's agreement with expert labels, item by item, from the reward-model stage's held-out judgments
     (``outputs.agreement_scores``: JSONL rows with ``score_first``, ``score_second``, ``labels``); None when the
     manifest names no such file."""
@@ -112,7 +113,7 @@ def measured_judge_agreement(judge_manifest: dict) -> JudgeExpertAgreement | Non
     with open(scores_file) as f:
         rows = [json.loads(line) for line in f]
     verdicts = verdicts_from_scores([r["score_first"] for r in rows], [r["score_second"] for r in rows])
-    return judge_expert_agreement(verdicts, np.array([r["labels"] for r in rows]))
+    return judge_agreement(verdicts, np.array([r["labels"] for r in rows]))
 
 
 def measure(
@@ -120,7 +121,7 @@ def measure(
     answers: dict[str, dict],
     *,
     preferences: np.ndarray,
-    judge: JudgeExpertAgreement | None,
+    judge: Agreement | None,
     judge_source: str,
     intents: list[str],
     traffic: dict[str, float],
@@ -239,7 +240,7 @@ class JudgeRun:
     """
 
     preferences: np.ndarray
-    agreement: JudgeExpertAgreement | None
+    agreement: Agreement | None
     source: str
     info: dict
     rows: list[dict]
@@ -278,8 +279,7 @@ def run_judge(config: JudgeConfig, models: dict[str, Any], suites: Suites, answe
         agreement_source = f"the reward-model stage's held-out judgments ({reward_model_dir})"
     else:
         qualification = qualify_judge(judge, config)
-        agreement = None if qualification is None else judge_expert_agreement(
-            np.array(qualification.judge_labels), np.array(qualification.expert_labels))
+        agreement = None if qualification is None else qualification.agreement
         source = config.agreement_data
         agreement_source = f"{config.agreement_data} ({'cached' if qualification and qualification.cached else 'measured now'})"
     pc, n_pc = position_consistency(judgments)

@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from gates.drift import COUNTERS, DEFAULT_MAX_STEP
-from gates.judge import wilson_bounds
+from judging.intervals import wilson
 
 DPI = 110
 
@@ -109,7 +109,7 @@ def bucket_bars(buckets: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFr
             if not -1e-6 <= h <= 100 + 1e-6:
                 raise ValueError(f"length bucket {int(r['bucket'])}: win rate {h!r} is not a percentage in [0, 100]")
             h = min(100.0, max(0.0, h))
-            lo, hi = (100 * b for b in wilson_bounds(min(1.0, max(0.0, h / 100)), n, confidence=confidence))
+            lo, hi = (100 * b for b in wilson(min(1.0, max(0.0, h / 100)) * n, n, confidence))
             # The Wilson interval holds its point; at 0% or 100% float rounding can put a bound a hair past it
             # (0 of 3: lower 4.9e-15), which matplotlib refuses as a negative error bar.
             lo, hi = min(lo, h), max(hi, h)

@@ -39,17 +39,8 @@ from scipy.sparse import csr_matrix, hstack
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 
-from gates.refusal import (
-    REFUSAL_LABELS,
-    XSTEST_LABELS,
-    RefusalClassifierQuality,
-    _first_sentences,
-    _norm,
-    classify_refusal,
-    is_refusal,
-    label_agreement,
-    refusal_rates,
-)
+from gates.refusal_rules import REFUSAL_LABELS, XSTEST_LABELS, _first_sentences, _norm, classify_refusal, is_refusal
+from gates.refusal_stats import RefusalClassifierQuality, label_agreement, refusal_rates
 
 XSTEST_MODELS: tuple[str, ...] = ("llama2new", "llama2orig", "mistralinstruct")
 HEAD_SENTENCES = 3

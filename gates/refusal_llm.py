@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from judging.cache import JudgmentCache
-from judging.judges import JudgeConfig
+from judging.judges import JudgeConfig, parse_mapping
 from judging.openai_client import ChatClient
 from rlhf.lineage import json_hash
 
@@ -205,7 +205,7 @@ def measure_grader_quality(grader: LLMRefusalGrader, *, n_per_model: int = 0, mo
     return out
 
 
-def refusal_grader_config(refusal_judge: dict | str | None, judge: JudgeConfig) -> JudgeConfig:
+def refusal_grader_config(refusal_judge: JudgeConfig | dict | str | None, judge: JudgeConfig) -> JudgeConfig:
     """The grader's endpoint: ``refusal_judge`` (a mapping or JSON: ``{base_url, model, api_key_env, ...}``, the
     ``judging.judges.JudgeConfig`` keys; backend openai, max_tokens 16 unless given) or else the pairwise judge's
     openai settings (with XSTest's max_tokens 16).
@@ -213,19 +213,15 @@ def refusal_grader_config(refusal_judge: dict | str | None, judge: JudgeConfig) 
     Raises:
         ValueError: a bad ``refusal_judge`` key, or neither a ``refusal_judge`` nor an openai ``judge``.
     """
-    if refusal_judge not in (None, "", {}):
-        if isinstance(refusal_judge, str):
-            import json
-
-            try:
-                refusal_judge = json.loads(refusal_judge)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"--refusal_judge: not a JSON object ({err})") from None
-        if not isinstance(refusal_judge, dict):
-            raise ValueError(f"--refusal_judge: expected a mapping like {{base_url: ..., model: ...}}, got "
-                             f"{type(refusal_judge).__name__}")
-        cfg = JudgeConfig.from_dict({"backend": "openai", "max_tokens": XSTEST_MAX_TOKENS, **refusal_judge},
+    if isinstance(refusal_judge, JudgeConfig):
+        cfg = refusal_judge
+    elif refusal_judge not in (None, "", {}):
+        given = parse_mapping(refusal_judge, where="--refusal_judge", example="{base_url: ..., model: ...}")
+        cfg = JudgeConfig.from_dict({"backend": "openai", "max_tokens": XSTEST_MAX_TOKENS, **given},
                                     where="--refusal_judge")
+    else:
+        cfg = None
+    if cfg is not None:
         if cfg.backend != "openai":
             raise ValueError(f"--refusal_judge.backend: the LLM refusal grader asks an openai endpoint, got "
                              f"{cfg.backend!r}")

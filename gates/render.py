@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 from typing import Any
 
@@ -191,9 +190,9 @@ def judge_row(m: Measurements, results: list[GateResult]) -> dict[str, Any]:
         "backend": info["backend"],
         "identity_hash": info.get("identity_hash"),
         "agreement": None if ag is None else ag.agreement,
-        "agreement_ci_low": None if ag is None else ag.ci_low,
-        "agreement_ci_high": None if ag is None else ag.ci_high,
-        "agreement_n": None if ag is None else ag.n_decisive,
+        "agreement_ci_low": None if ag is None else ag.ci.low,
+        "agreement_ci_high": None if ag is None else ag.ci.high,
+        "agreement_n": None if ag is None else ag.n,
         "attenuation": None if ag is None else ag.attenuation,
         "agreement_source": info.get("agreement_source", m.judge_source),
         "position_consistency": info.get("position_consistency") if info.get("n_position_checked") else None,
@@ -221,7 +220,7 @@ def judge_lines(models: dict[str, Any], m: Measurements) -> list[str]:
         return head
     ag = m.judge
     a = "not measured" if ag is None else (
-        f"a = {ag.agreement:.3f} (CI {ag.ci_low:.3f}-{ag.ci_high:.3f}, n={ag.n_decisive}), attenuation 2a-1 = "
+        f"a = {ag.agreement:.3f} (CI {ag.ci.low:.3f}-{ag.ci.high:.3f}, n={ag.n}), attenuation 2a-1 = "
         f"{ag.attenuation:.3f}")
     pc = ("not asked in both orders" if not info["n_position_checked"] else
           f"{info['position_consistency']:.3f} (n={info['n_position_checked']})")

@@ -74,6 +74,21 @@ class Metric(BaseModel):
         return d
 
 
+class Finding(BaseModel):
+    """One fact a gate's rule established, as numbers: what its reason's sentences are rendered from
+    (``gates.wording``). Tests assert findings, not wording.
+
+    Fields:
+        code: what was found, e.g. ``"below_bar"``, ``"too_little_evidence"``, ``"judge_cannot_decide"``.
+        values: the numbers (and names) behind it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: str
+    values: dict[str, Any] = {}
+
+
 class GateResult(BaseModel):
     """The outcome of one release gate.
 
@@ -86,6 +101,8 @@ class GateResult(BaseModel):
         reason: one or more sentences; for a block it says whether the block rests on evidence
             (interval beyond the threshold) or could be noise (only the point estimate is).
         table: rows (dicts with the same keys) for the report, e.g. alpaca_eval's win-rate row.
+        findings: what the rule found, as numbers (:class:`Finding`); ``reason`` is rendered from them by
+            ``gates.wording`` for the gates built that way. Not part of ``to_dict`` (the report's fields stay).
 
     Raises:
         pydantic.ValidationError: verdict not in ``VERDICTS``, empty name, or a table row that is
@@ -100,6 +117,11 @@ class GateResult(BaseModel):
     metrics: dict[str, Metric]
     reason: str
     table: list[dict[str, Any]] = []
+    findings: list[Finding] = []
+
+    def finding(self, code: str) -> Finding | None:
+        """The first finding with this code, or None."""
+        return next((f for f in self.findings if f.code == code), None)
 
     @field_validator("name")
     @classmethod

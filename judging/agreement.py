@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
-from statsmodels.stats.proportion import proportion_confint
 
+from judging.intervals import ConfidenceInterval, bootstrap_ratio, percentile_bootstrap, wilson_interval
 from data.labels import FIRST, LABELS, NO_MAJORITY, SECOND, TIE, UNPARSED
 from judging.scoring import parse_judge_verdict, verdicts_from_scores
 from rlhf.serialization import to_jsonable
@@ -77,7 +76,7 @@ class _JsonMixin:
 
 def _from_json(hint: Any, value: Any) -> Any:
     nan = float("nan")
-    if isinstance(hint, type) and issubclass(hint, _JsonMixin):
+    if isinstance(hint, type) and (issubclass(hint, _JsonMixin) or hint is ConfidenceInterval):
         return hint.from_dict(value)
     if hint is float:
         return nan if value is None else float(value)
@@ -185,14 +184,6 @@ def _strict_majority(arr: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class ConfidenceInterval(_JsonMixin):
-    low: float
-    high: float
-    level: float
-    method: str
-
-
-@dataclass(frozen=True)
 class InterAnnotatorAgreement(_JsonMixin):
     """Agreement among annotators on the same items. All rates are fractions in [0, 1].
 
@@ -248,60 +239,6 @@ class InterAnnotatorAgreement(_JsonMixin):
 
 def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else float("nan")
-
-
-def _percentile_bootstrap(
-    data: tuple[np.ndarray, ...],
-    statistic: Any,
-    *,
-    vectorized: bool,
-    confidence: float,
-    n_resamples: int,
-    seed: int,
-) -> ConfidenceInterval:
-    """Percentile bootstrap CI with ``scipy.stats.bootstrap`` (rows = items resampled together).
-
-    Resamples on which the statistic is undefined (NaN, e.g. no decisive comparison drawn) are
-    skipped; NaN bounds when every resample is undefined.
-    """
-    method = f"percentile bootstrap over items, {n_resamples} resamples, seed {seed}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        res = stats.bootstrap(
-            data,
-            statistic,
-            paired=True,
-            vectorized=vectorized,
-            n_resamples=n_resamples,
-            confidence_level=confidence,
-            method="percentile",
-            rng=np.random.default_rng(seed),
-        )
-    dist = np.asarray(res.bootstrap_distribution, dtype=float)
-    dist = dist[np.isfinite(dist)]
-    if dist.size == 0:
-        return ConfidenceInterval(float("nan"), float("nan"), confidence, method)
-    tail = (1 - confidence) / 2
-    lo, hi = np.quantile(dist, [tail, 1 - tail])
-    return ConfidenceInterval(float(lo), float(hi), confidence, method)
-
-
-def _bootstrap_ratio_ci(
-    num: np.ndarray, den: np.ndarray, confidence: float, n_resamples: int, seed: int
-) -> ConfidenceInterval:
-    """Percentile bootstrap CI of sum(num)/sum(den), items (rows) resampled with replacement."""
-    if den.sum() == 0 or len(num) < 2:
-        point = _ratio(num.sum(), den.sum())
-        return ConfidenceInterval(point, point, confidence, "no resampling possible")
-
-    def statistic(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
-        d = b.sum(axis=axis)
-        return np.where(d > 0, a.sum(axis=axis) / np.where(d > 0, d, 1), np.nan)
-
-    return _percentile_bootstrap(
-        (num.astype(float), den.astype(float)), statistic, vectorized=True,
-        confidence=confidence, n_resamples=n_resamples, seed=seed,
-    )
 
 
 def _fleiss(labels: np.ndarray) -> float:
@@ -386,7 +323,7 @@ def inter_annotator_agreement(
     ragged = not present.all()
     kappa = float("nan") if ragged else _fleiss(arr)  # Fleiss' kappa needs the same number of raters per item
     if n_items >= 2 and np.isfinite(kappa):
-        kappa_ci = _percentile_bootstrap(
+        kappa_ci = percentile_bootstrap(
             (np.arange(n_items),), lambda idx: _fleiss(arr[np.asarray(idx, dtype=int)]),
             vectorized=False, **kw,
         )
@@ -402,9 +339,9 @@ def inter_annotator_agreement(
         tie_share=float((arr == TIE).sum() / present.sum()),
         n_no_majority=int((_strict_majority(arr) == NO_MAJORITY).sum()),
         pairwise_agreement=_ratio(agree_all.sum(), n_pairs.sum()),
-        pairwise_agreement_ci=_bootstrap_ratio_ci(agree_all, n_pairs, **kw),
+        pairwise_agreement_ci=bootstrap_ratio(agree_all, n_pairs, **kw),
         pairwise_agreement_decisive=_ratio(agree_dec.sum(), comp_dec.sum()),
-        pairwise_agreement_decisive_ci=_bootstrap_ratio_ci(agree_dec, comp_dec, **kw),
+        pairwise_agreement_decisive_ci=bootstrap_ratio(agree_dec, comp_dec, **kw),
         n_decisive_comparisons=int(comp_dec.sum()),
         per_pair_agreement=per_pair,
         per_pair_agreement_decisive=per_pair_dec,
@@ -423,32 +360,30 @@ def inter_annotator_agreement(
 # --------------------------------------------------------------------------------------------
 
 
-def _wilson(successes: int, n: int, confidence: float) -> ConfidenceInterval:
-    method = "Wilson score (statsmodels proportion_confint)"
-    if n == 0:
-        return ConfidenceInterval(float("nan"), float("nan"), confidence, method)
-    lo, hi = proportion_confint(successes, n, alpha=1 - confidence, method="wilson")
-    return ConfidenceInterval(float(lo), float(hi), confidence, method)
-
-
 @dataclass(frozen=True)
-class RewardModelAgreement(_JsonMixin):
-    """Agreement of a reward model's preferences with expert labels on held-out pairs.
+class Agreement(_JsonMixin):
+    """Agreement of an instrument's pairwise verdicts with expert labels: the one record for a reward model
+    (``rm_agreement``), an automated judge (``judge_agreement``), the PPO unlock rule and the judge-agreement gate.
 
     Fields:
-        n_items: pairs scored.
+        n_items: pairs compared.
         n: pairs with a decisive expert label (1 or 2): the denominator of ``agreement``.
-        n_agree: of those, pairs where the RM prefers the expert's side.
-        agreement: n_agree / n (NaN when n == 0).
-        ci: Wilson score interval of ``agreement``.
-        n_expert_tie: pairs the experts called a tie. Excluded (an RM that always picks a side can
+        n_agree: of those, pairs where the instrument picked the experts' side.
+        agreement: n_agree / n (NaN when n == 0); the judge-agreement gate's ``a``. Ties and unparsed outputs
+            on these pairs stay in ``n`` and count as not agreeing (an abstention is not a correct preference,
+            and a constant-score reward model must not score well).
+        ci: Wilson score interval of ``agreement`` (``judging.intervals.wilson``).
+        n_expert_tie: pairs the experts called a tie. Excluded (an instrument that always picks a side can
             neither win nor lose them); never counted as agreements.
         n_expert_no_majority: pairs with no expert majority (``NO_MAJORITY``). Excluded, reported.
-        n_rm_tie: decisive-expert pairs where the two scores are exactly equal. They stay in ``n``
-            and count as *not* agreeing (an abstention is not a correct preference, and a
-            constant-score RM must not score well); ``agreement_excluding_rm_ties`` shows the rate
-            without them.
-        agreement_excluding_rm_ties: n_agree / (n - n_rm_tie).
+        n_tie: decisive-expert pairs the instrument called a tie (a reward model: two exactly equal scores).
+        n_unparsed: decisive-expert pairs whose output was not a verdict (0 for a reward model).
+        n_unparsed_total: unparsed outputs over all pairs.
+        agreement_excluding_abstentions: n_agree / (n - n_tie - n_unparsed).
+        three_class_accuracy: P(instrument == expert) with ties as a class, over pairs with an expert
+            majority (unparsed = wrong); the "accuracy" PandaLM's paper reports for judges.
+        n_three_class: its denominator.
+        tie_agreement: share of expert-tie pairs the instrument also called a tie (NaN if none).
     """
 
     n_items: int
@@ -458,8 +393,23 @@ class RewardModelAgreement(_JsonMixin):
     ci: ConfidenceInterval
     n_expert_tie: int
     n_expert_no_majority: int
-    n_rm_tie: int
-    agreement_excluding_rm_ties: float
+    n_tie: int
+    n_unparsed: int
+    n_unparsed_total: int
+    agreement_excluding_abstentions: float
+    three_class_accuracy: float
+    n_three_class: int
+    tie_agreement: float
+
+    @property
+    def attenuation(self) -> float:
+        """2a - 1: the factor by which a judge with this agreement shrinks every win-rate gap (NaN if unmeasured)."""
+        return 2 * self.agreement - 1
+
+
+# Former names of the one record (a reward model's and a judge's agreement were separate classes).
+RewardModelAgreement = Agreement
+JudgeAgreement = Agreement
 
 
 def _expert_1d(expert: Any) -> np.ndarray:
@@ -469,17 +419,43 @@ def _expert_1d(expert: Any) -> np.ndarray:
     return _check_1d("expert", arr, (NO_MAJORITY, TIE, FIRST, SECOND))
 
 
+def _agreement(pred: np.ndarray, ex: np.ndarray, confidence: float) -> Agreement:
+    """The record from validated 1-D verdicts (-1 unparsed, 0, 1, 2) and expert labels (-1 no majority, 0, 1, 2)."""
+    dec = (ex == FIRST) | (ex == SECOND)
+    n, n_agree = int(dec.sum()), int((dec & (pred == ex)).sum())
+    n_tie, n_unparsed = int((dec & (pred == TIE)).sum()), int((dec & (pred == UNPARSED)).sum())
+    has_majority = ex != NO_MAJORITY
+    n3 = int(has_majority.sum())
+    ties = ex == TIE
+    return Agreement(
+        n_items=int(ex.size),
+        n=n,
+        n_agree=n_agree,
+        agreement=_ratio(n_agree, n),
+        ci=wilson_interval(n_agree, n, confidence),
+        n_expert_tie=int(ties.sum()),
+        n_expert_no_majority=int((ex == NO_MAJORITY).sum()),
+        n_tie=n_tie,
+        n_unparsed=n_unparsed,
+        n_unparsed_total=int((pred == UNPARSED).sum()),
+        agreement_excluding_abstentions=_ratio(n_agree, n - n_tie - n_unparsed),
+        three_class_accuracy=_ratio((has_majority & (pred == ex)).sum(), n3),
+        n_three_class=n3,
+        tie_agreement=_ratio((ties & (pred == TIE)).sum(), ties.sum()),
+    )
+
+
 def rm_agreement(
     score_first: Any,
     score_second: Any,
     expert: Any,
     *,
     confidence: float = DEFAULT_CONFIDENCE,
-) -> RewardModelAgreement:
+) -> Agreement:
     """Agreement of a reward model with expert labels.
 
     The RM prefers the first response when ``score_first > score_second``, the second when
-    ``score_second > score_first``; equal scores are an RM tie.
+    ``score_second > score_first``; equal scores are an RM tie (``n_tie``).
 
     Args:
         score_first, score_second: float arrays, shape (n_items,): RM scores (any units: only the
@@ -489,7 +465,7 @@ def rm_agreement(
         confidence: level of the Wilson interval.
 
     Returns:
-        ``RewardModelAgreement``; see its docstring for how ties are counted.
+        :class:`Agreement`; see its docstring for how ties are counted.
 
     Raises:
         ValueError: shapes differ, non-finite scores, or expert values outside {-1, 0, 1, 2}.
@@ -504,67 +480,7 @@ def rm_agreement(
         )
     if not (np.all(np.isfinite(sf)) and np.all(np.isfinite(ss))):
         raise ValueError("reward-model scores must be finite (found NaN or inf)")
-    pred = verdicts_from_scores(sf, ss)
-    c = _count(pred, ex)
-    return RewardModelAgreement(
-        n_items=int(ex.size),
-        n=c["n"],
-        n_agree=c["n_agree"],
-        agreement=_ratio(c["n_agree"], c["n"]),
-        ci=_wilson(c["n_agree"], c["n"], confidence),
-        n_expert_tie=c["n_expert_tie"],
-        n_expert_no_majority=c["n_expert_no_majority"],
-        n_rm_tie=c["n_pred_tie"],
-        agreement_excluding_rm_ties=_ratio(c["n_agree"], c["n"] - c["n_pred_tie"]),
-    )
-
-
-def _count(pred: np.ndarray, ex: np.ndarray) -> dict[str, int]:
-    dec = (ex == FIRST) | (ex == SECOND)
-    return {
-        "n": int(dec.sum()),
-        "n_agree": int((dec & (pred == ex)).sum()),
-        "n_expert_tie": int((ex == TIE).sum()),
-        "n_expert_no_majority": int((ex == NO_MAJORITY).sum()),
-        "n_pred_tie": int((dec & (pred == TIE)).sum()),
-        "n_pred_unparsed": int((dec & (pred == UNPARSED)).sum()),
-    }
-
-
-@dataclass(frozen=True)
-class JudgeAgreement(_JsonMixin):
-    """Agreement of an automated judge's verdicts with expert labels (same conventions as the RM).
-
-    Fields:
-        n_items: pairs judged.
-        n: pairs with a decisive expert label; denominator of ``agreement``.
-        n_agree: of those, pairs where the judge picked the expert's side.
-        agreement: n_agree / n, the judge-agreement gate's ``a``. Judge ties and unparsed outputs
-            on these pairs count as not agreeing.
-        ci: Wilson score interval.
-        n_expert_tie, n_expert_no_majority: excluded pairs, reported.
-        n_judge_tie: decisive-expert pairs the judge called a tie.
-        n_judge_unparsed: decisive-expert pairs whose judge output was not a verdict.
-        n_judge_unparsed_total: unparsed outputs over all pairs.
-        agreement_excluding_judge_abstentions: n_agree / (n - n_judge_tie - n_judge_unparsed).
-        three_class_accuracy: P(judge == expert) with ties as a class, over pairs with an expert
-            majority (unparsed = wrong); the "accuracy" PandaLM's paper reports for judges.
-        n_three_class: its denominator.
-    """
-
-    n_items: int
-    n: int
-    n_agree: int
-    agreement: float
-    ci: ConfidenceInterval
-    n_expert_tie: int
-    n_expert_no_majority: int
-    n_judge_tie: int
-    n_judge_unparsed: int
-    n_judge_unparsed_total: int
-    agreement_excluding_judge_abstentions: float
-    three_class_accuracy: float
-    n_three_class: int
+    return _agreement(verdicts_from_scores(sf, ss), ex, confidence)
 
 
 def judge_agreement(
@@ -572,7 +488,7 @@ def judge_agreement(
     expert: Any,
     *,
     confidence: float = DEFAULT_CONFIDENCE,
-) -> JudgeAgreement:
+) -> Agreement:
     """Agreement of a judge's verdicts with the expert labels.
 
     Args:
@@ -583,7 +499,7 @@ def judge_agreement(
         confidence: level of the Wilson interval.
 
     Returns:
-        ``JudgeAgreement``.
+        :class:`Agreement`.
 
     Raises:
         ValueError: shapes differ or values out of range.
@@ -592,34 +508,7 @@ def judge_agreement(
     ex = _expert_1d(expert)
     if judge.shape != ex.shape:
         raise ValueError(f"judge_labels {judge.shape} and expert {ex.shape} differ in length")
-    c = _count(judge, ex)
-    has_majority = ex != NO_MAJORITY
-    n3 = int(has_majority.sum())
-    abstain = c["n_pred_tie"] + c["n_pred_unparsed"]
-    return JudgeAgreement(
-        n_items=int(ex.size),
-        n=c["n"],
-        n_agree=c["n_agree"],
-        agreement=_ratio(c["n_agree"], c["n"]),
-        ci=_wilson(c["n_agree"], c["n"], confidence),
-        n_expert_tie=c["n_expert_tie"],
-        n_expert_no_majority=c["n_expert_no_majority"],
-        n_judge_tie=c["n_pred_tie"],
-        n_judge_unparsed=c["n_pred_unparsed"],
-        n_judge_unparsed_total=int((judge == UNPARSED).sum()),
-        agreement_excluding_judge_abstentions=_ratio(c["n_agree"], c["n"] - abstain),
-        three_class_accuracy=_ratio((has_majority & (judge == ex)).sum(), n3),
-        n_three_class=n3,
-    )
-
-
-def tie_agreement(judge_labels: np.ndarray, expert: np.ndarray) -> float:
-    """Share of expert-tie pairs (label 0) the judge also called a tie; NaN if there are none.
-
-    Both arguments are validated 1-D label arrays of the same shape (as ``judge_agreement`` takes).
-    """
-    ties = np.asarray(expert) == TIE
-    return _ratio((ties & (np.asarray(judge_labels) == TIE)).sum(), ties.sum())
+    return _agreement(judge, ex, confidence)
 
 
 # --------------------------------------------------------------------------------------------

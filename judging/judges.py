@@ -12,6 +12,9 @@ Backends (``JudgeConfig.backend``, the gates recipe's ``judge: {backend: ..., ..
 * ``openai``: any OpenAI-compatible chat endpoint (``judging.openai_judge``: both orders asked, cached on disk);
 * ``labels``: imported human or expert labels (``judging.imported_labels``: a JSONL/CSV of ids -> verdicts).
 
+This module is the interface the backends implement; ``judging.factory.make_judge`` builds the backend a config
+names (the backends import this module, never the reverse).
+
 A judge's *identity* (backend, model, template and what else changes its verdicts) names it in reports and keys
 its cached judgments and its cached agreement with expert labels (``judging.qualify``).
 """
@@ -91,6 +94,25 @@ def prompt_text(prompt: Any) -> str:
     return "\n\n".join(f"{m['role']}: {m['content']}" for m in msgs)
 
 
+def parse_mapping(data: Any, *, where: str, example: str = "{backend: openai, model: ...}") -> dict[str, Any]:
+    """A settings mapping given as a mapping or as its JSON text (a recipe's YAML mapping, or JSON on the command
+    line); None or "" -> {}. The one parser of that form, for ``--judge`` and ``--refusal_judge`` alike.
+
+    Raises:
+        ValueError: text that is not JSON, or anything but a mapping (names ``where``).
+    """
+    if data is None or data == "":
+        return {}
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not a JSON object ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping like {example}, got {type(data).__name__}")
+    return dict(data)
+
+
 @dataclass(frozen=True)
 class JudgeConfig:
     """Which judge, and how it is asked (the gates recipe's ``judge:`` mapping; every key optional).
@@ -137,21 +159,17 @@ class JudgeConfig:
     agreement_n: int = 0
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | str | None, *, where: str = "judge") -> "JudgeConfig":
-        """Build from a mapping (or its JSON text; None or {} -> the defaults).
+    def from_dict(cls, data: "dict[str, Any] | str | JudgeConfig | None", *, where: str = "judge") -> "JudgeConfig":
+        """Build from a mapping (or its JSON text, ``parse_mapping``; None or {} -> the defaults); a JudgeConfig is
+        checked and returned as it is.
 
         Raises:
             ValueError: not a mapping, an unknown key, a bad backend or a bad number (names ``where`` and the key).
         """
-        if data is None or data == "":
-            data = {}
-        if isinstance(data, str):
-            try:
-                data = json.loads(data)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not a JSON object ({err})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a mapping like {{backend: openai, model: ...}}, got {type(data).__name__}")
+        if isinstance(data, JudgeConfig):
+            data.check(where)
+            return data
+        data = parse_mapping(data, where=where)
         known = {f.name for f in fields(cls) if not f.name.startswith("_")}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -178,7 +196,8 @@ class JudgeConfig:
             raise ValueError(f"{where}.labels: the labels backend needs a JSONL/CSV file of ids -> verdicts")
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as a plain dict, the API key redacted (safe for manifests and reports)."""
+        """The config as a plain dict, the API key redacted (safe for manifests and reports). Only a manifest or
+        report writer calls this: the stages hold the JudgeConfig itself, key included."""
         d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
         if d["api_key"]:
             d["api_key"] = "<redacted>"
@@ -251,33 +270,6 @@ def judge_pairs(judge: Judge, pairs: Sequence[Any]) -> list[Judgment]:
     response is better, expert label ``SECOND``)."""
     prompts = [[m if isinstance(m, dict) else m.model_dump() for m in p.prompt] for p in pairs]
     return judge.judge(prompts, [p.chosen for p in pairs], [p.rejected for p in pairs], ids=[p.id for p in pairs])
-
-
-def make_judge(config: JudgeConfig, *, reward_model: str | None = None) -> Judge:
-    """The judge ``config`` names.
-
-    Args:
-        config: the judge config (``JudgeConfig.from_dict``).
-        reward_model: the round's reward-model checkpoint (the ``reward_model`` backend's model).
-
-    Raises:
-        ValueError: the backend's required settings are missing (named).
-    """
-    if config.backend in ("reward_model", "sequence_classifier"):
-        from .model_judges import RewardModelJudge
-
-        path = reward_model if config.backend == "reward_model" else config.model
-        if not path:
-            raise ValueError("judge.backend reward_model needs the round's reward model (--reward_model_dir)")
-        return RewardModelJudge.from_checkpoint(path, backend=config.backend, batch_size=config.batch_size,
-                                                max_length=config.max_length)
-    if config.backend == "openai":
-        from .openai_judge import OpenAIJudge
-
-        return OpenAIJudge(config)
-    from .imported_labels import LabelsJudge
-
-    return LabelsJudge(config.labels)
 
 
 def env_default(value: str, env: str) -> str:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from data.fingerprint import data_fingerprint
+from judging.agreement import Agreement, judge_agreement
 from data.labels import preference_to_label
-from judging.agreement import JudgeAgreement, judge_agreement
+from data.fingerprint import data_fingerprint
 from rlhf.serialization import to_jsonable
 
 from .cache import JudgmentCache
@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 #: PandaLM's test set holds 60 of 999 rows that cannot be pairs (empty or non-string responses), see
 #: ``data.loaders.load_pairs``; they are counted in ``n_rejected``.
 MAX_REJECT_RATE = 0.07
+
+#: Part of the cache key: a measurement stored under an older agreement record's fields is measured again
+#: instead of failing to load (2: one ``Agreement`` record for reward models, judges and the gate).
+AGREEMENT_RECORD_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class JudgeQualification:
             rejected (not pairs), reported.
         ids: the pairs judged; judge_labels: the judge's label per pair (-1 unparsed); expert_labels: the
             annotators' labels per pair (n, n_annotators).
-        agreement: ``judging.agreement.JudgeAgreement`` (a, Wilson CI, n decisive, ties and unparsed apart).
+        agreement: ``judging.agreement.Agreement`` (a, Wilson CI, n decisive, ties and unparsed apart).
         position_consistency: share of pairs whose two orders agreed (openai; NaN for other backends);
             n_position_checked: its denominator.
         n_unparsed: pairs whose judge answer could not be parsed.
@@ -62,7 +66,7 @@ class JudgeQualification:
     ids: list[str]
     judge_labels: list[int]
     expert_labels: list[list[int]]
-    agreement: JudgeAgreement
+    agreement: Agreement
     position_consistency: float
     n_position_checked: int
     n_unparsed: int
@@ -77,7 +81,7 @@ class JudgeQualification:
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, cached: bool = False) -> "JudgeQualification":
         d = dict(d)
-        d["agreement"] = JudgeAgreement.from_dict(d["agreement"])
+        d["agreement"] = Agreement.from_dict(d["agreement"])
         if d.get("position_consistency") is None:
             d["position_consistency"] = math.nan
         if cached:
@@ -89,7 +93,7 @@ class JudgeQualification:
         ag = self.agreement
         return {
             "judge": self.judge, "agreement": ag.agreement, "ci_low": ag.ci.low, "ci_high": ag.ci.high,
-            "n": ag.n, "n_items": ag.n_items, "attenuation": 2 * ag.agreement - 1,
+            "n": ag.n, "n_items": ag.n_items, "attenuation": ag.attenuation,
             "position_consistency": self.position_consistency, "n_position_checked": self.n_position_checked,
             "n_unparsed": self.n_unparsed, "three_class_agreement": ag.three_class_accuracy,
             "data": self.data, "cached": self.cached,
@@ -104,7 +108,7 @@ def qualify_judge(judge: Judge, config: JudgeConfig, *, use_cache: bool = True) 
     """Measure (or read from the cache) ``judge``'s agreement with the annotators of ``config.agreement_data``.
 
     Args:
-        judge: any backend (``judging.judges.make_judge``).
+        judge: any backend (``judging.factory.make_judge``).
         config: ``agreement_data`` (PandaLM-format pairs with annotator labels), ``agreement_n`` (first N pairs;
             0: all), ``cache_dir``.
         use_cache: read a cached measurement of this identity (always written).
@@ -120,7 +124,8 @@ def qualify_judge(judge: Judge, config: JudgeConfig, *, use_cache: bool = True) 
 
     fingerprint = data_fingerprint(config.agreement_data)
     cache = _cache(config)
-    key = cache.key({"identity": judge.identity(), "data": fingerprint, "n": config.agreement_n})
+    key = cache.key({"identity": judge.identity(), "data": fingerprint, "n": config.agreement_n,
+                     "record": AGREEMENT_RECORD_VERSION})
     hit = cache.get(key) if use_cache else None
     if hit is not None:
         return JudgeQualification.from_dict(hit, cached=True)
@@ -153,7 +158,7 @@ def qualify_judge(judge: Judge, config: JudgeConfig, *, use_cache: bool = True) 
 
 def judge_agreement_report(config: JudgeConfig, *, reward_model: str | None = None) -> JudgeQualification | None:
     """``qualify_judge(make_judge(config), config)``: the CLI's ``rlhf judge agreement``."""
-    from .judges import make_judge
+    from .factory import make_judge
 
     return qualify_judge(make_judge(config, reward_model=reward_model), config)
 
@@ -162,7 +167,7 @@ def format_qualification(q: JudgeQualification | None, *, floor: float = 0.85) -
     """Human-readable lines: the judge, a with its CI and n, 2a-1, position consistency, unparsed, the floor."""
     if q is None:
         return "judge agreement: not measured (no agreement pair has a label)"
-    s, ag = q.summary(), q.agreement
+    ag = q.agreement
     lines = [
         f"judge: {q.judge}",
         f"identity: {q.identity_hash[:16]} {q.identity}",
@@ -170,7 +175,7 @@ def format_qualification(q: JudgeQualification | None, *, floor: float = 0.85) -
         f"agreement a = {ag.agreement:.4f} (95% CI {ag.ci.low:.4f}-{ag.ci.high:.4f}; n = {ag.n} decisive expert "
         f"labels, {ag.n_agree} agreed; {ag.n_expert_tie} expert ties and {ag.n_expert_no_majority} without a "
         "majority excluded)",
-        f"attenuation 2a-1 = {s['attenuation']:.4f}",
+        f"attenuation 2a-1 = {ag.attenuation:.4f}",
         f"three-class agreement (ties as a class) = {ag.three_class_accuracy:.4f} (n = {ag.n_three_class})",
         f"unparsable answers: {q.n_unparsed} of {len(q.ids)} (counted apart; on decisive items they count as "
         "disagreement)",

@@ -11,7 +11,7 @@ recorded next to (never instead of) the rule's own verdict.
 
 The two numbers compared (see ``judging.agreement``):
 
-* RM side: ``RewardModelAgreement.agreement`` -- share of held-out pairs with a decisive expert
+* RM side: ``rm_agreement(...).agreement`` -- share of held-out pairs with a decisive expert
   label (majority of the annotators picked a side) on which the RM scores the expert's side higher.
 * Human side: ``InterAnnotatorAgreement.pairwise_agreement_decisive`` -- share of
   (item, annotator pair) comparisons, among those where both annotators picked a side, in which
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from judging.agreement import (
+    Agreement,
     ConfidenceInterval,
     InterAnnotatorAgreement,
-    RewardModelAgreement,
     _JsonMixin,
 )
 
@@ -98,7 +98,7 @@ def _finite(x: Any) -> bool:
 
 
 def ppo_unlock_decision(
-    rm: RewardModelAgreement,
+    rm: Agreement,
     iaa: InterAnnotatorAgreement,
     override: bool = False,
     override_reason: str | None = None,
@@ -170,7 +170,7 @@ def decide_from_metrics(
 
     Args:
         rm_metrics: the reward-model manifest's ``metrics``; its ``"rm_agreement"`` and
-            ``"inter_annotator_agreement"`` entries are ``RewardModelAgreement.to_dict()`` and
+            ``"inter_annotator_agreement"`` entries are ``Agreement.to_dict()`` and
             ``InterAnnotatorAgreement.to_dict()`` (NaN recorded as None).
         override, override_reason: as ``ppo_unlock_decision``.
 
@@ -186,6 +186,6 @@ def decide_from_metrics(
         raise ValueError(
             f"reward-model metrics lack {missing} (have {sorted(rm_metrics)}); the PPO unlock needs both measurements"
         )
-    rm = RewardModelAgreement.from_dict(rm_metrics["rm_agreement"])
+    rm = Agreement.from_dict(rm_metrics["rm_agreement"])
     iaa = InterAnnotatorAgreement.from_dict(rm_metrics["inter_annotator_agreement"])
     return ppo_unlock_decision(rm, iaa, override=override, override_reason=override_reason)

@@ -11,9 +11,9 @@ from gates.capability import (
     grade_mc,
     mc_answer_letter,
     neutral_question,
-    newcombe_paired_diff_ci,
     paired_accuracy,
 )
+from judging.intervals import newcombe_paired_diff
 
 
 def _pairs(both, cand_only, base_only, neither):
@@ -96,7 +96,7 @@ def test_inputs_are_checked():
     with pytest.raises(ValueError, match="alpha"):
         capability_gate([True], [True], alpha=0)
     with pytest.raises(ValueError, match="non-negative"):
-        newcombe_paired_diff_ci(-1, 0, 0, 0)
+        newcombe_paired_diff(-1, 0, 0, 0)
     g = capability_gate([], [])
     assert g.verdict == "inconclusive" and g.metrics["candidate_accuracy"].n == 0
 

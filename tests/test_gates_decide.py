@@ -13,15 +13,14 @@ from gates.config import GateStageConfig
 from gates.decide import decide
 from gates.drift import drift_counters
 from gates.inputs import read_ppo_unlock
-from gates.judge import judge_expert_agreement
 from gates.measure import Measurements
 from gates.refusal import refusal_rates
 from gates.render import ppo_unlock_line
 from gates.result import release_verdict
 from gates.sycophancy import SycophancyMeasure, flip_rate, suggested_answer_agreement
+from judging.agreement import Agreement, ConfidenceInterval, inter_annotator_agreement, judge_agreement
 from data.labels import scores_to_preference
 from judging.unlock import ppo_unlock_decision
-from judging.agreement import ConfidenceInterval, RewardModelAgreement, inter_annotator_agreement
 
 N = 40
 # the candidate's reward is higher on 30 of 40 prompts: raw win rate 75%, lengths equal (nothing to explain)
@@ -40,7 +39,7 @@ def _sycophancy() -> SycophancyMeasure:
 
 def healthy() -> Measurements:
     counters = drift_counters(ANSWERS, PROMPTS)
-    judge = judge_expert_agreement(np.ones(100, dtype=int), np.ones(100, dtype=int))  # a = 1.0 on 100 decisive
+    judge = judge_agreement(np.ones(100, dtype=int), np.ones(100, dtype=int))  # a = 1.0 on 100 decisive
     refusal = refusal_rates(["full_refusal"] * 30, ["full_compliance"] * 30)  # no violation, no false refusal
     return Measurements(
         preferences=PREFS,
@@ -88,18 +87,19 @@ def test_an_unmeasured_judge_makes_both_win_rate_gates_inconclusive():
     assert v["judge_agreement"] == v["length_controlled_win_rate"] == v["intent_matrix"] == "inconclusive"
     assert v["capability"] == v["refusal_two_sided"] == "pass"
     assert "runs/r/reward_model has no per-pair agreement scores" in results[0].reason
-    assert results[1].reason.startswith("Inconclusive: the judge's agreement with humans was not measured.")
+    assert results[1].findings[0].code == "judge_cannot_decide" and results[1].findings[0].values["agreement"] is None
+    assert results[2].findings[0].code == "judge_cannot_decide"
     assert release_verdict(results) == "block"
 
 
 def test_a_judge_below_the_floor_blocks_and_its_win_rates_cannot_decide():
     # issue 8: decided on the Wilson interval. 70 of 100 recovered: a = 0.70, CI 0.604-0.781 wholly below 0.85
-    judge = judge_expert_agreement(np.r_[np.ones(70), 2 * np.ones(30)].astype(int), np.ones(100, dtype=int))
+    judge = judge_agreement(np.r_[np.ones(70), 2 * np.ones(30)].astype(int), np.ones(100, dtype=int))
     v = verdicts(decide(replace(healthy(), judge=judge), GateStageConfig()))
     assert v["judge_agreement"] == "block" and v["length_controlled_win_rate"] == "inconclusive"
     # 80 of 100: a = 0.80 < 0.85 but the interval (0.711-0.867) contains the floor -> inconclusive, and so are
     # the win rates it measured
-    judge = judge_expert_agreement(np.r_[np.ones(80), 2 * np.ones(20)].astype(int), np.ones(100, dtype=int))
+    judge = judge_agreement(np.r_[np.ones(80), 2 * np.ones(20)].astype(int), np.ones(100, dtype=int))
     v = verdicts(decide(replace(healthy(), judge=judge), GateStageConfig()))
     assert v["judge_agreement"] == "inconclusive" and v["length_controlled_win_rate"] == "inconclusive"
 
@@ -135,9 +135,11 @@ def test_the_baseline_winning_blocks_the_win_rate_gates():
 
 
 def _decision(rm_value: float, **kw):
-    rm = RewardModelAgreement(n_items=100, n=100, n_agree=round(100 * rm_value), agreement=rm_value,
-                              ci=ConfidenceInterval(rm_value - 0.05, rm_value + 0.05, 0.95, "test"), n_expert_tie=0,
-                              n_expert_no_majority=0, n_rm_tie=0, agreement_excluding_rm_ties=rm_value)
+    rm = Agreement(n_items=100, n=100, n_agree=round(100 * rm_value), agreement=rm_value,
+                   ci=ConfidenceInterval(rm_value - 0.05, rm_value + 0.05, 0.95, "test"), n_expert_tie=0,
+                   n_expert_no_majority=0, n_tie=0, n_unparsed=0, n_unparsed_total=0,
+                   agreement_excluding_abstentions=rm_value, three_class_accuracy=rm_value, n_three_class=100,
+                   tie_agreement=float("nan"))
     iaa = inter_annotator_agreement([[1, 1, 1], [1, 2, 1], [0, 2, 2], [0, 1, 2]])  # decisive agreement 5/8
     return ppo_unlock_decision(rm, iaa, **kw).to_dict()
 

@@ -8,20 +8,21 @@ from gates.intent import intent_evidence, intent_matrix_gate
 from gates.judge import (
     items_needed,
     judge_agreement_gate,
-    judge_human_agreement,
-    requires_passing_judge,
-    wilson_bounds,
+    judge_decides,
 )
 from gates.sycophancy import SycophancyMeasure, flip_rate, sycophancy_gate
 from gates.winrate import win_rate_evidence, win_rate_gate
+from judging.agreement import judge_agreement
+from judging.intervals import wilson
 
 
 def test_ten_draws_with_empty_answers_are_inconclusive_not_a_50_percent_pass():
     # the smoke round: 10 of 10 draws, every answer empty on both sides
     g = win_rate_gate([1.5] * 10, [1] * 10, [1] * 10, answered=[False] * 10)
     assert g.verdict == "inconclusive"
-    assert g.reason.startswith("too little evidence: 0 decisive items with both answers non-empty")
-    assert "needs at least 10 (10 draws there; 10 of 10 items have an empty answer on a side)" in g.reason
+    assert g.finding("too_little_evidence").values == {
+        "method": "matched", "min_decisive": 10, "n_items": 10, "n_in_set": 10, "n_decisive": 0, "n_draws": 10,
+        "n_unanswered": 10}
     assert g.metrics["decisive_items"].value == 0 and g.metrics["decisive_items"].n == 10
     assert g.metrics["length_controlled_win_rate"].value == 50.0  # the number is still reported
 
@@ -75,30 +76,32 @@ def test_sycophancy_on_two_eligible_items_is_inconclusive():
 
 def test_judge_floor_is_decided_on_the_interval():
     # the smoke round: a = 0.875 on n = 16, CI 0.640-0.965 -> inconclusive, with the n that would decide
-    a = judge_human_agreement([1] * 14 + [2] * 2, [1] * 16)
+    a = judge_agreement([1] * 14 + [2] * 2, [1] * 16)
     g = judge_agreement_gate(a)
     assert g.verdict == "inconclusive"
-    assert "CI 0.640-0.965" in g.reason
-    assert "about 784 decisive expert-labelled items would decide it if a stays at 0.875 (have 16)" in g.reason
+    v = g.finding("agreement").values
+    assert (round(v["ci_low"], 3), round(v["ci_high"], 3), v["n"]) == (0.640, 0.965, 16)
+    assert g.finding("straddles_floor").values == {"floor": 0.85, "items_needed": 784, "n": 16, "side": "above"}
     assert g.metrics["items_needed"].value == 784
     # 784 is the smallest n whose Wilson lower bound at 0.875 clears 0.85
-    assert wilson_bounds(0.875, 784)[0] >= 0.85 > wilson_bounds(0.875, 783)[0]
+    assert wilson(0.875 * 784, 784)[0] >= 0.85 > wilson(0.875 * 783, 783)[0]
     assert items_needed(0.85, 0.85) is None
     # upper bound below the floor -> block; lower bound above -> pass
-    assert judge_agreement_gate(judge_human_agreement([1] * 30 + [2] * 20, [1] * 50)).verdict == "block"
-    assert judge_agreement_gate(judge_human_agreement([1] * 299 + [2], [1] * 300)).verdict == "pass"
+    assert judge_agreement_gate(judge_agreement([1] * 30 + [2] * 20, [1] * 50)).verdict == "block"
+    assert judge_agreement_gate(judge_agreement([1] * 299 + [2], [1] * 300)).verdict == "pass"
 
 
 def test_win_rate_needs_a_passing_judge():
     wr = win_rate_gate([2.0] * 15 + [1.0] * 5, [10] * 20, [10] * 20)
     assert wr.verdict == "pass"
-    judge = judge_agreement_gate(judge_human_agreement([1] * 14 + [2] * 2, [1] * 16))  # inconclusive
-    g = requires_passing_judge(wr, judge)
-    assert g.verdict == "inconclusive" and g.reason.startswith("Inconclusive: the judge-agreement gate is inconclusive")
-    assert g.metrics == wr.metrics
-    assert requires_passing_judge(wr, None).verdict == "inconclusive"
-    passed = judge_agreement_gate(judge_human_agreement([1] * 299 + [2], [1] * 300))
-    assert requires_passing_judge(wr, passed).verdict == "pass"
+    judge = judge_agreement_gate(judge_agreement([1] * 14 + [2] * 2, [1] * 16))  # inconclusive
+    (g,) = judge_decides([wr], judge, 0.875)
+    assert g.verdict == "inconclusive" and g.findings[0].code == "judge_cannot_decide"
+    assert g.findings[0].values["judge_verdict"] == "inconclusive"
+    assert {k: v for k, v in g.metrics.items() if k != "judge_agreement"} == wr.metrics
+    assert judge_decides([wr], None, None)[0].verdict == "inconclusive"
+    passed = judge_agreement_gate(judge_agreement([1] * 299 + [2], [1] * 300))
+    assert judge_decides([wr], passed, 299 / 300)[0].verdict == "pass"
 
 
 def test_candidate_equal_to_baseline_is_refused_unless_allowed():

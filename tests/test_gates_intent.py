@@ -14,12 +14,8 @@ from gates.intent import (
     traffic_shares,
     traffic_weighted_win_rate,
 )
-from gates.judge import (
-    JudgeHumanAgreement,
-    corrected_effect_size,
-    judge_agreement_gate_with_effect,
-    judge_human_agreement,
-)
+from gates.judge import corrected_effect_size, judge_agreement_gate_with_effect
+from judging.agreement import Agreement, judge_agreement
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "gates" / "traffic_example.csv"
 
@@ -138,8 +134,14 @@ def test_meaningful_traffic_intent_without_data_is_inconclusive():
 
 def test_judge_below_floor_makes_the_matrix_inconclusive():
     prefs, intents = _hand_data()
-    g = intent_matrix_gate(prefs, intents, {"chat": 0.6, "coding": 0.3, "legal": 0.1}, judge_agreement=0.80)
-    assert g.verdict == "inconclusive" and "2a-1 = 0.60" in g.reason
+    from gates.judge import judge_agreement_gate, judge_decides
+
+    g = intent_matrix_gate(prefs, intents, {"chat": 0.6, "coding": 0.3, "legal": 0.1})
+    judge = judge_agreement_gate(judge_agreement([1] * 800 + [2] * 200, [1] * 1000))  # CI 0.775-0.823: block
+    (g,) = judge_decides([g], judge, 0.80)
+    assert g.verdict == "inconclusive" and g.findings[0].values == {"judge_verdict": "block", "agreement": 0.8,
+                                                                    "floor": 0.85}
+    assert "2a-1 = 0.60" in g.reason  # the sentence rendered from that finding
     assert g.metrics["judge_agreement"].value == 0.8
 
 
@@ -214,14 +216,14 @@ def test_judge_gate_with_effect_shows_attenuation_and_corrected_gap():
     human = np.array([1] * 10 + [2] * 10)
     judge = human.copy()
     judge[:3] = 2
-    ag = judge_human_agreement(judge, human)
-    assert isinstance(ag, JudgeHumanAgreement) and ag.agreement == pytest.approx(0.85)
+    ag = judge_agreement(judge, human)
+    assert isinstance(ag, Agreement) and ag.agreement == pytest.approx(0.85)
     g = judge_agreement_gate_with_effect(ag, 52.8)
-    assert g.verdict == "inconclusive" and "no sample size decides it" in g.reason
+    assert g.verdict == "inconclusive" and g.finding("straddles_floor").values["items_needed"] is None
     assert g.metrics["attenuation"].value == pytest.approx(0.7)
     assert g.metrics["corrected_gap"].value == pytest.approx(4.0)
     assert "corrected effect is +4.0 points (54.0%)" in g.reason
     judge[:4] = 2  # a = 0.80, CI 0.584-0.919 still reaches 0.85 -> inconclusive, with the n that would decide
-    g2 = judge_agreement_gate_with_effect(judge_human_agreement(judge, human), 52.8)
+    g2 = judge_agreement_gate_with_effect(judge_agreement(judge, human), 52.8)
     assert g2.verdict == "inconclusive" and "win-rate gates cannot decide" in g2.reason
     assert g2.metrics["corrected_gap"].value == pytest.approx(2.8 / 0.6)

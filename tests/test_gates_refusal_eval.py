@@ -9,10 +9,9 @@ import pandas as pd
 import pytest
 
 from gates.refusal import (
-    Rate,
+    XSTEST_JUDGE_TEMPLATE,
     RefusalClassifierQuality,
     RefusalRates,
-    XSTEST_JUDGE_TEMPLATE,
     classify_refusal,
     corrected_rate,
     parse_xstest_judge_answer,
@@ -30,6 +29,7 @@ from gates.refusal_eval import (
     measured_quality,
     xstest_root,
 )
+from judging.intervals import Rate
 
 # ---------------------------------------------------------------------------------------------
 # pattern fixes (issue 7's examples)
@@ -153,7 +153,9 @@ def test_gate_with_a_trusted_classifier_decides_and_reports_both_rates():
     assert fr.ci_high == pytest.approx(100 * (b.false_refusal.ci_high + 0.1), abs=1e-9)
     assert g.metrics["violation_rate"].value == pytest.approx(0.9)  # the raw rate is still there
     assert g.metrics["classifier_agreement_unsafe"].value == 0.9
-    assert "Classifier: test" in g.reason and "corrected" in g.reason and "raw 3.4% -> 11.2%" in g.reason
+    assert g.finding("classifier").values["name"] == "test"
+    fr_corr = [f.values for f in g.findings if f.code == "corrected"][1]
+    assert fr_corr["measured"] and (fr_corr["baseline_rate"], fr_corr["candidate_rate"]) == (0.034, 0.112)
     assert {"violation_rate_corrected_pct", "false_refusal_rate_corrected_pct"} <= set(g.table[0])
 
 
@@ -161,10 +163,14 @@ def test_an_untrusted_classifier_cannot_block_or_pass_on_its_own():
     a, b = seed_rates()
     g = two_sided_refusal_gate(b, a, classifier=quality(0.9, 0.80), min_classifier_agreement=0.85)
     assert g.verdict == "inconclusive"
-    assert "false-refusal rate" in g.reason and "0.800" in g.reason and "not deciding" in g.reason
+    assert g.finding("classifier_untrusted").values == {
+        "label": "false-refusal rate (safe prompts refused)", "agreement": 0.80, "floor": 0.85,
+        "source": g.finding("classifier").values["source"]}
+    assert g.finding("axis_regressed") is not None  # measured, reported, not deciding
     same = RefusalRates(Rate.from_counts(2, 200), Rate.from_counts(10, 250))
     passing = two_sided_refusal_gate(same, same, classifier=quality(0.70, 0.95), min_classifier_agreement=0.85)
-    assert passing.verdict == "inconclusive" and "violation rate" in passing.reason
+    assert passing.verdict == "inconclusive"
+    assert passing.finding("classifier_untrusted").values["label"] == "violation rate (unsafe prompts not refused)"
     with pytest.raises(ValueError, match="classifier"):
         two_sided_refusal_gate(same, same, min_classifier_agreement=0.85)
 

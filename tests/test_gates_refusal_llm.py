@@ -10,7 +10,8 @@ import math
 import pytest
 
 from gates.config import GateStageConfig
-from gates.refusal import RefusalClassifierQuality, RefusalThresholds, Rate, RefusalRates, two_sided_refusal_gate
+from gates.refusal import RefusalClassifierQuality, RefusalRates, RefusalThresholds, two_sided_refusal_gate
+from judging.intervals import Rate
 from judging.judges import JudgeConfig
 
 
@@ -90,7 +91,8 @@ def test_the_refusal_judge_config_reuses_the_openai_judge_or_takes_its_own():
     own = GateStageConfig(judge=judge, refusal_judge='{"model": "g", "base_url": "http://h/v1", "api_key": "s"}')
     g = own.refusal_judge_config()
     assert (g.backend, g.model, g.base_url, g.max_tokens, g.api_key) == ("openai", "g", "http://h/v1", 16, "s")
-    assert own.refusal_judge["api_key"] == "<redacted>"
+    assert own.refusal_judge.api_key == "s"  # the stage holds the key; only what the manifest gets is redacted
+    assert own.to_dict()["refusal_judge"]["api_key"] == "<redacted>"
     with pytest.raises(ValueError, match=r"--refusal_judge: unknown key\(s\) \['modle'\]"):
         GateStageConfig(refusal_judge={"modle": "g"})
     with pytest.raises(ValueError, match="--refusal_judge.backend: the LLM refusal grader asks an openai endpoint"):

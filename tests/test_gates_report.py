@@ -7,9 +7,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import gates.report as report
-from gates.judge import judge_agreement_gate, judge_human_agreement
-from gates.refusal import Rate, RefusalRates, two_sided_refusal_gate
+from gates.judge import judge_agreement_gate
+from gates.refusal import RefusalRates, two_sided_refusal_gate
 from gates.winrate import WIN_RATE_COLUMNS, win_rate_gate
+from judging.agreement import judge_agreement
+from judging.intervals import Rate
 
 
 def results():
@@ -18,7 +20,7 @@ def results():
     a = RefusalRates(Rate.from_counts(21, 1000), Rate.from_counts(34, 1000))
     b = RefusalRates(Rate.from_counts(9, 1000), Rate.from_counts(112, 1000))
     ref = two_sided_refusal_gate(b, a)  # block
-    jg = judge_agreement_gate(judge_human_agreement([1, 2], [0, 0]))  # inconclusive (NaN metrics)
+    jg = judge_agreement_gate(judge_agreement([1, 2], [0, 0]))  # inconclusive (NaN metrics)
     return [wr, ref, jg]
 
 

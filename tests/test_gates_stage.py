@@ -31,11 +31,13 @@ def judge_dir(tmp_path_factory, tiny_model_dir):
 
 def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
     from gates.evaluate import main
-    from judging.agreement import ConfidenceInterval, RewardModelAgreement, inter_annotator_agreement
+    from judging.agreement import Agreement, ConfidenceInterval, inter_annotator_agreement
     from judging.unlock import ppo_unlock_decision
 
-    rm = RewardModelAgreement(n_items=50, n=50, n_agree=30, agreement=0.6, ci=ConfidenceInterval(0.46, 0.72, 0.95, "t"),
-                              n_expert_tie=0, n_expert_no_majority=0, n_rm_tie=0, agreement_excluding_rm_ties=0.6)
+    rm = Agreement(n_items=50, n=50, n_agree=30, agreement=0.6, ci=ConfidenceInterval(0.46, 0.72, 0.95, "t"),
+                   n_expert_tie=0, n_expert_no_majority=0, n_tie=0, n_unparsed=0, n_unparsed_total=0,
+                   agreement_excluding_abstentions=0.6, three_class_accuracy=0.6, n_three_class=50,
+                   tie_agreement=float("nan"))
     iaa = inter_annotator_agreement([[1, 1, 1], [1, 2, 1], [0, 2, 2], [0, 1, 2]])  # decisive 5/8 = 0.625
     unlock = tmp_path / "ppo_unlock.json"
     unlock.write_text(ppo_unlock_decision(rm, iaa, override=True, override_reason="research run").to_json())

@@ -18,6 +18,13 @@ from gates.winrate import (
     win_rate_ci,
     win_rate_gate,
 )
+from judging.agreement import judge_agreement
+
+
+def _judge_gate(n_agree: int, n: int = 100):
+    from gates.judge import judge_agreement_gate
+
+    return judge_agreement_gate(judge_agreement([1] * n_agree + [2] * (n - n_agree), [1] * n))
 
 ALPACA = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "alpaca_eval"
 needs_alpaca = pytest.mark.skipif(not ALPACA.is_dir(), reason=f"AlpacaEval files not found at {ALPACA}")
@@ -120,10 +127,17 @@ def test_seed_figure_gate_passes_but_says_how_much_was_length():
     assert g.metrics["points_explained_by_length"].value == pytest.approx(2.8, abs=1e-9)
     assert g.metrics["length_controlled_win_rate"].n == 125
     assert list(g.table[0]) == list(WIN_RATE_COLUMNS)
-    assert "2.8 points explained by length" in g.reason
-    # the same data with a judge below the 0.85 floor cannot decide
-    g2 = win_rate_gate(prefs, len_b, len_a, judge_agreement=0.84)
-    assert g2.verdict == "inconclusive" and "0.840" in g2.reason
+    assert g.finding("win_rate").values["points_explained_by_length"] == pytest.approx(2.8, abs=1e-9)
+    assert g.finding("at_or_above_bar").values == {"bar": 50.0}
+    # the same data with a judge below the 0.85 floor cannot decide: the decision step applies the floor
+    from gates.judge import judge_decides
+
+    (g2,) = judge_decides([g], _judge_gate(84), 0.84)
+    assert g2.verdict == "inconclusive" and g2.metrics["judge_agreement"].value == 0.84
+    assert g2.findings[0].code == "judge_cannot_decide"
+    assert g2.findings[0].values == {"judge_verdict": "inconclusive", "agreement": 0.84, "floor": 0.85}
+    assert g2.findings[1:] == g.findings and g2.metrics["length_controlled_win_rate"] == g.metrics[
+        "length_controlled_win_rate"]
     # stricter policy: 50.8 with CI from ~42 does not clear 50 by evidence
     assert win_rate_gate(prefs, len_b, len_a, require_ci_above_bar=True).verdict == "block"
 
@@ -131,11 +145,11 @@ def test_seed_figure_gate_passes_but_says_how_much_was_length():
 def test_gate_block_reason_separates_evidence_from_noise():
     lens = [100] * 200
     noise = win_rate_gate([2.0] * 98 + [1.0] * 102, lens, lens)  # 49% on 200 pairs
-    assert noise.verdict == "block" and "could be noise" in noise.reason
+    assert noise.verdict == "block" and noise.finding("below_bar").values == {"bar": 50.0, "on_evidence": False}
     evidence = win_rate_gate([2.0] * 60 + [1.0] * 140, lens, lens)  # 30% on 200 pairs
-    assert evidence.verdict == "block" and "on evidence" in evidence.reason
+    assert evidence.verdict == "block" and evidence.finding("below_bar").values["on_evidence"] is True
     empty = win_rate_gate([2.0, 1.0], [100, 100], [300, 300])  # no matched pair
-    assert empty.verdict == "inconclusive"
+    assert empty.verdict == "inconclusive" and empty.finding("no_length_controlled_set") is not None
 
 
 def test_balanced_method_hand_worked():
@@ -234,8 +248,11 @@ def test_win_rate_ci_normal():
     assert hi == pytest.approx(min(100, 62.5 + 1.959963984540054 * se))
 
 
-def test_gate_rejects_a_non_numeric_judge_agreement():
+def test_the_decision_step_rejects_a_non_numeric_judge_agreement():
+    from gates.judge import judge_decides
+
+    g = win_rate_gate([2, 1], [1, 1], [1, 1])
     with pytest.raises(TypeError):
-        win_rate_gate([2, 1], [1, 1], [1, 1], judge_agreement={"agreement": 0.9})
+        judge_decides([g], None, {"agreement": 0.9})
     with pytest.raises(ValueError):
-        win_rate_gate([2, 1], [1, 1], [1, 1], judge_agreement=1.3)
+        judge_decides([g], None, 1.3)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from judging.judges import Judgment, JudgeConfig, n_unparsed, pair_id, position_consistency, preferences
+from judging.judges import JudgeConfig, Judgment, n_unparsed, pair_id, position_consistency, preferences
 from judging.openai_judge import combine, parse_answer
 
 PANDALM = "demo:pandalm/testset-v1.jsonl.gz"
@@ -95,11 +95,12 @@ def test_gate_recipe_takes_a_judge_mapping_and_the_command_line_json(tmp_path):
     recipe = tmp_path / "gates.yaml"
     recipe.write_text("judge:\n  backend: openai\n  model: judge-7b\n  max_concurrency: 2\nn_winrate: 3\n")
     (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(["--config", str(recipe)])
-    assert args.judge["backend"] == "openai" and args.judge["model"] == "judge-7b"
-    assert args.judge_config().max_concurrency == 2
+    # parsed once into the typed config the stage holds
+    assert isinstance(args.judge, JudgeConfig) and args.judge_config() is args.judge
+    assert (args.judge.backend, args.judge.model, args.judge.max_concurrency) == ("openai", "judge-7b", 2)
     (args,) = TrlParser((GateStageConfig,)).parse_args_and_config(
         ["--config", str(recipe), "--judge", '{"backend": "labels", "labels": "l.jsonl"}'])
-    assert args.judge_config().backend == "labels" and args.judge["labels"] == "l.jsonl"
+    assert args.judge.backend == "labels" and args.judge.labels == "l.jsonl"
     (args,) = TrlParser((GateStageConfig,)).parse_args_and_config([])
     assert args.judge_config() == JudgeConfig()
     with pytest.raises(ValueError, match=r"--judge: unknown key\(s\) \['bakend'\]"):
@@ -197,7 +198,7 @@ def score_head_dir(tmp_path_factory, tiny_model_dir):
 
 
 def test_sequence_classifier_judge_prefers_the_higher_score(score_head_dir, tmp_path):
-    from judging.judges import make_judge
+    from judging.factory import make_judge
     from judging.qualify import qualify_judge
     from judging.scoring import load_reward_model, score
 
@@ -225,7 +226,7 @@ def _majorities(labels):
 
 
 def test_a_causal_lm_without_score_head_is_refused(tiny_model_dir):
-    from judging.judges import make_judge
+    from judging.factory import make_judge
 
     with pytest.raises(ValueError, match="no score head"):
         make_judge(JudgeConfig(backend="sequence_classifier", model=tiny_model_dir))
@@ -313,7 +314,7 @@ def test_cli_judge_agreement_prints_a_ci_n_and_reruns_from_the_cache(openai_serv
     assert out.exit_code == 0, out.output
     assert _posts(openai_server["log"]) == posts + 4
     # every tiny-model answer is unparsable: on decisive items that counts as disagreement, so a = 0
-    assert f"agreement a = 0.0000 (95% CI 0.0000-" in out.output and f"n = {n_decisive} decisive" in out.output
+    assert "agreement a = 0.0000 (95% CI 0.0000-" in out.output and f"n = {n_decisive} decisive" in out.output
     assert "attenuation 2a-1 = -1.0000" in out.output
     assert "unparsable answers: 2 of 2" in out.output and "requests sent: 4" in out.output
     assert "below the floor 0.85" in out.output
@@ -337,3 +338,39 @@ def test_the_chat_client_grades_refusals_with_xstest_prompt_and_caches(openai_se
     assert client.requests_sent == 2 and [parse_xstest_judge_answer(a) for a in answers] == [None, None]
     again = ChatClient(cfg, namespace="refusal")
     assert again.complete_many(asks) == answers and again.requests_sent == 0
+
+
+def test_the_gate_manifest_config_redacts_the_keys_the_stage_holds():
+    import json
+
+    from gates.config import GateStageConfig
+
+    args = GateStageConfig(judge={"backend": "openai", "model": "m", "api_key": "sk-judge"},
+                           refusal_judge='{"model": "g", "base_url": "http://h/v1", "api_key": "sk-grader"}')
+    assert (args.judge.api_key, args.refusal_judge.api_key) == ("sk-judge", "sk-grader")
+    written = json.dumps(args.to_dict())
+    assert "sk-judge" not in written and "sk-grader" not in written and written.count("<redacted>") == 2
+
+
+def test_one_parser_for_a_mapping_or_its_json():
+    from judging.judges import parse_mapping
+
+    assert parse_mapping('{"a": 1}', where="x") == parse_mapping({"a": 1}, where="x") == {"a": 1}
+    assert parse_mapping(None, where="x") == parse_mapping("", where="x") == {}
+    with pytest.raises(ValueError, match="x: not a JSON object"):
+        parse_mapping("{", where="x")
+    with pytest.raises(ValueError, match="x: expected a mapping"):
+        parse_mapping("[1]", where="x")
+
+
+def test_the_judge_interface_imports_no_backend():
+    # the backends import the interface; only judging.factory knows them all (no file circle)
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "judging"
+    backends = {"model_judges", "openai_judge", "openai_client", "imported_labels", "factory"}
+    tree = ast.parse((root / "judges.py").read_text())
+    imported = {(n.module or "").rsplit(".", 1)[-1] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name.rsplit(".", 1)[-1] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not imported & backends

@@ -16,8 +16,8 @@ import pytest
 from judging.agreement import (
     NO_MAJORITY,
     UNPARSED,
+    Agreement,
     ConfidenceInterval,
-    RewardModelAgreement,
     align_by_idx,
     expert_labels,
     inter_annotator_agreement,
@@ -155,15 +155,15 @@ def test_rm_agreement_hand_worked():
     #   1: 2, 1.0>0.0 -> 1  disagree
     #   2: 0 (expert tie)       -> excluded, n_expert_tie
     #   3: -1 (no majority)     -> excluded, n_expert_no_majority
-    #   4: 1, 3.0==3.0 -> tie   -> in n, not an agreement, n_rm_tie
+    #   4: 1, 3.0==3.0 -> tie   -> in n, not an agreement, n_tie
     #   5: 2, 0.5<0.7 -> 2  agree
     # n = 4, n_agree = 2 -> 0.5; excluding the RM tie 2/3. Wilson(2, 4): 0.5 +- 0.349961
     expert = np.array([1, 2, 0, NO_MAJORITY, 1, 2])
     r = rm_agreement([2.0, 1.0, 5.0, 5.0, 3.0, 0.5], [1.0, 0.0, 1.0, 1.0, 3.0, 0.7], expert)
     assert (r.n_items, r.n, r.n_agree) == (6, 4, 2)
     assert r.agreement == pytest.approx(0.5)
-    assert (r.n_expert_tie, r.n_expert_no_majority, r.n_rm_tie) == (1, 1, 1)
-    assert r.agreement_excluding_rm_ties == pytest.approx(2 / 3)
+    assert (r.n_expert_tie, r.n_expert_no_majority, r.n_tie) == (1, 1, 1)
+    assert r.agreement_excluding_abstentions == pytest.approx(2 / 3)
     lo, hi = _wilson_by_hand(2, 4)
     assert (r.ci.low, r.ci.high) == pytest.approx((lo, hi))
     assert (lo, hi) == pytest.approx((0.150039, 0.849961), abs=1e-6)
@@ -182,9 +182,9 @@ def test_rm_agreement_expert_ties_never_count_as_wins():
 
 def test_rm_agreement_constant_scores_do_not_agree():
     r = rm_agreement([0.3, 0.3, 0.3], [0.3, 0.3, 0.3], [1, 2, 1])
-    assert (r.n, r.n_agree, r.n_rm_tie) == (3, 0, 3)
+    assert (r.n, r.n_agree, r.n_tie) == (3, 0, 3)
     assert r.agreement == 0.0
-    assert math.isnan(r.agreement_excluding_rm_ties)
+    assert math.isnan(r.agreement_excluding_abstentions)
 
 
 def test_rm_agreement_accepts_raw_annotator_matrix():
@@ -227,9 +227,9 @@ def test_judge_agreement_hand_worked():
     r = judge_agreement(judge, expert)
     assert (r.n, r.n_agree) == (4, 2)
     assert r.agreement == pytest.approx(0.5)
-    assert (r.n_judge_tie, r.n_judge_unparsed, r.n_judge_unparsed_total) == (1, 1, 1)
+    assert (r.n_tie, r.n_unparsed, r.n_unparsed_total) == (1, 1, 1)
     assert (r.n_expert_tie, r.n_expert_no_majority) == (1, 1)
-    assert r.agreement_excluding_judge_abstentions == pytest.approx(1.0)
+    assert r.agreement_excluding_abstentions == pytest.approx(1.0)
     assert r.three_class_accuracy == pytest.approx(2 / 5) and r.n_three_class == 5
     with pytest.raises(ValueError):
         judge_agreement([1, 2], [1])
@@ -247,11 +247,13 @@ def _iaa(value: float, low: float, high: float):
     return replace(IAA_HAND, pairwise_agreement_decisive=value, pairwise_agreement_decisive_ci=ci)
 
 
-def _rm(agreement: float, low: float, high: float, n: int = 500) -> RewardModelAgreement:
-    return RewardModelAgreement(
+def _rm(agreement: float, low: float, high: float, n: int = 500) -> Agreement:
+    return Agreement(
         n_items=n, n=n, n_agree=round(agreement * n), agreement=agreement,
         ci=ConfidenceInterval(low, high, 0.95, "test"),
-        n_expert_tie=0, n_expert_no_majority=0, n_rm_tie=0, agreement_excluding_rm_ties=agreement,
+        n_expert_tie=0, n_expert_no_majority=0, n_tie=0, n_unparsed=0, n_unparsed_total=0,
+        agreement_excluding_abstentions=agreement, three_class_accuracy=agreement, n_three_class=n,
+        tie_agreement=0.0,  # NaN would be the honest value without expert ties, but NaN != NaN in a comparison
     )
 
 
@@ -331,7 +333,7 @@ def test_unmeasured_rm_is_locked():
     assert json.loads(d.to_json())["rm_agreement"] is None
 
 
-def _manifest_metrics(rm: RewardModelAgreement, iaa) -> dict:
+def _manifest_metrics(rm: Agreement, iaa) -> dict:
     """The reward-model manifest's metrics as read back from JSON (NaN recorded as null)."""
     return json.loads(json.dumps({"rm_agreement": rm.to_dict(), "inter_annotator_agreement": iaa.to_dict(),
                                   "train_loss": 0.5}))
@@ -344,7 +346,7 @@ def test_decide_from_metrics_equals_the_rule_on_the_dataclasses():
     assert decide_from_metrics(metrics) == ppo_unlock_decision(rm, iaa)
     forced = decide_from_metrics(metrics, override=True, override_reason="ablation")
     assert forced.unlocked and forced.rule_verdict is False and forced.override_reason == "ablation"
-    assert RewardModelAgreement.from_dict(metrics["rm_agreement"]) == rm
+    assert Agreement.from_dict(metrics["rm_agreement"]) == rm
     # 0.625 decisive IAA on the hand matrix survives the JSON round trip; an RM at 0.7 beats it
     d = decide_from_metrics(_manifest_metrics(_rm(0.7, 0.6, 0.8), IAA_HAND))
     assert d.inter_annotator_agreement == pytest.approx(0.625) and d.iaa_n == 8 and d.unlocked
@@ -361,7 +363,7 @@ def test_decide_from_metrics_restores_nan_and_names_missing_keys():
     with pytest.raises(ValueError, match="missing fields \\['n_agree'\\]"):
         bad = unmeasured.to_dict()
         del bad["n_agree"]
-        RewardModelAgreement.from_dict(bad)
+        Agreement.from_dict(bad)
 
 
 # ------------------------------------------------------------------------------------------
@@ -431,8 +433,8 @@ def test_pandalm_gpt35_judge_agreement(pandalm):
     assert (r.n_items, r.n, r.n_agree) == (999, 894, 692)
     assert r.agreement == pytest.approx(0.774049, abs=1e-4)
     assert (r.ci.low, r.ci.high) == pytest.approx((0.745496, 0.800257), abs=1e-4)
-    assert (r.n_expert_tie, r.n_judge_tie, r.n_judge_unparsed, r.n_judge_unparsed_total) == (105, 33, 12, 25)
-    assert r.agreement_excluding_judge_abstentions == pytest.approx(0.815077, abs=1e-4)
+    assert (r.n_expert_tie, r.n_tie, r.n_unparsed, r.n_unparsed_total) == (105, 33, 12, 25)
+    assert r.agreement_excluding_abstentions == pytest.approx(0.815077, abs=1e-4)
     assert r.three_class_accuracy == pytest.approx(0.697698, abs=1e-4)
 
 
