@@ -5,9 +5,9 @@ the stages run it (DPO's LM head and the reward model's score head in fp32: ``dp
 ``rlhf.precision.keep_in_fp32``), activation checkpointing off in both. Printed per stage: seconds per step (and
 the bf16/fp32 ratio), the loss at every step in each precision and the largest drift, plus what
 ``precision: auto`` picks for the stage here (rlhf.precision) and whether that matches the measurement (bf16 only
-where it is native and faster). The loss drift after a few steps mixes rounding with the updates it causes, so it
-is printed, not decided on; what bf16 does to the numbers DPO and the reward model decide on (per-sequence
-log-probabilities, scores) is measured by ``benchmarks/logprob_precision.py``.
+where it is native and faster, and the stage is not kept fp32 for what bf16 does to its numbers). The loss drift
+after a few steps mixes rounding with the updates it causes, so it is printed, not decided on; what bf16 does to
+the numbers DPO and the reward model decide on (per-sequence log-probabilities, margins, scores) is measured by ``benchmarks/logprob_precision.py``.
 
 On a device without native bf16 (a CPU without avx512_bf16 / amx_bf16), bf16 would be emulated: the benchmark
 says so and measures fp32 only, unless ``--emulated-bf16`` asks to time the emulation anyway (labelled as such).
@@ -120,11 +120,14 @@ def main() -> None:
         if native or args.emulated_bf16:
             bf16 = run_stage(stage, path, args.steps, True, args.rows)
             drift = max(abs(a - b) / max(abs(a), 1e-9) for a, b in zip(fp32["losses"], bf16["losses"]))
-            ok = native and bf16["step_s"] < fp32["step_s"]
+            from rlhf.precision import FP32_UNDER_AUTO
+
+            ok = native and bf16["step_s"] < fp32["step_s"] and stage not in FP32_UNDER_AUTO
             line += (f"\n{'':13s} bf16 {bf16['step_s']:6.2f} s/step  losses {[round(x, 4) for x in bf16['losses']]}"
                      f"{'' if native else ' (EMULATED)'}\n{'':13s} bf16/fp32 step time {bf16['step_s'] / fp32['step_s']:.2f}x, "
                      f"max relative loss drift {100 * drift:.2f}% -> measured choice {'bf16' if ok else 'fp32'}, "
-                     f"auto picks {auto} ({'agrees' if (auto == 'bf16') == ok else 'DISAGREES: update rlhf.precision'})")
+                     f"auto picks {auto} ({'agrees' if (auto == 'bf16') == ok else 'DISAGREES: update rlhf.precision'})"
+                     + (f"\n{'':13s} kept fp32 under auto: {FP32_UNDER_AUTO[stage]}" if stage in FP32_UNDER_AUTO else ""))
         else:
             line += f"  auto picks {auto}"
         print(line, flush=True)
