@@ -7,7 +7,8 @@ the bf16/fp32 ratio), the loss at every step in each precision and the largest d
 ``precision: auto`` picks for the stage here (rlhf.precision) and whether that matches the measurement (bf16 only
 where it is native and faster, and the stage is not kept fp32 for what bf16 does to its numbers). The loss drift
 after a few steps mixes rounding with the updates it causes, so it is printed, not decided on; what bf16 does to
-the numbers DPO and the reward model decide on (per-sequence log-probabilities, margins, scores) is measured by ``benchmarks/logprob_precision.py``.
+the numbers DPO and the reward model decide on (per-sequence log-probabilities, margins, scores) is measured
+by ``benchmarks/logprob_precision.py``.
 
 On a device without native bf16 (a CPU without avx512_bf16 / amx_bf16), bf16 would be emulated: the benchmark
 says so and measures fp32 only, unless ``--emulated-bf16`` asks to time the emulation anyway (labelled as such).
