@@ -1,5 +1,5 @@
 """Resolve training precision per device by measurement, not assumption (DESIGN.md: bf16 only where the hardware
-has it, and log the choice; issue 12).
+has it, and log the choice).
 
 ``auto`` picks bf16 autocast only where the device computes bf16 natively (``rlhf.machine.native_bf16``: CUDA
 capability 8.0+, or a CPU whose /proc/cpuinfo lists avx512_bf16 / amx_bf16); a CPU without those flags emulates
@@ -20,8 +20,8 @@ logger = logging.getLogger(__name__)
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
-#: Stages kept at fp32 under ``auto`` even where bf16 is native, and the measured reason (issue 12's figures,
-#: re-measured by benchmarks/precision.py).
+#: Stages kept at fp32 under ``auto`` even where bf16 is native, and the measured reason (figures measured with
+#: benchmarks/precision.py, which re-measures them).
 FP32_UNDER_AUTO = {
     "dpo": "bf16 drift changes DPO's loss (0.651 bf16 vs 0.685 fp32 at step 2) and its ln 2 step-0 check",
     "reward_model": "bf16 drift changes held-out scores, which decide agreement and must reproduce after reload",
