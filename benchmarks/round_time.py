@@ -1,15 +1,16 @@
-"""Round wall time, peak memory, and rerun time against the first run (issue targets).
+"""Round wall time, peak memory, and rerun time against the first run (the project's targets).
 
 Targets (2-core CPU, no GPU): demo round < 25 min with peak RSS < 8 GB; smoke round < 3 min; a rerun of an
 unchanged round < 5% of the first run's time. Baseline for the ratio: the first run, measured in the same
 invocation. Peak memory is the largest max-RSS of the round's processes (each stage is its own process).
 
-The first run is split (issue 12) from the stage manifests: training (each training stage's ``train()`` loop,
+The first run is split from the stage manifests: training (each training stage's ``train()`` loop,
 ``metrics.efficiency.train_seconds``), generation (the gate stage's answers, ``generation_seconds``), judging (the
 RM's held-out scoring + reload check and the gates' judge/intent/refusal scoring, ``judging_seconds``) and fixed
 overhead (the rest: process start, imports, model loading, data preparation, saving, Prefect), each with its share
-of the round; plus each stage's threads, tokens/s and MFU. Issue 12's target: a demo round in at most 0.65x of
-the time before it (about 950 s quiet, 1,410 s under load).
+of the round; plus each stage's threads, tokens/s and MFU. Target of the changes that use the whole machine
+(threads per process, measured precision, full generation batches): a demo round in at most 0.65x of the time
+before them (about 950 s quiet, 1,410 s under load).
 
     python benchmarks/round_time.py --preset smoke
     python benchmarks/round_time.py --preset demo
@@ -17,7 +18,7 @@ the time before it (about 950 s quiet, 1,410 s under load).
 
 ``--baseline-ref``: after this tree's round, the same round at a git commit (checked out into a temporary detached
 worktree, run with that tree's code), so the ratio against the code before a change is measured in the same run;
-issue 12's baseline is 651575e (the commit before it).
+for the 0.65x target the baseline is 651575e (the last commit before those changes).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main() -> None:
     ap.add_argument("--preset", default="smoke", choices=sorted(TARGETS))
     ap.add_argument("--keep", action="store_true", help="Keep the runs directory.")
     ap.add_argument("--baseline-ref", help="Also run the round at this git commit (the named baseline) and print the "
-                    "ratio (issue 12: 651575e).")
+                    "ratio (651575e: the code before the 0.65x target's changes).")
     args = ap.parse_args()
     runs = Path(tempfile.mkdtemp(prefix="bench-runs-"))
     first = run_round(args.preset, runs, "bench")

@@ -1,4 +1,4 @@
-"""Scale-out overheads (issue 11, point 6): a stage through the flow vs the same training launched directly with TRL,
+"""Scale-out overheads: a stage through the flow vs the same training launched directly with TRL,
 and the gate stage's generation throughput on 1 and 2 processes, in one run.
 
 1. SFT (smoke recipe, tiny model) through the flow: a Prefect flow whose task calls ``flows.stages.run_stage``

@@ -1,4 +1,4 @@
-"""Training step time of the project's SFT and DPO stages against plain TRL on the same rows (issue 12).
+"""Training step time of the project's SFT and DPO stages against plain TRL on the same rows.
 
 Three variants per stage, each in its own process, interleaved ``--repeats`` times, median reported:
 

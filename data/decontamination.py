@@ -5,7 +5,7 @@ GPT-3, Brown et al. 2020, appendix C; PaLM, Chowdhery et al. 2022, section 8). B
 reward model train, their prompts are checked against every gate suite of the round (DESIGN.md: "Training
 data is decontaminated against every gate suite ... before a stage trains").
 
-API (small on purpose; other stages and issues reuse it):
+API (small on purpose; other stages and tools reuse it):
 
 * :func:`normalise` - NFKC, lower case, whitespace collapsed to one space, stripped.
 * :func:`prompt_hash` - SHA-256 of the normalised text: equal hashes = the same prompt up to case and spacing.

@@ -224,7 +224,8 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     check_recipes_task(params, [name for name in STAGES if name != "ppo" or params.ppo_override])
     (round_dir / UNLOCK_FILE).unlink(missing_ok=True)  # this round's decision, never a stale one
 
-    # Training data is checked against every gate suite of this round before a stage trains (issue 8).
+    # Training data is checked against every gate suite of this round before a stage trains: a gate scored on
+    # prompts a model trained on measures memory, not the model.
     gate_suites_file(params, round_dir)
     dirs: dict[str, str] = {}
     sft = stage_task("sft", params, round_dir, dirs, [])

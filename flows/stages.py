@@ -7,7 +7,7 @@ inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent st
 the version of the code the stage runs (exactly the modules it imports, ``rlhf.lineage.stage_code_modules``). A
 matching key next to a finished manifest means the stage is skipped.
 
-Resume (issue 11, point 4): the key is also written at a stage's start (``ATTEMPT_KEY_FILE``). A rerun that finds an
+Resume: the key is also written at a stage's start (``ATTEMPT_KEY_FILE``). A rerun that finds an
 unfinished folder (no manifest) started with the same key and holding a complete Trainer checkpoint keeps the
 folder and launches the stage with ``--resume_from_checkpoint <newest complete checkpoint>`` (rlhf/resume.py);
 anything else (other inputs, ``force``, no complete checkpoint, a stage without Trainer checkpoints such as PPO)
@@ -119,7 +119,8 @@ def launch_command(
     --output_dir <dir> ...``.
 
     T = physical cores of this node (within its CPU affinity) // processes on the node (rlhf.machine): without it
-    accelerate sets ``OMP_NUM_THREADS=1`` and a stage runs on one core of two (issue 12: DPO 93-96 s vs 58.5-59.5 s).
+    accelerate sets ``OMP_NUM_THREADS=1`` and a stage runs on one core of two (measured on a 2-core CPU: the DPO
+    stage took 93-96 s that way vs 58.5-59.5 s with T = 2).
     """
     from rlhf.machine import threads_per_process
 

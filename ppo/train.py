@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         "seconds_per_step": train_seconds / max(len(history), 1),
         "seconds_total": time.time() - started,
         "num_processes": accelerator.num_processes,
-        "threads": torch.get_num_threads(),  # issue 12: the flow's --num_cpu_threads_per_process reaches the stage
+        "threads": torch.get_num_threads(),  # shows the flow's --num_cpu_threads_per_process reached the stage
         "efficiency": {"threads": torch.get_num_threads(), "train_seconds": train_seconds},
         "pi_ref_unchanged": True,  # verify_hash raised otherwise
         "history": history,

@@ -1,4 +1,4 @@
-"""What a training stage reports about its own efficiency (issue 12): threads, tokens/s, padding share and model
+"""What a training stage reports about its own efficiency: threads, tokens/s, padding share and model
 FLOPs utilisation, plus length-grouped batches for TRL trainers.
 
 MFU follows the PaLM paper's convention (Chowdhery et al. 2022, appendix B): a training token costs 6·N FLOPs
@@ -110,7 +110,7 @@ class EpochSeededLengthGroupedSampler(_length_grouped_sampler_class()):
 
     With the global RNG the order of a later epoch depends on everything that drew random numbers before it
     (dropout, the step-0 check), so a run resumed in the middle of epoch 2 drew other batches than the run it
-    continues (measured: DPO final loss 0.6604 vs 0.6632 uninterrupted; issue 11). Now it is a function of
+    continues (measured: DPO final loss 0.6604 vs 0.6632 uninterrupted). Now it is a function of
     ``(seed, epoch)`` alone: the same on every resume and on every process.
     """
 

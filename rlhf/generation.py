@@ -205,7 +205,7 @@ def generate_report(
             bar.set_postfix(batch=len(idx), tok_s=f"{produced / max(time.perf_counter() - t0, 1e-9):.1f}")
         return done
 
-    # Data parallel (issue 11): each process generates a contiguous share of the length-sorted order; all get all.
+    # Data parallel: each process generates a contiguous share of the length-sorted order; all get all.
     results = map_sharded(run, order, shard=shard)
     outs: list[str] = [""] * len(texts)
     lengths: list[int] = [0] * len(texts)

@@ -1,5 +1,5 @@
 """What this machine offers a stage: physical cores (within the process's CPU affinity), native bf16, and the
-measured matmul peak that model FLOPs utilisation is reported against (issue 12).
+measured matmul peak that model FLOPs utilisation is reported against.
 
 Every function here reads the machine, never a guess: ``/sys`` CPU topology and ``sched_getaffinity`` for cores,
 ``/proc/cpuinfo`` flags or CUDA's capability for bf16, a timed matmul (cached per machine) or a published figure
@@ -262,8 +262,9 @@ def peak_flops(dtype: str = "fp32", *, remeasure: bool = False) -> tuple[float, 
     return flops, f"measured {dtype} matmul peak ({PEAK_CACHE})"
 
 
-#: Largest batch ``auto`` picks: 64 on CPU (issue 12: batch 64 generated 1.72x faster than 16, identical outputs;
-#: a bigger batch only adds padding on the gate suites of 24-50 prompts), 256 on a GPU.
+#: Largest batch ``auto`` picks: 64 on CPU (measured with benchmarks/generation.py: batch 64 generated 1.72x
+#: faster than 16, identical outputs; a bigger batch only adds padding on the gate suites of 24-50 prompts),
+#: 256 on a GPU.
 AUTO_BATCH_CAP = {"cpu": 64, "cuda": 256}
 
 

@@ -1,4 +1,4 @@
-"""Resume as a contract (issue 11, point 4): a TRL stage killed mid-training continues from its last complete
+"""Resume as a contract: a TRL stage killed mid-training continues from its last complete
 Trainer checkpoint, and says so truthfully.
 
 The machinery is transformers' own: the Trainer saves ``<output_dir>/checkpoint-<step>`` every ``save_steps``

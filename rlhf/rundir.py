@@ -1,6 +1,6 @@
 """Round and stage folders: safe round ids, the stage-folder marker, the round lock, a stage's failure reason.
 
-Nothing here trains; it keeps a round from deleting, mixing or hiding work (issue 9):
+Nothing here trains; it keeps a round from deleting, mixing or hiding work:
 
 * Round ids are checked by ``rlhf.round_id.check_round_id`` (one safe folder name, never a path: ``..``,
   ``/abs`` or ``a/b`` would put stage folders outside the runs folder, where a rerun would remove them).

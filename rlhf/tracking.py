@@ -13,7 +13,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROJECT = "rlhf-flywheel"
-RUN_ID_FILE = "wandb_run_id"  # in the stage folder: a resumed stage continues the same W&B run (issue 11)
+RUN_ID_FILE = "wandb_run_id"  # in the stage folder: a resumed stage continues the same W&B run
 _requested = False  # setup_wandb ran in this process
 _run_id: str | None = None
 

@@ -1,12 +1,12 @@
 """Loading a checkpoint without training on random weights, and copying one atomically.
 
 ``from_pretrained`` fills any weight the checkpoint lacks with fresh random values and only logs a notice
-("newly initialized"). A stage that trains or judges from such a model produces a manifest that looks fine
-(issue 9, point 3). ``load_checked`` asks transformers for its loading report (``output_loading_info=True``) and
+("newly initialized"). A stage that trains or judges from such a model produces a manifest that looks fine.
+``load_checked`` asks transformers for its loading report (``output_loading_info=True``) and
 refuses a checkpoint with missing or shape-mismatched weights, naming the file and the tensors. A stage that
 creates a head on purpose (the reward model's ``score``) names it in ``new_heads``.
 
-Before transformers reads anything, ``check_weight_files`` (issue 11, point 2) checks the files themselves against
+Before transformers reads anything, ``check_weight_files`` checks the files themselves against
 the model config: every shard the index names exists and is not empty, every file's header is readable, every tensor
 the index names is in its shard, every tensor the model needs is there (tied weights count once) and has the shape
 the config gives. transformers would otherwise stop with an unnamed I/O error on a zero-byte or missing shard, and

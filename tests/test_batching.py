@@ -1,4 +1,4 @@
-"""rlhf/batching.py: the padding-aware batch plan (hand-worked costs) and generation through it (issue 12 point 3)."""
+"""rlhf/batching.py: the padding-aware batch plan (hand-worked costs) and generation through it."""
 
 from __future__ import annotations
 

@@ -253,7 +253,7 @@ def test_module_exports():
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 13 ("also seen"): an absolute path to a local dataset folder
+# an absolute path to a local dataset folder (once refused with "data file not found")
 # ---------------------------------------------------------------------------------------------
 
 
@@ -268,7 +268,7 @@ def test_absolute_path_to_a_local_dataset_folder_is_read_like_a_hub_folder(tmp_p
     shutil.copy(demo_path("demo:hh_rlhf/pairs_heldout.jsonl"), folder / "data" / "test-00000-of-00001.jsonl")
     (folder / "README.md").write_text("# my pairs\n")
     expected = loaders.load_pairs("demo:hh_rlhf/pairs_train.jsonl")
-    got = loaders.load_pairs(str(folder.resolve()))  # absolute: the issue's "data file not found"
+    got = loaders.load_pairs(str(folder.resolve()))  # absolute: the path that once gave "data file not found"
     assert len(got) == len(expected) == 300
     assert [p.chosen for p in got] == [p.chosen for p in expected]
     assert len(loaders.load_pairs(str(folder), split="test")) == 99

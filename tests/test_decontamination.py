@@ -1,4 +1,4 @@
-"""Issue 8, point 3: training data is checked against every gate suite before a stage trains (data/decontamination.py)."""
+"""Training data is checked against every gate suite before a stage trains (data/decontamination.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11: multi-process launches on CPU (torchrun, gloo), real processes, the tiny model.
+"""Multi-process launches on CPU (torchrun, gloo), real processes, the tiny model.
 
 - The world-size contract: ``RLHF_EXPECTED_WORLD_SIZE`` differing from the launch fails loudly, naming both sizes and
   the launcher variables; ``RLHF_COLLECTIVE_TIMEOUT_S`` reaches the process group.

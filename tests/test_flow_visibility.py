@@ -1,4 +1,4 @@
-"""Issue 8, points 4 and 5: the verdict is visible (final Prefect state, artifacts that render, ordered tables),
+"""The verdict is visible (final Prefect state, artifacts that render, ordered tables),
 files are strict JSON, and a cached rerun keeps the first run's timings."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def test_cached_rerun_keeps_the_first_runs_seconds(tmp_path, monkeypatch):
 
 
 def test_the_flow_hands_the_rounds_gate_suites_to_the_training_stages(tmp_path):
-    """Issue 8, point 3: SFT, DPO and the reward model get the round's gate suites (with the user's gates overrides)."""
+    """SFT, DPO and the reward model get the round's gate suites (with the user's gates overrides)."""
     import yaml
 
     from flows.round import GATE_SUITES_FILE, RoundParameters, gate_suites_file, stage_args

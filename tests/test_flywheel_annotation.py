@@ -209,7 +209,7 @@ def test_decontamination_removes_pairs_seen_in_a_gate_suite(exported):
     assert report["removed"] == ["c2:0:0-1"]
 
 
-# ---- issue 10 points 6-7: an empty export is refused; conflicting labels are errors or listed, never merged ---------
+# ---- an empty export is refused; conflicting labels are errors or listed, never merged -----------------------------
 def _labels(export, **kw):
     return simulate_annotations(export.tasks, truth=lambda d: 1, noise=0.0, p_unlabelled=0.0, **kw)
 

@@ -1,4 +1,4 @@
-"""JSONL and Parquet read the same values the same way (issue 10 points 4-5): a number is epoch seconds in both,
+"""JSONL and Parquet read the same values the same way: a number is epoch seconds in both,
 Arrow timestamp columns by their own unit, ISO strings in Parquet parsed as in JSONL, and a column of a wrong type
 names file, row, field and reason."""
 

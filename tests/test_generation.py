@@ -1,4 +1,4 @@
-"""rlhf/generation.py: prompts over the budget lose content, never the chat template (issue 13.2, TRL #3644)."""
+"""rlhf/generation.py: prompts over the budget lose content, never the chat template (TRL #3644)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _n(tokenizer, text: str) -> int:
 
 
 def _prompt_of(tokenizer, n_tokens: int) -> str:
-    """A user prompt whose rendered chat prompt is exactly ``n_tokens`` tokens (the issue's 1,253)."""
+    """A user prompt whose rendered chat prompt is exactly ``n_tokens`` tokens (1,253: over the 512 default)."""
     words = 10
     while True:
         content = "Context: " + " ".join(f"item{i}" for i in range(words)) + " Paris. " + INSTRUCTION_END

@@ -1,4 +1,4 @@
-"""Issue 9, points 6-10: agreement labels, silent caps, mixed formats, keep_end truncation, hostile text."""
+"""Agreement labels, silent caps, mixed formats, keep_end truncation, hostile text."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 9, point 11: Ctrl-C on ``rlhf round`` stops the stage's whole process group and exits 130; a killed
+"""Ctrl-C on ``rlhf round`` stops the stage's whole process group and exits 130; a killed
 launcher leaves no trainer running."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cluster launch (issue 11, point 3): the rendered sbatch script and Kubernetes manifests against golden files,
+"""Cluster launch: the rendered sbatch script and Kubernetes manifests against golden files,
 the launch command each node runs (parsed by accelerate's own parser), the world-size guard, a submit without
 sbatch, the round's parameter form, the deployments in prefect.yaml, and the retries setting of every task.
 

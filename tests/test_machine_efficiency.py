@@ -1,4 +1,4 @@
-"""Issue 12: every core, measured precision, full generation batches, efficiency in the manifest."""
+"""Every core, measured precision, full generation batches, efficiency in the manifest."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 8, point 5: tests never touch the user's Prefect home or database."""
+"""Tests never touch the user's Prefect home or database."""
 
 from pathlib import Path
 

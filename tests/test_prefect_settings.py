@@ -1,4 +1,4 @@
-"""flows/prefect_settings.py: the settings the project sets are the ones the installed Prefect reads (issue 13.5)."""
+"""flows/prefect_settings.py: the settings the project sets are the ones the installed Prefect reads."""
 
 from __future__ import annotations
 

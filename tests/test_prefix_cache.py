@@ -1,4 +1,4 @@
-"""rlhf/prefix_cache.py: shared prefixes and stored prompts are prefilled once, and answers do not change (issue 12)."""
+"""rlhf/prefix_cache.py: shared prefixes and stored prompts are prefilled once, and answers do not change."""
 
 from __future__ import annotations
 

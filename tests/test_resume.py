@@ -1,4 +1,4 @@
-"""Issue 11, point 4: resume is a contract. SFT and DPO on the tiny model, killed with SIGKILL mid-training and
+"""Resume is a contract. SFT and DPO on the tiny model, killed with SIGKILL mid-training and
 rerun through the flow's stage launcher (flows.stages.run_stage, what every round task calls), end where an
 uninterrupted run ends: same weights, same loss, every step and epoch done, the resumed-from step recorded, the same
 W&B run id. An explicit resume from a missing or corrupt checkpoint is a clear error.

@@ -1,4 +1,4 @@
-"""End to end through the CLI, as a user runs it (issue 13.4 and 13.5): `rlhf round --preset smoke` with a
+"""End to end through the CLI, as a user runs it: `rlhf round --preset smoke` with a
 non-ASCII round id, on Prefect's temporary server with a private PREFECT_HOME. A healthy round prints no ERROR
 line, no traceback and no "Failed to send telemetry"; it ends with exit 0 (pass) or 3 (block), never 1, and its
 artifacts are published under ASCII keys."""

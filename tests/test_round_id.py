@@ -1,4 +1,4 @@
-"""Round ids and artifact keys (issue 13.4; Prefect PR #8860 key rule, #18475)."""
+"""Round ids and artifact keys (Prefect PR #8860 key rule, Prefect #18475)."""
 
 from __future__ import annotations
 

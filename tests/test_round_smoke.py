@@ -77,7 +77,7 @@ def test_each_gate_verdict_follows_from_its_inputs(smoke_round):
     gates = {g["name"]: g for g in report["gates"]}
     agreement = gates["judge_agreement"]["metrics"]["agreement"]
     floor = recipe["judge_floor"]
-    # decided on the interval (issue 8): pass when it clears the floor, block when it lies below, else inconclusive
+    # decided on the interval: pass when it clears the floor, block when it lies below, else inconclusive
     if agreement["n"] == 0:
         expected = "inconclusive"
     elif agreement["ci_low"] >= floor:

@@ -1,4 +1,4 @@
-"""Issue 9, points 1, 2, 5, 7: round ids, the stage-folder marker, the round lock, the gates output folder, and
+"""Round ids, the stage-folder marker, the round lock, the gates output folder, and
 a stage's failure reason reaching the flow whatever the exception is called."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_safe_round_ids_pass(good):
 
 
 def _user_layout(tmp_path: Path) -> tuple[Path, Path]:
-    """A user's folder X with X/sft/IMPORTANT.txt and the runs folder X/runs (the issue's reproduction)."""
+    """A user's folder X with X/sft/IMPORTANT.txt and the runs folder X/runs (a stage path a rerun must not delete)."""
     x = tmp_path / "X"
     (x / "sft").mkdir(parents=True)
     important = x / "sft" / "IMPORTANT.txt"

@@ -1,4 +1,4 @@
-"""rlhf/tracking.py: the W&B gates table shows every gate's metrics (issue 13, "also seen")."""
+"""rlhf/tracking.py: the W&B gates table shows every gate's metrics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11, point 2 (checkpoint part): every load checks the weight files against the model config first and
+"""Every load checks the weight files against the model config first and
 refuses an empty or partial checkpoint, naming the file and the tensor (rlhf.weights.check_weight_files, called
 by load_checked, which SFT, DPO, the reward model and the gates load through, and by PPO's loader)."""
 

@@ -1,4 +1,4 @@
-"""Issue 9, points 3, 4, 12: no training on random weights, a reproducible reward model, ``--report_to none``."""
+"""No training on random weights, a reproducible reward model, ``--report_to none``."""
 
 from __future__ import annotations
 
