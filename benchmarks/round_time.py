@@ -98,7 +98,7 @@ def main() -> None:
         finally:
             subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False)
         print(f"baseline {args.baseline_ref}: {base:.1f} s; this tree / baseline = {first / base:.2f}x"
-              + (" (issue 12 target <= 0.65x: %s)" % ("OK" if first / base <= 0.65 else "MISSED")))
+              + (" (target <= 0.65x: %s)" % ("OK" if first / base <= 0.65 else "MISSED")))
     if not args.keep:
         shutil.rmtree(runs, ignore_errors=True)
 

@@ -11,8 +11,8 @@ Rules (DESIGN.md "Release gates", honesty row):
   Unit: turns (share of turns with at least one). C03 is a heuristic with false positives; its
   cost is measured on a hand-labelled set with :func:`c03_false_positive_cost` and shown next to it.
 
-What counts as an emitted reference (C01/C02 apply to it; :func:`find_citations`), issue 8 -
-citations, not brackets:
+What counts as an emitted reference (C01/C02 apply to it; :func:`find_citations`): citations, not
+brackets:
 
 * the seed's structured marker ``[[cite:KIND:ID]]`` (id = ID), and the explicit ``[doc:ID]`` form
   (several ids separated by ``,`` or ``;`` after the first ``doc:`` id, e.g. ``[doc:a2, b7]``);

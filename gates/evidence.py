@@ -1,4 +1,4 @@
-"""Evidence checks that concern the comparison as a whole, not one gate (issue 8).
+"""Evidence checks that concern the comparison as a whole, not one gate.
 
 Each gate states and checks its own minimum evidence in its module (``win_rate_evidence``,
 ``intent_evidence``, ``probe_evidence``, the judge-agreement interval rule); what lives here is the

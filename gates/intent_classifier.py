@@ -1,4 +1,4 @@
-"""Intents for prompts that carry none: an embedding-based classifier (issue "Release gates", per-intent matrix).
+"""Intents for prompts that carry none: an embedding-based classifier (for the per-intent matrix).
 
 Prompts from the data's own categories (AlpacaEval ``dataset``, MT-bench ``category``, PandaLM
 ``motivation_app``) keep their labels. Unlabelled prompts (production traffic, your own eval set) get the intent

@@ -11,8 +11,8 @@ What was fitted on what (so the held-out figures mean what they say):
   * the logistic regression's weights and its C (chosen from ``C_GRID`` by swapping the two training models:
     fit on one, score on the other) are fitted on the TWO training models of each fold only;
   * the rule-based label and its phrase lists are NOT fitted per fold: they were written earlier while
-    reading all three models' completions (``gates/refusal.py``), then fixed for issue 7 from the issue's
-    examples. The rules column of the measurement is therefore in-sample; the learned column is held out
+    reading all three models' completions (``gates/refusal.py``), then fixed from misclassified
+    examples found in them. The rules column of the measurement is therefore in-sample; the learned column is held out
     in its weights, not in the rules it uses as one feature.
 
 Measurement (``leave_one_model_out``): for each of the three shared XSTest completion sets (llama2new,

@@ -223,7 +223,7 @@ def write_reports(
 
 
 # --------------------------------------------------------------------------------------------
-# contamination (issue 8): per suite, whether any of its prompts was seen in training
+# contamination: per suite, whether any of its prompts was seen in training
 # --------------------------------------------------------------------------------------------
 
 
@@ -245,7 +245,7 @@ def contamination_markdown(seen: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# tracking (issue 8): every gate metric as a number in the W&B run summary
+# tracking: every gate metric as a number in the W&B run summary
 # --------------------------------------------------------------------------------------------
 
 

@@ -61,8 +61,8 @@ class RewardModelJudge(Judge):
 
     def scores(self, prompts: Sequence[Any], responses_a: Sequence[str], responses_b: Sequence[str]):
         """(scores of A, scores of B), two float64 arrays of shape (n,)."""
-        # Both sides in one call (issue 12): one length sort over all 2n texts, full and evenly padded batches.
-        # Each distinct (prompt, response) is scored once (issue 11): two identical answers get the SAME score, an
+        # Both sides in one call: one length sort over all 2n texts, full and evenly padded batches.
+        # Each distinct (prompt, response) is scored once: two identical answers get the SAME score, an
         # exact draw, instead of two values that differ in the last float32 bits with their place in a padded batch
         # (which decided such draws by rounding, and differently on 1 and 2 processes).
         n = len(responses_a)

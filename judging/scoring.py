@@ -103,7 +103,7 @@ def score(
                 done.extend(model(**enc).logits[:, 0].float().cpu().tolist())
         return done
 
-    # Data parallel when ``shard`` (issue 11): each process scores a contiguous share of the sorted order.
+    # Data parallel when ``shard`` : each process scores a contiguous share of the sorted order.
     out = np.empty(len(texts), dtype=np.float64)
     out[order] = np.asarray(map_sharded(run, [int(i) for i in order], shard=shard), dtype=np.float64)
     return out

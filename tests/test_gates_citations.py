@@ -17,11 +17,11 @@ CORPUS = {"a1", "a2", "b7", "c9", "api-7"}
 
 
 def test_marker_parsing():
-    # issue 8: a markdown link's bracket is not a marker, but its URL is an emitted reference
+    # a markdown link's bracket is not a marker, but its URL is an emitted reference
     text = ("Fact [doc:a1]. Two at once [doc:a2, b7; 12]. A link [text](http://x) is not one, nor a[i], "
             "nor a task box [x], nor [citation needed].")
     assert citation_ids(text) == ["a1", "a2", "b7", "12", "http://x"]
-    # numbers in brackets are references only with a reference list (issue 8)
+    # numbers in brackets are references only with a reference list
     assert citation_ids("Numbered [1] and [2].") == []
     assert citation_ids("Numbered [1] and [2].\n\n[1] A. Author, 2020.\n[2] https://e.org/p") == ["ref:1", "https://e.org/p"]
     with pytest.raises(TypeError):
@@ -113,7 +113,7 @@ def test_gate_passes_clean_turns_and_respects_thresholds():
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 8, point 2: citations, not brackets (the demo's false positives)
+# citations, not brackets (the demo's false positives)
 # ---------------------------------------------------------------------------------------------
 
 DEMO_FALSE_POSITIVES = [

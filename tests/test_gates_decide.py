@@ -93,7 +93,7 @@ def test_an_unmeasured_judge_makes_both_win_rate_gates_inconclusive():
 
 
 def test_a_judge_below_the_floor_blocks_and_its_win_rates_cannot_decide():
-    # issue 8: decided on the Wilson interval. 70 of 100 recovered: a = 0.70, CI 0.604-0.781 wholly below 0.85
+    # decided on the Wilson interval. 70 of 100 recovered: a = 0.70, CI 0.604-0.781 wholly below 0.85
     judge = judge_agreement(np.r_[np.ones(70), 2 * np.ones(30)].astype(int), np.ones(100, dtype=int))
     v = verdicts(decide(replace(healthy(), judge=judge), GateStageConfig()))
     assert v["judge_agreement"] == "block" and v["length_controlled_win_rate"] == "inconclusive"
@@ -105,7 +105,7 @@ def test_a_judge_below_the_floor_blocks_and_its_win_rates_cannot_decide():
 
 
 def test_capability_is_inconclusive_when_no_answer_parses_and_names_the_counts():
-    # issue 13.1: unparsed answers are left out (never counted wrong); the gate decides on items both sides parsed
+    # unparsed answers are left out (never counted wrong); the gate decides on items both sides parsed
     m = replace(healthy(), capability_letters={"candidate": [None] * 20, "baseline": [None] * 20})
     cap = {r.name: r for r in decide(m, GateStageConfig())}["capability"]
     assert cap.verdict == "inconclusive"

@@ -1,4 +1,4 @@
-"""Issue 8, point 1: a gate passes only on evidence (minimum evidence per gate, judge floor on the interval,
+"""A gate passes only on evidence (minimum evidence per gate, judge floor on the interval,
 candidate == baseline refused). Each test builds the smallest input and asserts one verdict and its reason."""
 
 import pytest

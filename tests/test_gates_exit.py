@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--n_winrate", "2", "--n_safe", "2", "--n_redteam", "2", "--n_capability", "2", "--n_sycophancy", "2",
          "--capability_min_parsed", "1", "--intent_min_items", "1", "--max_new_tokens", "2",
          "--mc_max_new_tokens", "2", "--max_prompt_tokens", "96", "--report_to", "none",
-         "--allow_same_model", "true"]  # baseline and candidate are the tiny model on purpose (issue 8 refuses it)
+         "--allow_same_model", "true"]  # baseline and candidate are the tiny model on purpose (refused unless allowed)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_rlhf_gates_exits_3_and_accelerate_launch_exits_1_on_a_block(tiny_model_
     )
     assert _verdict(tmp_path / "cli") == "block", cli.stderr[-3000:]
     assert cli.returncode == 3, cli.stderr[-3000:]
-    # issue 13.2: over-long prompts are counted per suite in the manifest and the report (budget 96 tokens here)
+    # over-long prompts are counted per suite in the manifest and the report (budget 96 tokens here)
     from transformers import AutoTokenizer
 
     from rlhf.generation import chat_prompt

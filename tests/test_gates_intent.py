@@ -212,7 +212,7 @@ def test_seed_figure_corrected_effect():
 
 def test_judge_gate_with_effect_shows_attenuation_and_corrected_gap():
     # 20 decisive items, judge agrees on 17: a = 0.85 sits on the floor; its Wilson interval 0.640-0.948
-    # contains it, so the gate is inconclusive (issue 8: decided on the interval, never the point estimate)
+    # contains it, so the gate is inconclusive (decided on the interval, never the point estimate)
     human = np.array([1] * 10 + [2] * 10)
     judge = human.copy()
     judge[:3] = 2

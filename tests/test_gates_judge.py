@@ -73,7 +73,7 @@ def test_judge_agreement_hand_worked_with_ties():
 
 
 def test_judge_gate():
-    # issue 8: decided on the Wilson interval. 190/200: CI 0.910-0.973, wholly above 0.85 -> pass
+    # decided on the Wilson interval. 190/200: CI 0.910-0.973, wholly above 0.85 -> pass
     good = judge_agreement([1] * 190 + [2] * 10, [1] * 200)
     assert judge_agreement_gate(good).verdict == "pass"
     # 90/100 = 0.90 but CI 0.826-0.945 reaches below the floor -> inconclusive, not a pass

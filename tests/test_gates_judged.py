@@ -80,7 +80,7 @@ def test_the_default_judge_needs_the_reward_model_and_another_judge_does_not(tin
 
     with pytest.raises(ValueError, match="--reward_model_dir: the default judge"):
         resolve_models(GateStageConfig(baseline_dir=tiny_model_dir, candidate_dir=tiny_model_dir,
-                                       allow_same_model=True))  # the same model on purpose (issue 8 refuses it)
+                                       allow_same_model=True))  # the same model on purpose (refused unless allowed)
     models = resolve_models(GateStageConfig(baseline_dir=tiny_model_dir, candidate_dir=tiny_model_dir,
                                             judge={"backend": "labels", "labels": "labels.jsonl"},
                                             allow_same_model=True))

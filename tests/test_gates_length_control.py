@@ -1,6 +1,6 @@
 """Length control on AlpacaEval's published annotations (demo bundle copy): gpt-3.5-turbo-1106 vs its concise
 variant. The concise prompt shortens answers, and the judge favours length, so raw win rates overstate the gap
-between the two; controlling for length must narrow it (issue "Release gates")."""
+between the two; controlling for length must narrow it."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def test_drift_plot(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 8, point 5: no empty bucket drawn as a value, every error bar the real interval, clipped drift band
+# no empty bucket drawn as a value, every error bar the real interval, clipped drift band
 # ---------------------------------------------------------------------------------------------
 
 

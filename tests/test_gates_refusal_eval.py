@@ -1,4 +1,4 @@
-"""Refusal classification that holds on unseen models (issue 7, point 3): pattern fixes, leave-one-model-out
+"""Refusal classification that holds on unseen models: pattern fixes, leave-one-model-out
 agreement with XSTest's humans vs XSTest's string match, the classifier's error in the gate, and the LLM-judge
 prompt and parser."""
 
@@ -32,7 +32,7 @@ from gates.refusal_eval import (
 from judging.intervals import Rate
 
 # ---------------------------------------------------------------------------------------------
-# pattern fixes (issue 7's examples)
+# pattern fixes (replies the earlier rules misread)
 # ---------------------------------------------------------------------------------------------
 
 

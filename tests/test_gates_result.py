@@ -67,7 +67,7 @@ def test_to_dict_is_strict_json_with_plain_types():
     back = json.loads(text)
     assert back["metrics"]["m"] == {"value": None, "ci_low": None, "ci_high": None, "n": 0,
                                     "direction": "lower_is_better", "unit": "percent",
-                                    "null_reason": "not measurable on n = 0 items"}  # issue 8: null with a reason
+                                    "null_reason": "not measurable on n = 0 items"}  # null with a reason
     assert back["table"] == [{"a": 3, "b": 0.25, "c": None}]
     assert type(d["table"][0]["a"]) is int and type(d["table"][0]["b"]) is float
     assert back["verdict"] == "block" and back["name"] == "g" and back["version"] == "2"

@@ -12,7 +12,7 @@ import pytest
 def judge_dir(tmp_path_factory, tiny_model_dir):
     """A reward-model stage directory: a tiny sequence classifier with a saved score head, a manifest, and
     60 held-out judgments that all pick the experts' side (judge agreement 60/60: its Wilson interval 0.940-1.000
-    clears the 0.85 floor; 10/10 would not, 0.722-1.000, issue 8)."""
+    clears the 0.85 floor; 10/10 would not, 0.722-1.000)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     root = tmp_path_factory.mktemp("reward_model")
@@ -46,7 +46,7 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
              "--max_new_tokens", "4", "--mc_max_new_tokens", "4"]
     rc = main(["--output_dir", str(out), "--baseline_dir", tiny_model_dir, "--candidate_dir", tiny_model_dir,
                "--reward_model_dir", str(judge_dir), "--ppo_unlock_json", str(unlock), "--report_to", "none",
-               "--round_id", "t", "--allow_same_model", "true", *small])  # the same model on purpose (issue 8)
+               "--round_id", "t", "--allow_same_model", "true", *small])  # the same model on purpose (refused unless allowed)
 
     manifest = json.loads((out / "manifest.json").read_text())
     gates = manifest["metrics"]
@@ -70,7 +70,7 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
 
 
 def test_gate_stage_refuses_a_candidate_that_is_the_baseline(tmp_path, tiny_model_dir, judge_dir):
-    """Issue 8: the same checkpoint as candidate and baseline is refused before anything is generated."""
+    """The same checkpoint as candidate and baseline is refused before anything is generated."""
     from gates.evaluate import main
 
     with pytest.raises(ValueError, match="candidate and baseline are the same model .*allow_same_model: true"):

@@ -124,7 +124,7 @@ def test_on_demo_rows_with_scripted_answers():
 
 
 def test_sycophancy_reads_wrapped_answers_with_the_capability_parser():
-    """Issue 13.1: the sycophancy probes read answers through the same parser, so "**B**" is an answer, not
+    """The sycophancy probes read answers through the same parser, so "**B**" is an answer, not
     an unparsed item. Hand-worked: 4 initially-correct items, final answers B, **B**, $\\boxed{C}$, "not sure":
     3 parsed, 1 flipped (C != B), 1 unparsed."""
     from gates.capability import grade_mc

@@ -26,7 +26,7 @@ def test_gate_run_with_an_openai_judge_end_to_end(openai_server, tiny_model_dir,
              "agreement_n": 2, "max_concurrency": 2, "cache_dir": str(tmp_path / "cache")}
     small = ["--n_winrate", "2", "--n_safe", "2", "--n_redteam", "2", "--n_capability", "2", "--n_sycophancy", "2",
              "--max_new_tokens", "4", "--mc_max_new_tokens", "4", "--report_to", "none", "--round_id", "e2e",
-             "--allow_same_model", "true"]  # baseline and candidate are the tiny model on purpose (issue 8)
+             "--allow_same_model", "true"]  # baseline and candidate are the tiny model on purpose (refused unless allowed)
 
     def run(out):
         return main(["--output_dir", str(out), "--baseline_dir", tiny_model_dir, "--candidate_dir", tiny_model_dir,
