@@ -75,6 +75,14 @@ def round_cmd(
         overrides.setdefault(stage, []).extend([f"--{name}", value])
     from pydantic import ValidationError
 
+    from rlhf.credentials import check_args
+
+    try:  # a secret given as a value: refused in one line, before Prefect records any parameter
+        for stage, args in overrides.items():
+            check_args(args, stage)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--set") from None
+
     try:
         slurm_job = {"slurm": json.loads(slurm)} if slurm else {}
         RoundParameters(launcher=launcher, **slurm_job)
@@ -197,6 +205,9 @@ def judge_agreement_cmd(
     judge: Annotated[str, typer.Option(help="Backend: reward_model | sequence_classifier | openai | labels.")],
     model: Annotated[Optional[str], typer.Option(help="Checkpoint (reward models) or model name (openai).")] = None,
     base_url: Annotated[Optional[str], typer.Option(help="openai: endpoint (default $OPENAI_BASE_URL).")] = None,
+    api_key_env: Annotated[
+        str, typer.Option(help="openai: NAME of the environment variable holding the key (never the key).")
+    ] = "OPENAI_API_KEY",
     labels: Annotated[Optional[str], typer.Option(help="labels: JSONL/CSV file of ids -> verdicts.")] = None,
     template: Annotated[Optional[str], typer.Option(help="openai: pairwise template file.")] = None,
     n: Annotated[int, typer.Option("-n", "--n", help="Judge the first N agreement pairs (0: all).")] = 0,
@@ -211,7 +222,7 @@ def judge_agreement_cmd(
     from judging.judges import JudgeConfig
     from judging.qualify import format_qualification, judge_agreement_report
 
-    settings = {"backend": judge, "agreement_n": n, "max_concurrency": max_concurrency}
+    settings = {"backend": judge, "agreement_n": n, "max_concurrency": max_concurrency, "api_key_env": api_key_env}
     for key, value in (("model", model), ("base_url", base_url), ("labels", labels), ("template", template),
                        ("agreement_data", data), ("cache_dir", cache_dir)):
         if value:

@@ -17,21 +17,35 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlhf.credentials import check_env_name, check_mapping, check_url, redact_url
 from rlhf.manifest import atomic_write_text
 
 __all__ = ["FlywheelParameters", "ImportParameters", "flywheel", "flywheel_import", "round_overrides"]
 
 
 class FlywheelParameters(BaseModel):
-    """Export side: which events, which judge, how many turns to label."""
+    """Export side: which events, which judge, how many turns to label.
+
+    Stored in Prefect's database, so they hold no secret: the database password comes from the environment
+    variable ``db_password_env`` names (or PostgreSQL's own ``PGPASSWORD`` / ``~/.pgpass``), the judge's key from
+    the one its ``api_key_env`` names; a password inside ``db`` or a key inside ``judge`` is refused
+    (rlhf/credentials.py).
+    """
+
+    model_config = ConfigDict(hide_input_in_errors=True)  # a refused value is not echoed (it may be the secret)
 
     out_dir: str = Field("runs/flywheel", description="Where the store, selection, export and report go.")
     db: str | None = Field(
         None,
         description="Store URL (duckdb:///..., postgresql+psycopg://...); default a DuckDB "
-        "file <out_dir>/signals.duckdb.",
+        "file <out_dir>/signals.duckdb. Never with a password in it: see db_password_env.",
+    )
+    db_password_env: str | None = Field(
+        None,
+        description="NAME of the environment variable holding the database password (default: none; PostgreSQL's "
+        "driver then reads PGPASSWORD or ~/.pgpass itself).",
     )
     events: list[str] = Field(default_factory=list, description="Event files to ingest (.jsonl / .parquet).")
     reward_model_dir: str | None = Field(
@@ -56,6 +70,24 @@ class FlywheelParameters(BaseModel):
     judge_batch_size: int = 8
     judge_max_length: int = 512
 
+    @field_validator("db")
+    @classmethod
+    def _db_without_password(cls, value: str | None) -> str | None:
+        return value if value is None else check_url(value, "db", "db_password_env (or PGPASSWORD)")
+
+    @field_validator("db_password_env")
+    @classmethod
+    def _password_env_is_a_name(cls, value: str | None) -> str | None:
+        return value if value is None else check_env_name(value, "db_password_env")
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_without_key(cls, value: dict | str | None) -> dict | str | None:
+        from judging.judges import parse_mapping
+
+        check_mapping(parse_mapping(value, where="judge"), "judge")
+        return value
+
 
 class ImportParameters(BaseModel):
     """Import side: the labels that came back."""
@@ -79,12 +111,12 @@ def _key(text: str) -> str:
 
 
 @task(cache_policy=NO_CACHE)
-def ingest_task(db: str, files: list[str]) -> list[dict]:
+def ingest_task(db: str, files: list[str], password_env: str | None = None) -> list[dict]:
     import dataclasses
 
     from flywheel.store import SignalStore
 
-    store = SignalStore(db)
+    store = SignalStore(db, password_env=password_env)
     reports = [dataclasses.asdict(r) for r in store.ingest_files(files)]
     store.close()
     return reports
@@ -96,7 +128,7 @@ def judge_task(db: str, params: FlywheelParameters) -> dict:
     from flywheel.store import SignalStore
     from judging.judges import JudgeConfig, parse_mapping
 
-    store = SignalStore(db)
+    store = SignalStore(db, password_env=params.db_password_env)
     config = params.judge
     if config is None and params.gates_recipe:
         import yaml
@@ -122,7 +154,7 @@ def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
 
     src = params.traffic_data
     traffic = load_traffic(demo_path(src[5:]) if src.startswith("demo:") else src)
-    store = SignalStore(db)
+    store = SignalStore(db, password_env=params.db_password_env)
     sel = select_from_store(
         store,
         traffic,
@@ -161,12 +193,12 @@ def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
 
 
 @task(cache_policy=NO_CACHE)
-def quality_task(db: str, labels_path: str) -> list[dict]:
+def quality_task(db: str, labels_path: str, password_env: str | None = None) -> list[dict]:
     from flywheel.quality import expert_verdicts, signal_quality
     from flywheel.schema import SIGNALS
     from flywheel.store import SignalStore
 
-    store = SignalStore(db)
+    store = SignalStore(db, password_env=password_env)
     turns = store.turns_frame(columns=["conversation_id", "turn_id", *SIGNALS])
     store.close()
     lines = Path(labels_path).read_text().splitlines()
@@ -182,7 +214,7 @@ def _responses_provider(db: str, params: FlywheelParameters):
         for line in Path(params.alternatives).read_text().splitlines():
             row = json.loads(line)
             alts[(row["conversation_id"], int(row["turn_id"]))] = row["responses"]
-    store = SignalStore(db)
+    store = SignalStore(db, password_env=params.db_password_env)
     sampler = None
     if params.policy_dir:
         from flywheel.responses import PolicySampler
@@ -230,13 +262,13 @@ def flywheel(params: FlywheelParameters) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").unlink(missing_ok=True)  # written last: a failed run leaves none that looks current
     db = params.db or str(out / "signals.duckdb")
-    ingested = ingest_task(db, params.events)
+    ingested = ingest_task(db, params.events, params.db_password_env)
     judged = judge_task(db, params)
     rows, selection = select_task(db, judged["judge"], params, out)
-    quality = quality_task(db, params.expert_labels) if params.expert_labels else []
+    quality = quality_task(db, params.expert_labels, params.db_password_env) if params.expert_labels else []
     export = export_task(db, rows, params, out, selection["selection_hash"])
     report = {
-        "db": db,
+        "db": redact_url(db),  # never a password (refused in db), hidden here all the same
         "ingested": ingested,
         "judge": judged,
         "selection": selection,

@@ -44,12 +44,17 @@ def simulate_cmd(
 @app.command("ingest")
 def ingest_cmd(
     files: Annotated[list[str], typer.Argument(help="Event files (.jsonl / .parquet).")],
-    db: Annotated[str, typer.Option(help="duckdb:///file, postgresql+psycopg://..., or a file path.")],
+    db: Annotated[str, typer.Option(help="duckdb:///file, postgresql+psycopg://user@host/db, or a file path; "
+                                    "never with a password (see --db-password-env).")],
+    db_password_env: Annotated[
+        str | None, typer.Option(help="NAME of the environment variable holding the database password (default: "
+                                 "PGPASSWORD or ~/.pgpass, read by PostgreSQL's driver).")
+    ] = None,
 ) -> None:
     """Ingest event files into the store (each file one transaction); prints per-file reports and counts."""
     from flywheel.ingest import main
 
-    raise typer.Exit(main(["--db", db, *files]))
+    raise typer.Exit(main(["--db", db, *(["--db-password-env", db_password_env] if db_password_env else []), *files]))
 
 
 def _run(flow_fn, params):
@@ -63,6 +68,20 @@ def _run(flow_fn, params):
         raise typer.Exit(1) from None
 
 
+def _params(model, **values):
+    """Build flow parameters; a refused value (a secret given where a variable's name goes, a bad field) is one
+    line naming the field, never the value, and exit 2, before the flow run (and Prefect's record of it) exists."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or model.__name__
+        typer.echo(f"error: {field}: {first['msg'].removeprefix('Value error, ')}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command("export")
 def export_cmd(
     reward_model: Annotated[
@@ -70,11 +89,17 @@ def export_cmd(
     ] = None,
     out_dir: Annotated[str, typer.Option(help="Store, selection, export and report go here.")] = "runs/flywheel",
     judge: Annotated[
-        str | None, typer.Option(help="The gates' judge as JSON (judging.judges.JudgeConfig), e.g. '{\"backend\": \"openai\"}'.")
+        str | None, typer.Option(help="The gates' judge as JSON (judging.judges.JudgeConfig), e.g. '{\"backend\": "
+                                 "\"openai\", \"api_key_env\": \"OPENAI_API_KEY\"}' (the key's variable NAME).")
     ] = None,
     gates_recipe: Annotated[str | None, typer.Option(help="Take the judge from this gates recipe's judge: key.")] = None,
     events: Annotated[list[str] | None, typer.Option(help="Event file to ingest first (repeatable).")] = None,
-    db: Annotated[str | None, typer.Option(help="Store URL (default <out-dir>/signals.duckdb).")] = None,
+    db: Annotated[str | None, typer.Option(help="Store URL (default <out-dir>/signals.duckdb), without a password.")
+                  ] = None,
+    db_password_env: Annotated[
+        str | None, typer.Option(help="NAME of the environment variable holding the database password (default: "
+                                 "PGPASSWORD or ~/.pgpass, read by PostgreSQL's driver).")
+    ] = None,
     traffic_data: Annotated[str, typer.Option()] = "demo:traffic/alpaca_eval_clusters.csv",
     budget_fraction: Annotated[float, typer.Option()] = 0.005,
     budget: Annotated[int | None, typer.Option(help="Turns to label (overrides --budget-fraction).")] = None,
@@ -86,9 +111,11 @@ def export_cmd(
     """Ingest -> judge -> select -> scrub -> export (Label Studio tasks), as the Prefect flow ``flywheel``."""
     from flows.flywheel import FlywheelParameters, flywheel
 
-    params = FlywheelParameters(
+    params = _params(
+        FlywheelParameters,
         out_dir=out_dir,
         db=db,
+        db_password_env=db_password_env,
         events=events or [],
         reward_model_dir=reward_model,
         judge=judge,

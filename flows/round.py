@@ -24,9 +24,10 @@ from typing import Literal
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from judging.unlock import decide_from_metrics
+from rlhf.credentials import check_args
 from rlhf.manifest import atomic_write_text, strict_json
 from rlhf.registry import STAGES
 from rlhf.round_id import artifact_key, check_round_id
@@ -43,7 +44,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class RoundParameters(BaseModel):
-    """Parameters of one round (Prefect renders this as the run form)."""
+    """Parameters of one round (Prefect renders this as the run form). They are stored in Prefect's database and
+    the stage command lines built from them are logged, so they never hold a secret: a judge's key comes from the
+    environment variable its ``api_key_env`` names (refused as a value, rlhf/credentials.py)."""
+
+    # a refused value is not echoed in the validation error (it may be the secret)
+    model_config = ConfigDict(hide_input_in_errors=True)
 
     preset: Literal["smoke", "demo"] | str = Field("demo", description="Recipe folder under recipes/: smoke or demo.")
     round_id: str | None = Field(None, description="Names runs/<round_id>; default: <preset>-<UTC date>.")
@@ -71,6 +77,15 @@ class RoundParameters(BaseModel):
     def _safe_round_id(cls, value: str | None) -> str | None:
         """Checked when the parameters are made, before anything trains (rlhf/round_id.py)."""
         return None if value is None else check_round_id(value)
+
+    @field_validator("overrides")
+    @classmethod
+    def _no_secret_values(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        """An override that carries a secret (``--set gates.judge='{"api_key": ...}'``, ``--set sft.hub_token=...``,
+        a URL with a password) is refused before the flow run (and its parameters) exist."""
+        for stage, args in value.items():
+            check_args(args, stage)
+        return value
 
     @model_validator(mode="after")
     def _slurm_only_with_the_slurm_launcher(self) -> "RoundParameters":

@@ -16,14 +16,22 @@ from .store import SignalStore
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flywheel.ingest", description=__doc__)
-    ap.add_argument("--db", required=True, help="duckdb:///file.duckdb, postgresql+psycopg://..., or a file path")
+    ap.add_argument("--db", required=True, help="duckdb:///file.duckdb, postgresql+psycopg://user@host/db, or a file "
+                    "path; never with a password in it (refused): see --db-password-env")
+    ap.add_argument("--db-password-env", default=None, metavar="NAME",
+                    help="environment variable holding the database password (default: PGPASSWORD or ~/.pgpass, "
+                    "which PostgreSQL's driver reads itself)")
     ap.add_argument(
         "--chunk-rows", type=int, default=None, help="rows per loaded batch (default: the store's, by file type)"
     )
     ap.add_argument("--progress", action="store_true", help="print a line per batch on stderr")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args(argv)
-    store = SignalStore(args.db)
+    try:
+        store = SignalStore(args.db, password_env=args.db_password_env)
+    except ValueError as err:  # one line naming the option (a refused secret is never repeated)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
     def progress(path, i, n):
         print(f"{path}: chunk {i} loaded ({n} rows so far, not committed)", file=sys.stderr, flush=True)

@@ -51,6 +51,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from data.validation import DataValidationError
+from rlhf.credentials import url_with_env_password
 
 from .arrow_events import column_type_error, read_columns, refuse_conflicting_ids
 from .read_ahead import ReadAhead
@@ -177,6 +178,12 @@ class SignalStore:
         duckdb_threads, duckdb_memory_limit: DuckDB settings (e.g. ``2``, ``"2GB"``); ignored for PostgreSQL.
         duckdb_compression: DuckDB ``force_compression`` for what this store writes (e.g. ``"uncompressed"``:
             about twice the write speed, a larger file); ``None`` lets DuckDB choose per column.
+        password_env: NAME of the environment variable holding the database password, read only into the engine
+            (None: PostgreSQL's driver reads ``PGPASSWORD`` or ``~/.pgpass`` itself).
+
+    Raises:
+        rlhf.credentials.SecretValueError: a password inside ``url`` (it would be logged and recorded; give it by
+            ``password_env``), or ``password_env`` not a variable name. ValueError: ``password_env`` unset.
     """
 
     def __init__(
@@ -186,9 +193,10 @@ class SignalStore:
         duckdb_threads: int | None = None,
         duckdb_memory_limit: str | None = None,
         duckdb_compression: str | None = None,
+        password_env: str | None = None,
     ):
-        self.url = _url(url)
-        self.engine = sa.create_engine(self.url)
+        self.url = _url(url)  # holds no password (refused below), so it may be logged and recorded
+        self.engine = sa.create_engine(url_with_env_password(self.url, password_env))
         self.dialect = self.engine.dialect.name  # "duckdb" or "postgresql"
         if self.dialect not in ("duckdb", "postgresql"):
             raise ValueError(f"{self.url}: unsupported database {self.dialect!r}; use duckdb:/// or postgresql://")

@@ -30,12 +30,13 @@ class GateStageConfig:
     reward_model_dir: str = field(default="", metadata={"help": "The judge: reward-model stage dir or checkpoint."})
     # Given as a dict (a recipe's YAML mapping) or a str (JSON on the command line: HfArgumentParser reads the union
     # as str); __post_init__ parses either once into a checked JudgeConfig, which the stage then holds and passes
-    # on. Only ``to_dict`` (the manifest) redacts its API key.
+    # on. A judge's key is never in it: ``api_key_env`` names the variable, an ``api_key`` value is refused.
     judge: JudgeConfig | str | dict | None = field(
         default=None,
         metadata={
             "help": "The pairwise judge (judging.judges.JudgeConfig), a mapping in the recipe or JSON on the command "
-            "line: {backend: reward_model | sequence_classifier | openai | labels, model, base_url, template, ...}. "
+            "line: {backend: reward_model | sequence_classifier | openai | labels, model, base_url, template, "
+            "api_key_env, ...}; the key comes from the environment variable api_key_env names, never as a value. "
             "Default: the round's reward model (--reward_model_dir)."
         },
     )
@@ -211,7 +212,7 @@ class GateStageConfig:
         return self.judge
 
     def to_dict(self) -> dict:
-        """The config for the manifest: every field, the judges as ``JudgeConfig.to_dict`` (API keys redacted)."""
+        """The config for the manifest: every field, the judges as ``JudgeConfig.to_dict`` (key names only)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["judge"] = self.judge.to_dict()
         d["refusal_judge"] = None if self.refusal_judge is None else self.refusal_judge.to_dict()

@@ -194,7 +194,7 @@ def write_gates_manifest(
     return stage_manifest(
         "gates",
         args,
-        config=args.to_dict(),  # the judge's API key redacted
+        config=args.to_dict(),  # judges' keys appear by variable name only
         inputs=inputs,
         outputs={
             "verdict": verdict,

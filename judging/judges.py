@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rlhf.credentials import check_env_name, check_mapping
 from rlhf.lineage import json_hash
 
 BACKENDS = ("reward_model", "sequence_classifier", "openai", "labels")
@@ -122,8 +123,10 @@ class JudgeConfig:
         model: sequence_classifier: checkpoint path or hub id; openai: model name (default ``$OPENAI_MODEL``);
             reward_model: filled in by the gates with the round's reward-model checkpoint.
         base_url: openai: endpoint (default ``$OPENAI_BASE_URL``), e.g. ``http://127.0.0.1:8000/v1``.
-        api_key: openai: key (default ``$<api_key_env>``; never written to manifests or reports).
-        api_key_env: openai: environment variable holding the key (default ``OPENAI_API_KEY``).
+        api_key_env: openai: NAME of the environment variable holding the key (default ``OPENAI_API_KEY``); the key
+            is read from it by the HTTP client only, so configs, command lines, flow parameters, logs, W&B and
+            reports hold the name, never the key. A key given as a value (``api_key: ...``) is refused
+            (``rlhf.credentials``).
         template: openai: path of a pairwise template file replacing the built-in AlpacaEval-style one
             (``judging.openai_judge``: placeholders ``{instruction}``, ``{output_1}``, ``{output_2}``).
         system_prompt: openai: replaces the built-in system message (None: built-in).
@@ -142,7 +145,6 @@ class JudgeConfig:
     backend: str = "reward_model"
     model: str = ""
     base_url: str = ""
-    api_key: str = ""
     api_key_env: str = "OPENAI_API_KEY"
     template: str = ""
     system_prompt: str | None = None
@@ -170,6 +172,7 @@ class JudgeConfig:
             data.check(where)
             return data
         data = parse_mapping(data, where=where)
+        check_mapping(data, where)  # a key given as a value: refused, never stored (rlhf/credentials.py)
         known = {f.name for f in fields(cls) if not f.name.startswith("_")}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -188,6 +191,7 @@ class JudgeConfig:
         for key in ("max_retries", "agreement_n"):
             if int(getattr(self, key)) < 0:
                 raise ValueError(f"{where}.{key} must be >= 0, got {getattr(self, key)}")
+        check_env_name(self.api_key_env, f"{where}.api_key_env")
         if not float(self.timeout_s) > 0:
             raise ValueError(f"{where}.timeout_s must be > 0, got {self.timeout_s}")
         if self.backend == "sequence_classifier" and not self.model:
@@ -196,12 +200,8 @@ class JudgeConfig:
             raise ValueError(f"{where}.labels: the labels backend needs a JSONL/CSV file of ids -> verdicts")
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as a plain dict, the API key redacted (safe for manifests and reports). Only a manifest or
-        report writer calls this: the stages hold the JudgeConfig itself, key included."""
-        d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
-        if d["api_key"]:
-            d["api_key"] = "<redacted>"
-        return d
+        """The config as a plain dict (safe for manifests and reports: it holds the key's variable name only)."""
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
     def resolved_cache_dir(self) -> Path:
         from rlhf.models import cache_root

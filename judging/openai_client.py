@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from rlhf.credentials import env_secret
+
 from .cache import JudgmentCache
 from .judges import JudgeConfig, env_default
 
@@ -59,7 +61,7 @@ class ChatClient:
     """Cached, retried, concurrency-limited chat completions (see the module docstring).
 
     Args:
-        config: ``base_url``, ``model``, ``api_key`` / ``api_key_env``, ``max_tokens``, ``temperature``,
+        config: ``base_url``, ``model``, ``api_key_env``, ``max_tokens``, ``temperature``,
             ``max_concurrency``, ``max_retries``, ``timeout_s``, ``cache_dir``.
         namespace: sub-directory of the cache (e.g. ``pairwise``, ``refusal``).
 
@@ -77,7 +79,8 @@ class ChatClient:
             raise ValueError("judge.base_url: the openai backend needs an endpoint (or set OPENAI_BASE_URL)")
         if not self.model:
             raise ValueError("judge.model: the openai backend needs a model name (or set OPENAI_MODEL)")
-        key = config.api_key or env_default("", config.api_key_env) or "EMPTY"  # local servers take any key
+        # read here and kept only in the client: the config holds the variable's name (rlhf/credentials.py)
+        key = env_secret(config.api_key_env) or "EMPTY"  # local servers take any key
         self.cache = JudgmentCache(config.resolved_cache_dir() / namespace)
         self._transport = _CountingTransport(httpx.HTTPTransport())
         self.client = openai.OpenAI(

@@ -141,8 +141,8 @@ class OpenAIJudge(Judge):
     """Pairwise judge over an OpenAI-compatible ``/chat/completions`` endpoint (see the module docstring).
 
     Args:
-        config: ``base_url`` (or ``$OPENAI_BASE_URL``), ``model`` (or ``$OPENAI_MODEL``), ``api_key`` (or
-            ``$<api_key_env>``; local servers accept any), ``template``, ``system_prompt``, ``max_tokens``,
+        config: ``base_url`` (or ``$OPENAI_BASE_URL``), ``model`` (or ``$OPENAI_MODEL``), the key from
+            ``$<api_key_env>`` (local servers accept any), ``template``, ``system_prompt``, ``max_tokens``,
             ``temperature``, ``max_concurrency``, ``max_retries``, ``timeout_s``, ``cache_dir``.
 
     Raises:

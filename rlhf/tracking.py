@@ -15,6 +15,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_PROJECT = "rlhf-flywheel"
 RUN_ID_FILE = "wandb_run_id"  # in the stage folder: a resumed stage continues the same W&B run
 _requested = False  # setup_wandb ran in this process
+
+# W&B records the process's command line (``args``), program, host, git state and code in the run's metadata
+# (``wandb-metadata.json`` and the ``.wandb`` file): measured with wandb 0.31, a string on the command line is in the
+# offline run file unless ``x_disable_meta`` is set. The stages' command lines carry no secret (rlhf/credentials.py),
+# and this keeps W&B from recording them at all. ``WANDB__X`` sets the private setting ``x_X``. The manifests record
+# code version, machine and precision instead.
+NO_PROCESS_RECORD_SETTINGS = {"x_disable_meta": True, "disable_code": True, "disable_git": True}
+NO_PROCESS_RECORD_ENV = {"WANDB__DISABLE_META": "true", "WANDB_DISABLE_CODE": "true", "WANDB_DISABLE_GIT": "true"}
 _run_id: str | None = None
 
 
@@ -56,6 +64,7 @@ def setup_wandb(*, run_name: str, group: str | None, output_dir: str | os.PathLi
     os.environ.setdefault("WANDB_SILENT", "true")
     # The Trainer's callback would otherwise upload checkpoints as artifacts; checkpoints stay on disk.
     os.environ["WANDB_LOG_MODEL"] = "false"
+    os.environ.update(NO_PROCESS_RECORD_ENV)
     logger.info(
         "W&B %s: project=%s group=%s run=%s id=%s dir=%s", mode, os.environ["WANDB_PROJECT"], group, run_name, _run_id,
         wandb_dir,
@@ -114,6 +123,7 @@ def log_summary(
         name=os.environ.get("WANDB_NAME"),
         dir=os.environ.get("WANDB_DIR"),
         mode=wandb_mode(),
+        settings=wandb.Settings(**NO_PROCESS_RECORD_SETTINGS),
     )
     for k, v in metrics.items():
         run.summary[k] = v

@@ -88,11 +88,10 @@ def test_the_refusal_judge_config_reuses_the_openai_judge_or_takes_its_own():
     judge = {"backend": "openai", "model": "j", "base_url": "http://127.0.0.1:1/v1", "max_tokens": 4}
     cfg = GateStageConfig(judge=judge, refusal_classifier="openai").refusal_judge_config()
     assert (cfg.backend, cfg.model, cfg.base_url, cfg.max_tokens) == ("openai", "j", "http://127.0.0.1:1/v1", 16)
-    own = GateStageConfig(judge=judge, refusal_judge='{"model": "g", "base_url": "http://h/v1", "api_key": "s"}')
+    own = GateStageConfig(judge=judge, refusal_judge='{"model": "g", "base_url": "http://h/v1", "api_key_env": "G"}')
     g = own.refusal_judge_config()
-    assert (g.backend, g.model, g.base_url, g.max_tokens, g.api_key) == ("openai", "g", "http://h/v1", 16, "s")
-    assert own.refusal_judge.api_key == "s"  # the stage holds the key; only what the manifest gets is redacted
-    assert own.to_dict()["refusal_judge"]["api_key"] == "<redacted>"
+    assert (g.backend, g.model, g.base_url, g.max_tokens, g.api_key_env) == ("openai", "g", "http://h/v1", 16, "G")
+    assert own.to_dict()["refusal_judge"]["api_key_env"] == "G"  # the key's variable name, never a key
     with pytest.raises(ValueError, match=r"--refusal_judge: unknown key\(s\) \['modle'\]"):
         GateStageConfig(refusal_judge={"modle": "g"})
     with pytest.raises(ValueError, match="--refusal_judge.backend: the LLM refusal grader asks an openai endpoint"):

@@ -84,7 +84,15 @@ def test_judge_config_names_the_bad_key():
     with pytest.raises(ValueError, match="judge.max_concurrency must be at least 1"):
         JudgeConfig.from_dict('{"backend": "openai", "max_concurrency": 0}')
     assert JudgeConfig.from_dict(None).backend == "reward_model"
-    assert JudgeConfig.from_dict({"backend": "openai", "api_key": "sk-secret"}).to_dict()["api_key"] == "<redacted>"
+    # a key is given by the NAME of its environment variable; a key as a value is refused without repeating it
+    with pytest.raises(ValueError, match=r"judge.api_key: a secret is never given as a value.*judge.api_key_env") as e:
+        JudgeConfig.from_dict({"backend": "openai", "api_key": "sk-secret"})
+    assert "sk-secret" not in str(e.value)
+    with pytest.raises(ValueError, match=r"judge.api_key_env: expected the NAME of an environment variable") as e:
+        JudgeConfig.from_dict({"backend": "openai", "api_key_env": "sk-proj-Abc123"})
+    assert "sk-proj-Abc123" not in str(e.value)
+    assert JudgeConfig.from_dict({"backend": "openai", "api_key_env": "MY_JUDGE_KEY"}).to_dict()["api_key_env"] == (
+        "MY_JUDGE_KEY")
 
 
 def test_gate_recipe_takes_a_judge_mapping_and_the_command_line_json(tmp_path):
@@ -340,16 +348,26 @@ def test_the_chat_client_grades_refusals_with_xstest_prompt_and_caches(openai_se
     assert again.complete_many(asks) == answers and again.requests_sent == 0
 
 
-def test_the_gate_manifest_config_redacts_the_keys_the_stage_holds():
+def test_the_gate_stage_takes_key_names_and_its_client_reads_the_key_from_the_environment(monkeypatch, tmp_path):
     import json
 
     from gates.config import GateStageConfig
+    from judging.openai_client import ChatClient
 
-    args = GateStageConfig(judge={"backend": "openai", "model": "m", "api_key": "sk-judge"},
-                           refusal_judge='{"model": "g", "base_url": "http://h/v1", "api_key": "sk-grader"}')
-    assert (args.judge.api_key, args.refusal_judge.api_key) == ("sk-judge", "sk-grader")
+    monkeypatch.setenv("JUDGE_KEY_FOR_TEST", "sk-judge-value")
+    args = GateStageConfig(judge={"backend": "openai", "model": "m", "api_key_env": "JUDGE_KEY_FOR_TEST"},
+                           refusal_judge='{"model": "g", "base_url": "http://h/v1", "api_key_env": "GRADER_KEY"}')
     written = json.dumps(args.to_dict())
-    assert "sk-judge" not in written and "sk-grader" not in written and written.count("<redacted>") == 2
+    assert "JUDGE_KEY_FOR_TEST" in written and "GRADER_KEY" in written and "sk-judge-value" not in written
+    from dataclasses import replace
+
+    client = ChatClient(replace(args.judge, base_url="http://h/v1", cache_dir=str(tmp_path)))
+    assert client.client.api_key == "sk-judge-value"  # read from the variable, held only by the HTTP client
+    for bad in ({"judge": {"backend": "openai", "api_key": "sk-judge"}},
+                {"refusal_judge": '{"model": "g", "base_url": "http://h/v1", "api_key": "sk-grader"}'}):
+        with pytest.raises(ValueError, match="a secret is never given as a value") as e:
+            GateStageConfig(**bad)
+        assert "sk-judge" not in str(e.value) and "sk-grader" not in str(e.value)
 
 
 def test_one_parser_for_a_mapping_or_its_json():

@@ -30,8 +30,9 @@ import sys
 from pathlib import Path, PurePosixPath
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rlhf.credentials import check_env_name
 from rlhf.registry import STAGES
 from rlhf.round_id import check_round_id
 from rlhf.registry import stage as registry_stage
@@ -43,7 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class KubernetesJob(BaseModel):
     """Resources and environment of a stage's Kubernetes Job."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     image: str = Field(..., description="Container image with this repository and its environment installed.")
     namespace: str = Field("default", description="Namespace of the Job and its Service.")
@@ -63,6 +64,21 @@ class KubernetesJob(BaseModel):
     accelerate_config: str = Field("recipes/accelerate_configs/zero3.yaml", description="Relative to workdir.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="e.g. {gpu: h100}.")
     active_deadline_s: int = Field(86400, ge=1, description="The Job is stopped after this many seconds.")
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables read from Kubernetes Secrets: NAME -> Secret name (its key NAME holds the "
+        "value), e.g. {OPENAI_API_KEY: judge-credentials}. The manifest names the Secret, never the value.",
+    )
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_refs(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, secret in value.items():
+            check_env_name(name, "secret_env")
+            if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", secret):
+                raise ValueError(f"secret_env.{name}: a Secret's name (DNS subdomain: lower case, digits, -, .), "
+                                 "never the value itself")
+        return value
 
     @property
     def world_size(self) -> int:
@@ -140,6 +156,8 @@ def render_manifests(
         {"name": "RLHF_COLLECTIVE_TIMEOUT_S", "value": str(job.collective_timeout_s)},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+        *({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}
+          for name, secret in sorted(job.secret_env.items())),
     ]
     resources = {"cpu": job.cpu, "memory": job.memory, "nvidia.com/gpu": str(job.gpus_per_node)}
     pod_spec = {

@@ -36,6 +36,8 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rlhf.credentials import is_secret_key
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 EXIT_FILE = ".slurm_exit"
 SCRIPT_FILE = "job.sbatch"
@@ -87,7 +89,8 @@ class SlurmError(RuntimeError):
 class SlurmJob(BaseModel):
     """Resources and environment of a stage's Slurm job (a section of the round's parameter form)."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not a default
+    # a misspelt field is an error, not a default; a refused value is not echoed (it may be a secret)
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     nodes: int = Field(1, ge=1, description="Nodes (accelerate machines).")
     gpus_per_node: int = Field(8, ge=0, description="GPUs a node (0: a CPU job).")
@@ -130,6 +133,15 @@ class SlurmJob(BaseModel):
         bad = [v for v in value if any(c in v for c in "\n\r\0")]
         if bad:
             raise ValueError(f"each entry must be one line (one list item a line), got {bad[0]!r}")
+        for i, line in enumerate(value):
+            # the lines are written into job.sbatch: a secret assigned there (export OPENAI_API_KEY=sk-...) would be
+            # on disk in clear; sbatch passes the submitting environment to the job instead (--export=ALL)
+            for name in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(?!\s|$)", line):
+                if is_secret_key(name):
+                    raise ValueError(
+                        f"entry {i} assigns {name}: a secret is never written into job.sbatch; set {name} in the "
+                        f"environment the flow runs in (sbatch exports it to the job)"
+                    )
         return value
 
     @model_validator(mode="after")
