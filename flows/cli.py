@@ -83,6 +83,8 @@ def round_cmd(
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--set") from None
 
+    if launcher not in ("local", "slurm"):  # said here: the parameters do not echo their input (it may be a secret)
+        raise typer.BadParameter(f"{launcher!r} is not one of 'local', 'slurm'", param_hint="--launcher")
     try:
         slurm_job = {"slurm": json.loads(slurm)} if slurm else {}
         RoundParameters(launcher=launcher, **slurm_job)

@@ -49,9 +49,10 @@ def _as_user() -> list[str]:
 
 
 @contextmanager
-def start_postgres(settings: dict[str, str] | None = None):
+def start_postgres(settings: dict[str, str] | None = None, *, password: str | None = None):
     """Yield a SQLAlchemy URL (``postgresql+psycopg://postgres@127.0.0.1:<port>/postgres``) of a fresh server;
-    ``settings``: extra server settings (``{"shared_buffers": "512MB"}``)."""
+    ``settings``: extra server settings (``{"shared_buffers": "512MB"}``). With ``password``, the superuser has
+    that password and connections over TCP must give it (scram-sha-256); the URL never holds it."""
     bin_dir = _bin_dir()
     prefix = _as_user()
     tmp = Path(tempfile.mkdtemp(prefix="rlhf-pg-"))
@@ -61,12 +62,21 @@ def start_postgres(settings: dict[str, str] | None = None):
     tmp.chmod(0o700)
     port = _free_port()
     try:
+        auth = ["--auth=trust"]
+        if password is not None:
+            pwfile = tmp / "pwfile"
+            pwfile.write_text(password + "\n")
+            if prefix:
+                shutil.chown(pwfile, "postgres")
+            auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
         r = subprocess.run(
-            [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+            [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", *auth, "-E", "UTF8"],
             capture_output=True,
             check=False,
             text=True,
         )
+        if password is not None:
+            pwfile.unlink()
         if r.returncode != 0:
             raise PostgresUnavailable(f"initdb failed: {r.stderr.strip()[-400:]}")
         opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {tmp} -c fsync=off"
@@ -86,7 +96,7 @@ def start_postgres(settings: dict[str, str] | None = None):
         deadline = time.time() + 30
         while True:
             try:
-                eng = sa.create_engine(url)
+                eng = sa.create_engine(url, connect_args={} if password is None else {"password": password})
                 with eng.connect() as c:
                     c.exec_driver_sql("select 1")
                 eng.dispose()
