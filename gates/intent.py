@@ -387,14 +387,14 @@ def metrics(
     scores = preferences_to_scores(preferences)
     rows = []
     for intent in list(traffic) + [i for i in per.index if i not in traffic]:
-        r = per.loc[intent] if intent in per.index else None
-        num = (lambda k, f: f(r[k]) if r is not None else f(math.nan if f is float else 0))
+        has = intent in per.index  # a traffic intent without data: n = 0, NaN rates
+        r = per.loc[intent] if has else {}
         rows.append({
             "intent": intent, "traffic_share": traffic.get(intent, 0.0), "in_traffic_table": intent in traffic,
-            "n": num("n", int), "win_rate": num("win_rate", float), "ci_low": num("ci_low", float),
-            "ci_high": num("ci_high", float), "n_wins": num("n_wins", int), "n_wins_base": num("n_wins_base", int),
-            "n_draws": num("n_draws", int), "n_unannotated": num("n_unannotated", int),
-            "ci_method": r["ci_method"] if r is not None else None, "n_decisive": decisive.get(intent, 0),
+            **{k: int(r[k]) if has else 0 for k in ("n",)},
+            **{k: float(r[k]) if has else math.nan for k in ("win_rate", "ci_low", "ci_high")},
+            **{k: int(r[k]) if has else 0 for k in ("n_wins", "n_wins_base", "n_draws", "n_unannotated")},
+            "ci_method": r["ci_method"] if has else None, "n_decisive": decisive.get(intent, 0),
         })
     n_total = int(scores.size)
     by_count = 100 * float(scores.mean()) if n_total else math.nan

@@ -1,5 +1,5 @@
 """A gate passes only on evidence (minimum evidence per gate, judge floor on the interval,
-candidate == baseline refused). Each test builds the smallest input and asserts one verdict and its reason."""
+candidate == baseline refused). Each test builds the smallest input and asserts one verdict and its finding."""
 
 import pytest
 

@@ -203,6 +203,18 @@ def test_gates_refuse_a_users_folder_and_clear_their_own_only_after_reading_ever
         assert _files(user) == planted and sorted(p.name for p in user.iterdir()) == [
             "generations.jsonl", "plots", "report.md", "thesis.txt"]  # untouched, and no marker written
 
+    # The CLI says it in one line (exit code 2) and leaves the folder as it is.
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    res = CliRunner().invoke(app, ["gates", "--candidate", tiny_model_dir, "--baseline", tiny_model_dir,
+                                   "--config", str(RECIPES / "gates.yaml"), "--output-dir", str(user),
+                                   "--report_to", "none", "--allow_same_model", "true"])
+    assert res.exit_code == 2 and res.output.strip().startswith("error: --output_dir ")
+    assert len(res.output.strip().splitlines()) == 1 and "refusing to clear it" in res.output
+    assert _files(user) == planted
+
     # A folder another stage's marker names is refused too; an empty one, or one a gate run marked, is accepted.
     other = tmp_path / "other"
     other.mkdir()
