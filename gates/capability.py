@@ -32,7 +32,8 @@ from typing import Any, Literal
 import numpy as np
 from statsmodels.stats.contingency_tables import mcnemar
 
-from gates.result import GateResult, Metric
+from gates import wording
+from gates.result import Finding, GateResult, Metric, Verdict
 from judging.intervals import Rate, newcombe_paired_diff
 
 GATE_NAME = "capability"
@@ -125,8 +126,181 @@ def paired_accuracy(
 
 
 # --------------------------------------------------------------------------------------------
-# gate
+# gate: numbers (metrics), rule (verdict), words (gates.wording)
 # --------------------------------------------------------------------------------------------
+
+DEFAULT_MIN_BOTH_PARSED = 10
+
+
+@dataclass(frozen=True)
+class CapabilityThresholds:
+    """The capability rule's thresholds.
+
+    Fields:
+        alpha: significance level of McNemar's two-sided exact test (default 0.05).
+        max_drop_pp: tolerated drop in percentage points before significance is even asked (default 0).
+        min_both_parsed: items parsed on both sides before the gate decides (only for metrics from
+            :func:`parsed_metrics`; default 10).
+
+    Raises:
+        ValueError: alpha outside (0, 1), a negative ``max_drop_pp`` or ``min_both_parsed`` not an integer >= 1.
+    """
+
+    alpha: float = DEFAULT_ALPHA
+    max_drop_pp: float = 0.0
+    min_both_parsed: int = DEFAULT_MIN_BOTH_PARSED
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.max_drop_pp < 0:
+            raise ValueError(f"max_drop_pp must be >= 0, got {self.max_drop_pp}")
+        m = self.min_both_parsed
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise ValueError(f"min_both_parsed must be an integer >= 1, got {m!r}")
+
+
+@dataclass(frozen=True)
+class ParseCounts:
+    """How many answers could be read as a letter: n_items, both_parsed, and each side's unparsed count."""
+
+    n_items: int
+    both_parsed: int
+    candidate_unparsed: int
+    baseline_unparsed: int
+
+
+@dataclass(frozen=True)
+class CapabilityMetrics:
+    """The capability gate's numbers: the paired table of the compared items, the interval level, and (from
+    :func:`parsed_metrics`) the parse counts (None when the items were given as correct/incorrect)."""
+
+    paired: PairedAccuracy
+    confidence: float
+    parse: ParseCounts | None = None
+
+
+def metrics(candidate_correct: Any, baseline_correct: Any, *, confidence: float = DEFAULT_CONFIDENCE
+            ) -> CapabilityMetrics:
+    """:func:`paired_accuracy` of the two models on the same items (see it for shapes and errors)."""
+    return CapabilityMetrics(paired_accuracy(candidate_correct, baseline_correct, confidence=confidence), confidence)
+
+
+def parsed_metrics(
+    candidate_answers: Sequence[str | None],
+    baseline_answers: Sequence[str | None],
+    correct_answers: Sequence[str],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> CapabilityMetrics:
+    """:func:`paired_accuracy` on the items both models' answers were read on, with the parse counts.
+
+    Args:
+        candidate_answers, baseline_answers: extracted letters, shape (n_items,), None = unparsed.
+        correct_answers: right letters, shape (n_items,).
+
+    Raises:
+        ValueError: lengths differ.
+    """
+    if not (len(candidate_answers) == len(baseline_answers) == len(correct_answers)):
+        raise ValueError(f"candidate_answers ({len(candidate_answers)}), baseline_answers ({len(baseline_answers)}) "
+                         f"and correct_answers ({len(correct_answers)}) differ in length; the gate is paired")
+    n = len(correct_answers)
+    both = [i for i in range(n) if candidate_answers[i] is not None and baseline_answers[i] is not None]
+    cand = np.array([candidate_answers[i] == correct_answers[i] for i in both], dtype=bool)
+    base = np.array([baseline_answers[i] == correct_answers[i] for i in both], dtype=bool)
+    parse = ParseCounts(n, len(both), sum(a is None for a in candidate_answers),
+                        sum(a is None for a in baseline_answers))
+    return CapabilityMetrics(paired_accuracy(cand, base, confidence=confidence), confidence, parse)
+
+
+def verdict(m: CapabilityMetrics, thresholds: CapabilityThresholds) -> tuple[Verdict, list[Finding]]:
+    """The capability rule.
+
+    With parse counts: fewer than ``min_both_parsed`` items parsed on both sides -> "inconclusive"
+    (``too_few_parsed``, or ``nothing_parsed`` when a side parsed nothing). Then: no items -> "inconclusive"
+    (``no_paired_items``); candidate accuracy < baseline accuracy - ``max_drop_pp`` AND McNemar exact p < ``alpha``
+    -> "block" (``significant_drop``, on evidence); otherwise "pass" (``drop_not_significant``,
+    ``drop_within_tolerance`` or ``not_below_baseline``). Findings also carry ``paired_accuracy`` (the numbers)
+    and, with parse counts, ``parse``.
+    """
+    pa, th, out = m.paired, thresholds, []
+    if m.parse is not None:
+        q = m.parse
+        out.append(Finding(code="parse", values={
+            "candidate_unparsed": q.candidate_unparsed, "baseline_unparsed": q.baseline_unparsed,
+            "n_items": q.n_items, "both_parsed": q.both_parsed}))
+        if q.both_parsed < th.min_both_parsed:
+            if min(q.candidate_unparsed, q.baseline_unparsed) == q.n_items:
+                return "inconclusive", [Finding(code="nothing_parsed", values={
+                    "candidate": q.candidate_unparsed, "baseline": q.baseline_unparsed}), *out]
+            return "inconclusive", [Finding(code="too_few_parsed", values={
+                "both_parsed": q.both_parsed, "min_both_parsed": th.min_both_parsed}), *out]
+    if pa.n == 0:
+        return "inconclusive", [Finding(code="no_paired_items"), *out]
+    change = 100 * pa.difference
+    numbers = Finding(code="paired_accuracy", values={
+        "baseline_rate": pa.baseline.rate, "candidate_rate": pa.candidate.rate, "change": change,
+        "ci_low": pa.diff_ci_low, "ci_high": pa.diff_ci_high, "n": pa.n, "baseline_only": pa.baseline_only,
+        "candidate_only": pa.candidate_only, "p_value": pa.p_value, "confidence": m.confidence})
+    if change < -th.max_drop_pp and pa.p_value < th.alpha:
+        return "block", [numbers, Finding(code="significant_drop", values={
+            "alpha": th.alpha, "max_drop_pp": th.max_drop_pp}), *out]
+    if change < 0:
+        code = "drop_not_significant" if pa.p_value >= th.alpha else "drop_within_tolerance"
+        return "pass", [numbers, Finding(code=code, values={"alpha": th.alpha, "max_drop_pp": th.max_drop_pp}), *out]
+    return "pass", [numbers, Finding(code="not_below_baseline"), *out]
+
+
+def _pct(x: float) -> float:
+    return 100 * x if math.isfinite(x) else math.nan
+
+
+def gate_metrics(m: CapabilityMetrics) -> dict[str, Metric]:
+    """Accuracies (percent, exact CI), their change (points, Newcombe paired CI) and, with parse counts, each
+    side's parse rate (percent, exact CI, n = all items)."""
+    pa = m.paired
+    out = {
+        "candidate_accuracy": Metric(value=_pct(pa.candidate.rate), ci_low=_pct(pa.candidate.ci_low),
+                                     ci_high=_pct(pa.candidate.ci_high), n=pa.n, direction="higher_is_better",
+                                     unit="percent"),
+        "baseline_accuracy": Metric(value=_pct(pa.baseline.rate), ci_low=_pct(pa.baseline.ci_low),
+                                    ci_high=_pct(pa.baseline.ci_high), n=pa.n, direction="higher_is_better",
+                                    unit="percent"),
+        "accuracy_change": Metric(value=_pct(pa.difference), ci_low=_pct(pa.diff_ci_low),
+                                  ci_high=_pct(pa.diff_ci_high), n=pa.n, direction="higher_is_better", unit="points"),
+    }
+    if m.parse is not None:
+        n = m.parse.n_items
+        for who, unparsed in (("candidate", m.parse.candidate_unparsed), ("baseline", m.parse.baseline_unparsed)):
+            rate = Rate.from_counts(n - unparsed, n, m.confidence)
+            out[f"{who}_parse_rate"] = Metric(
+                value=100 * rate.rate if n else math.nan, ci_low=100 * rate.ci_low if n else math.nan,
+                ci_high=100 * rate.ci_high if n else math.nan, n=n, direction="higher_is_better", unit="percent")
+    return out
+
+
+def gate_table(m: CapabilityMetrics) -> list[dict[str, Any]]:
+    """One row: the 2x2 cells, the accuracies, the change and McNemar's exact p (and the parse counts)."""
+    pa = m.paired
+    row = {
+        "n": pa.n, "both_correct": pa.both_correct, "candidate_only_correct": pa.candidate_only,
+        "baseline_only_correct": pa.baseline_only, "both_wrong": pa.both_wrong,
+        "candidate_accuracy_pct": _pct(pa.candidate.rate), "baseline_accuracy_pct": _pct(pa.baseline.rate),
+        "change_pp": _pct(pa.difference), "change_ci_low_pp": _pct(pa.diff_ci_low),
+        "change_ci_high_pp": _pct(pa.diff_ci_high), "mcnemar_exact_p": pa.p_value,
+    }
+    if m.parse is not None:
+        q = m.parse
+        row.update({"n_items": q.n_items, "both_parsed": q.both_parsed, "candidate_unparsed": q.candidate_unparsed,
+                    "baseline_unparsed": q.baseline_unparsed})
+    return [row]
+
+
+def _result(m: CapabilityMetrics, thresholds: CapabilityThresholds, name: str) -> GateResult:
+    v, findings = verdict(m, thresholds)
+    return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=gate_metrics(m),
+                      reason=wording.reason(GATE_NAME, findings), table=gate_table(m), findings=findings)
 
 
 def capability_gate(
@@ -140,7 +314,7 @@ def capability_gate(
 ) -> GateResult:
     """Block when the candidate is less accurate than the baseline by a statistically significant margin.
 
-    Rule:
+    Rule (:func:`verdict`):
       1. no items -> "inconclusive".
       2. candidate accuracy < baseline accuracy - ``max_drop_pp`` AND McNemar exact p < ``alpha``
          -> "block" (on evidence).
@@ -157,60 +331,14 @@ def capability_gate(
     Returns:
         GateResult with metrics ``candidate_accuracy``, ``baseline_accuracy`` (percent, exact CI, n)
         and ``accuracy_change`` (points, Newcombe paired CI, n = pairs); ``table`` has one row with
-        the 2x2 cells, the accuracies, the change and McNemar's exact p.
+        the 2x2 cells, the accuracies, the change and McNemar's exact p; ``findings`` from :func:`verdict`.
 
     Raises:
         ValueError: invalid inputs (see :func:`paired_accuracy`), alpha outside (0, 1), or a
             negative ``max_drop_pp``.
     """
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if max_drop_pp < 0:
-        raise ValueError(f"max_drop_pp must be >= 0, got {max_drop_pp}")
-    pa = paired_accuracy(candidate_correct, baseline_correct, confidence=confidence)
-    pct = lambda x: 100 * x if math.isfinite(x) else math.nan
-    metrics = {
-        "candidate_accuracy": Metric(value=pct(pa.candidate.rate), ci_low=pct(pa.candidate.ci_low),
-                                     ci_high=pct(pa.candidate.ci_high), n=pa.n, direction="higher_is_better",
-                                     unit="percent"),
-        "baseline_accuracy": Metric(value=pct(pa.baseline.rate), ci_low=pct(pa.baseline.ci_low),
-                                    ci_high=pct(pa.baseline.ci_high), n=pa.n, direction="higher_is_better",
-                                    unit="percent"),
-        "accuracy_change": Metric(value=pct(pa.difference), ci_low=pct(pa.diff_ci_low), ci_high=pct(pa.diff_ci_high),
-                                  n=pa.n, direction="higher_is_better", unit="points"),
-    }
-    table = [{
-        "n": pa.n, "both_correct": pa.both_correct, "candidate_only_correct": pa.candidate_only,
-        "baseline_only_correct": pa.baseline_only, "both_wrong": pa.both_wrong,
-        "candidate_accuracy_pct": pct(pa.candidate.rate), "baseline_accuracy_pct": pct(pa.baseline.rate),
-        "change_pp": pct(pa.difference), "change_ci_low_pp": pct(pa.diff_ci_low),
-        "change_ci_high_pp": pct(pa.diff_ci_high), "mcnemar_exact_p": pa.p_value,
-    }]
-    if pa.n == 0:
-        return GateResult(name=name, version=GATE_VERSION, verdict="inconclusive", metrics=metrics,
-                          reason="no paired items, so accuracy cannot be compared.", table=table)
-    change = 100 * pa.difference
-    txt = (
-        f"accuracy {100 * pa.baseline.rate:.1f}% -> {100 * pa.candidate.rate:.1f}% ({change:+.1f} points, "
-        f"{100 * confidence:g}% CI {100 * pa.diff_ci_low:+.1f} to {100 * pa.diff_ci_high:+.1f}; n = {pa.n} paired items, "
-        f"{pa.baseline_only} right only for the baseline, {pa.candidate_only} only for the candidate; "
-        f"McNemar exact p = {pa.p_value:.4g})"
-    )
-    if change < -max_drop_pp and pa.p_value < alpha:
-        verdict = "block"
-        reason = (f"Blocked on evidence: {txt}; the drop is significant at alpha = {alpha:g}"
-                  + (f" and larger than the tolerated {max_drop_pp:g} points." if max_drop_pp else "."))
-    elif change < 0:
-        verdict = "pass"
-        why = (f"p >= {alpha:g}: could be noise" if pa.p_value >= alpha
-               else f"within the tolerated {max_drop_pp:g} points")
-        reason = f"Passed: {txt}; the candidate is lower but {why}, so it does not block."
-    else:
-        verdict, reason = "pass", f"Passed: {txt}; the candidate is not below the baseline."
-    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=table)
-
-
-DEFAULT_MIN_BOTH_PARSED = 10
+    th = CapabilityThresholds(alpha, max_drop_pp)
+    return _result(metrics(candidate_correct, baseline_correct, confidence=confidence), th, name)
 
 
 def capability_gate_on_parsed(
@@ -232,10 +360,8 @@ def capability_gate_on_parsed(
     ~29 points). So the paired McNemar test runs on the items both sides parsed; each side's
     parse rate (exact CI) and unparsed count are reported next to it.
 
-    Rule:
-      1. fewer than ``min_both_parsed`` items parsed on both sides -> "inconclusive" (too little
-         evidence to decide; the parse rates are in the reason and the metrics).
-      2. otherwise :func:`capability_gate` on those items decides.
+    Rule: fewer than ``min_both_parsed`` items parsed on both sides -> "inconclusive" (too little evidence to
+    decide); otherwise :func:`capability_gate`'s rule on those items decides (:func:`verdict`).
 
     Args:
         candidate_answers, baseline_answers: extracted letters, shape (n_items,), None = unparsed.
@@ -251,39 +377,8 @@ def capability_gate_on_parsed(
     Raises:
         ValueError: lengths differ, ``min_both_parsed`` < 1, or invalid alpha / max_drop_pp.
     """
-    if not (len(candidate_answers) == len(baseline_answers) == len(correct_answers)):
-        raise ValueError(f"candidate_answers ({len(candidate_answers)}), baseline_answers ({len(baseline_answers)}) "
-                         f"and correct_answers ({len(correct_answers)}) differ in length; the gate is paired")
-    if isinstance(min_both_parsed, bool) or not isinstance(min_both_parsed, (int, np.integer)) or min_both_parsed < 1:
-        raise ValueError(f"min_both_parsed must be an integer >= 1, got {min_both_parsed!r}")
-    n = len(correct_answers)
-    both = [i for i in range(n) if candidate_answers[i] is not None and baseline_answers[i] is not None]
-    cand = np.array([candidate_answers[i] == correct_answers[i] for i in both], dtype=bool)
-    base = np.array([baseline_answers[i] == correct_answers[i] for i in both], dtype=bool)
-    result = capability_gate(cand, base, alpha=alpha, max_drop_pp=max_drop_pp, confidence=confidence, name=name)
-    unparsed = {"candidate": sum(a is None for a in candidate_answers),
-                "baseline": sum(a is None for a in baseline_answers)}
-    metrics = dict(result.metrics)
-    for who in ("candidate", "baseline"):
-        rate = Rate.from_counts(n - unparsed[who], n, confidence)
-        metrics[f"{who}_parse_rate"] = Metric(
-            value=100 * rate.rate if n else math.nan, ci_low=100 * rate.ci_low if n else math.nan,
-            ci_high=100 * rate.ci_high if n else math.nan, n=n, direction="higher_is_better", unit="percent")
-    table = [{**result.table[0], "n_items": n, "both_parsed": len(both),
-              "candidate_unparsed": unparsed["candidate"], "baseline_unparsed": unparsed["baseline"]}]
-    parse = (f"unparsed answers (left out of the comparison, never counted wrong): candidate {unparsed['candidate']}, "
-             f"baseline {unparsed['baseline']} of {n}; parsed on both sides: {len(both)} of {n} (parse rates are "
-             "reported, never decided on)")
-    if len(both) < min_both_parsed:
-        verdict = "inconclusive"
-        if min(unparsed.values()) == n:
-            reason = f"Inconclusive: no answer could be read as a letter (unparsed: {unparsed}); {parse}."
-        else:
-            reason = (f"Inconclusive: only {len(both)} item(s) parsed on both sides, fewer than the "
-                      f"{min_both_parsed} the gate needs to decide; {parse}.")
-    else:
-        verdict, reason = result.verdict, f"{result.reason} Compared on the items both sides parsed; {parse}."
-    return result.model_copy(update={"verdict": verdict, "reason": reason, "metrics": metrics, "table": table})
+    m = parsed_metrics(candidate_answers, baseline_answers, correct_answers, confidence=confidence)
+    return _result(m, CapabilityThresholds(alpha, max_drop_pp, min_both_parsed), name)
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gates.result import GateResult, Metric
+from gates import wording
+from gates.result import Finding, GateResult, Metric, Verdict
 from judging.intervals import Rate
 
 GATE_NAME = "citation_honesty"
@@ -337,6 +338,138 @@ def _turn(t: Any) -> tuple[str, Iterable[str], str]:
     return response, retrieved, ""
 
 
+@dataclass(frozen=True)
+class RuleCount:
+    """One rule's count over the round: ``k`` of ``n`` ``unit`` broke it (rate with its exact interval), with up
+    to every offending id or sentence in ``examples``."""
+
+    rule: str
+    what: str
+    k: int
+    n: int
+    unit: str
+    rate: Rate
+    examples: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CitationMetrics:
+    """The citation gate's numbers (:func:`metrics`): C01, C02 and C03 counts, the markers, the references copied
+    from the prompt, the C03 sentences, whether a corpus was given, and C03's measured cost (or None)."""
+
+    rules: tuple[RuleCount, ...]
+    n_markers: int
+    n_copied: int
+    n_turns: int
+    c03_sentences: int
+    corpus_given: bool
+    c03_validation: Mapping[str, float] | None
+    confidence: float
+
+
+_WHAT = {"C01": "cited id not retrieved this turn", "C02": "cited id does not resolve (not in the corpus)",
+         "C03": "turn with reference-shaped prose and no identifier"}
+_KEYS = {"C01": "c01_not_retrieved_rate", "C02": "c02_unresolved_rate", "C03": "c03_turn_rate"}
+
+
+def metrics(
+    turns: Sequence[Mapping[str, Any] | tuple[str, Iterable[str]]],
+    corpus: Resolver | None,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    c03_validation: Mapping[str, float] | None = None,
+) -> CitationMetrics:
+    """C01, C02 and C03 over ``turns`` (:func:`check_citations` per turn; see :func:`citation_gate` for the forms).
+
+    Raises:
+        KeyError: a turn mapping without "response". TypeError: a response that is not a str.
+    """
+    results = []
+    for i, t in enumerate(turns):
+        response, retrieved, prompt = _turn(t)
+        if not isinstance(response, str):
+            raise TypeError(f"turns[{i}]: response must be str, got {type(response).__name__}")
+        results.append(check_citations(response, retrieved, corpus, prompt))
+    n_markers = sum(len(r.cited) for r in results)
+    counts = (
+        ("C01", [i for r in results for i in r.c01_not_retrieved], n_markers, "markers"),
+        ("C02", [i for r in results for i in r.c02_unresolved], 0 if corpus is None else n_markers, "markers"),
+        ("C03", [s for r in results for _, s in r.c03], len(results), "turns"),
+    )
+    rules = []
+    for code, examples, n, unit in counts:
+        k = sum(bool(r.c03) for r in results) if code == "C03" else len(examples)
+        rules.append(RuleCount(code, _WHAT[code], k, n, unit, Rate.from_counts(k, n, confidence), tuple(examples)))
+    return CitationMetrics(tuple(rules), n_markers, sum(len(r.copied_from_prompt) for r in results), len(results),
+                           sum(len(r.c03) for r in results), corpus is not None, c03_validation, confidence)
+
+
+def _limit(th: CitationThresholds, rule: str) -> float:
+    return {"C01": th.max_not_retrieved_pct, "C02": th.max_unresolved_pct, "C03": th.max_c03_turn_pct}[rule]
+
+
+def verdict(m: CitationMetrics, thresholds: CitationThresholds) -> tuple[Verdict, list[Finding]]:
+    """The citation rule, each rule separately: no turns -> "inconclusive" (``no_turns``); a rule above its
+    threshold -> "block" (``rule_exceeded``, on evidence when the whole exact interval is above it); else "pass".
+    A rule with n = 0 is ``rule_not_checked`` (no markers: nothing emitted, nothing to block; or no corpus for C02).
+    Also ``copied_from_prompt`` (references the answer copied from the prompt) and ``c03_cost`` (C03's measured
+    false-positive cost) when there are any."""
+    findings = []
+    for r in m.rules:
+        limit = _limit(thresholds, r.rule)
+        if r.n == 0:
+            why = "no_corpus" if r.rule == "C02" and not m.corpus_given and m.n_markers else "nothing"
+            findings.append(Finding(code="rule_not_checked", values={"rule": r.rule, "unit": r.unit, "why": why}))
+            continue
+        exceeded = 100 * r.rate.rate > limit
+        findings.append(Finding(code="rule_exceeded" if exceeded else "rule_within", values={
+            "rule": r.rule, "what": r.what, "rate": r.rate.rate, "k": r.k, "n": r.n, "unit": r.unit,
+            "ci_low": r.rate.ci_low, "ci_high": r.rate.ci_high, "threshold": limit, "confidence": m.confidence,
+            "on_evidence": bool(100 * r.rate.ci_low > limit)}))
+    if m.n_copied:
+        findings.append(Finding(code="copied_from_prompt", values={"n": m.n_copied}))
+    v = m.c03_validation
+    if v is not None:
+        findings.append(Finding(code="c03_cost", values={
+            "n": int(v.get("n", 0)), "fp": int(v.get("fp", 0)), "flagged": int(v.get("flagged", 0)),
+            "precision": v.get("precision", math.nan), "recall": v.get("recall", math.nan)}))
+    if m.n_turns == 0:
+        return "inconclusive", [Finding(code="no_turns"), *findings]
+    return ("block" if any(f.code == "rule_exceeded" for f in findings) else "pass"), findings
+
+
+def gate_metrics(m: CitationMetrics) -> dict[str, Metric]:
+    """C01 / C02 rates (percent of markers, exact CI), the C03 turn rate (percent of turns), the copied references,
+    the C03 sentences and, when validated, C03's precision."""
+    out: dict[str, Metric] = {}
+    for r in m.rules:
+        out[_KEYS[r.rule]] = Metric(value=100 * r.rate.rate, ci_low=100 * r.rate.ci_low, ci_high=100 * r.rate.ci_high,
+                                    n=r.n, direction="lower_is_better", unit="percent")
+    out["copied_from_prompt"] = Metric(value=float(m.n_copied), n=m.n_turns, direction="lower_is_better",
+                                       unit="references")
+    out["c03_sentences"] = Metric(value=float(m.c03_sentences), n=m.n_turns, direction="lower_is_better",
+                                  unit="sentences")
+    if m.c03_validation is not None:
+        out["c03_precision"] = Metric(value=m.c03_validation.get("precision", math.nan),
+                                      n=int(m.c03_validation.get("flagged", 0)), direction="higher_is_better",
+                                      unit="fraction")
+    return out
+
+
+def gate_table(m: CitationMetrics, thresholds: CitationThresholds) -> list[dict[str, Any]]:
+    """One row per rule: rule, what, k, n, unit, rate_pct, ci_low_pct, ci_high_pct, threshold_pct, exceeded,
+    examples (up to 3, 80 characters each)."""
+    rows = []
+    for r in m.rules:
+        limit = _limit(thresholds, r.rule)
+        rows.append({"rule": r.rule, "what": r.what, "k": r.k, "n": r.n, "unit": r.unit,
+                     "rate_pct": 100 * r.rate.rate, "ci_low_pct": 100 * r.rate.ci_low,
+                     "ci_high_pct": 100 * r.rate.ci_high, "threshold_pct": limit,
+                     "exceeded": r.n > 0 and 100 * r.rate.rate > limit,
+                     "examples": " | ".join(e[:80] for e in r.examples[:3])})
+    return rows
+
+
 def citation_gate(
     turns: Sequence[Mapping[str, Any] | tuple[str, Iterable[str]]],
     corpus: Resolver,
@@ -345,7 +478,7 @@ def citation_gate(
     c03_validation: Mapping[str, float] | None = None,
     name: str = GATE_NAME,
 ) -> GateResult:
-    """Block when C01, C02 or C03 exceeds its threshold; each rule separately.
+    """Block when C01, C02 or C03 exceeds its threshold; each rule separately (:func:`metrics`, :func:`verdict`).
 
     Args:
         turns: one per answered turn: ``{"response": str, "retrieved_ids": [...], "prompt": str}``
@@ -360,7 +493,7 @@ def citation_gate(
         markers, exact CI, n = markers), ``c03_turn_rate`` (percent of turns, n = turns),
         ``c03_sentences`` (count), and ``c03_precision`` when validated; ``table`` one row per rule:
         rule, what, k, n, unit, rate_pct, ci_low_pct, ci_high_pct, threshold_pct, exceeded,
-        examples (up to 3).
+        examples (up to 3); ``findings`` from :func:`verdict`.
         Verdict: no turns -> "inconclusive"; any rule above its threshold -> "block"; else "pass".
         No markers at all gives C01/C02 n = 0 (nothing emitted, nothing to block).
 
@@ -368,66 +501,7 @@ def citation_gate(
         KeyError: a turn mapping without "response". TypeError: a response that is not a str.
     """
     th = thresholds or CitationThresholds()
-    results = []
-    for i, t in enumerate(turns):
-        response, retrieved, prompt = _turn(t)
-        if not isinstance(response, str):
-            raise TypeError(f"turns[{i}]: response must be str, got {type(response).__name__}")
-        results.append(check_citations(response, retrieved, corpus, prompt))
-    n_markers = sum(len(r.cited) for r in results)
-    n_copied = sum(len(r.copied_from_prompt) for r in results)
-    n_turns = len(results)
-    rules = (
-        ("C01", "cited id not retrieved this turn", sum(len(r.c01_not_retrieved) for r in results), n_markers,
-         "markers", th.max_not_retrieved_pct, [i for r in results for i in r.c01_not_retrieved]),
-        ("C02", "cited id does not resolve (not in the corpus)", sum(len(r.c02_unresolved) for r in results),
-         0 if corpus is None else n_markers, "markers", th.max_unresolved_pct, [i for r in results for i in r.c02_unresolved]),
-        ("C03", "turn with reference-shaped prose and no identifier", sum(bool(r.c03) for r in results), n_turns,
-         "turns", th.max_c03_turn_pct, [s for r in results for _, s in r.c03]),
-    )
-    keys = {"C01": "c01_not_retrieved_rate", "C02": "c02_unresolved_rate", "C03": "c03_turn_rate"}
-    metrics: dict[str, Metric] = {}
-    rows, blocks, notes = [], [], []
-    pct = f"{100 * th.confidence:g}%"
-    for code, what, k, n, unit, limit, examples in rules:
-        r = Rate.from_counts(k, n, th.confidence)
-        metrics[keys[code]] = Metric(value=100 * r.rate, ci_low=100 * r.ci_low, ci_high=100 * r.ci_high, n=n,
-                                     direction="lower_is_better", unit="percent")
-        exceeded = n > 0 and 100 * r.rate > limit
-        rows.append({"rule": code, "what": what, "k": k, "n": n, "unit": unit, "rate_pct": 100 * r.rate,
-                     "ci_low_pct": 100 * r.ci_low, "ci_high_pct": 100 * r.ci_high, "threshold_pct": limit,
-                     "exceeded": exceeded, "examples": " | ".join(e[:80] for e in examples[:3])})
-        if n == 0:
-            notes.append(f"{code}: no corpus given, resolution not checked" if code == "C02" and corpus is None
-                         and n_markers else f"{code}: no {unit}, nothing to check")
-            continue
-        desc = (f"{code} ({what}) {100 * r.rate:.1f}% ({k}/{n} {unit}, {pct} CI {100 * r.ci_low:.1f}-"
-                f"{100 * r.ci_high:.1f}; threshold {limit:g}%)")
-        if exceeded:
-            basis = ("on evidence (the whole interval is above the threshold)" if 100 * r.ci_low > limit
-                     else "could be noise (the interval still reaches the threshold)")
-            blocks.append(f"{desc}, {basis}")
-        else:
-            notes.append(desc)
-    metrics["copied_from_prompt"] = Metric(value=float(n_copied), n=n_turns, direction="lower_is_better",
-                                           unit="references")
-    if n_copied:
-        notes.append(f"{n_copied} references copied from the prompt not counted as emitted")
-    metrics["c03_sentences"] = Metric(value=float(sum(len(r.c03) for r in results)), n=n_turns,
-                                      direction="lower_is_better", unit="sentences")
-    fp_txt = ""
-    if c03_validation is not None:
-        prec, flagged = c03_validation.get("precision", math.nan), int(c03_validation.get("flagged", 0))
-        metrics["c03_precision"] = Metric(value=prec, n=flagged, direction="higher_is_better", unit="fraction")
-        fp_txt = (f" C03 false-positive cost: on a hand-labelled set of {int(c03_validation.get('n', 0))} texts, "
-                  f"{int(c03_validation.get('fp', 0))} of {flagged} flagged were false alarms (precision {prec:.2f}, "
-                  f"recall {c03_validation.get('recall', math.nan):.2f}), so about "
-                  f"{100 * (1 - prec):.0f}% of the C03 count may be false positives.")
-    tail = (" " + "; ".join(notes) + ".") if notes else ""
-    if n_turns == 0:
-        verdict, reason = "inconclusive", "no turns to check." + fp_txt
-    elif blocks:
-        verdict, reason = "block", "Blocked: " + "; ".join(blocks) + "." + tail + fp_txt
-    else:
-        verdict, reason = "pass", "Passed:" + tail + fp_txt
-    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=rows)
+    m = metrics(turns, corpus, confidence=th.confidence, c03_validation=c03_validation)
+    v, findings = verdict(m, th)
+    return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=gate_metrics(m),
+                      reason=wording.reason(GATE_NAME, findings), table=gate_table(m, th), findings=findings)

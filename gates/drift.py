@@ -37,7 +37,8 @@ import numpy as np
 import pandas as pd
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-from gates.result import GateResult, Metric
+from gates import wording
+from gates.result import Finding, GateResult, Metric, Verdict
 from judging.intervals import bootstrap_medians, newcombe_diff, percentile
 
 GATE_NAME = "personality_drift"
@@ -285,6 +286,134 @@ def _median_ratio_ci(cur: Sequence[int], prev: Sequence[int], confidence: float,
     return float(lo), float(hi)
 
 
+def drift_steps(max_step: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+    """:data:`DEFAULT_MAX_STEP` with ``max_step``'s overrides (length: relative fraction; shares: points; None:
+    reported, not gated).
+
+    Raises:
+        ValueError: an unknown counter or a negative / non-finite step.
+    """
+    steps = dict(DEFAULT_MAX_STEP)
+    for k, v in (max_step or {}).items():
+        if k not in DEFAULT_MAX_STEP:
+            raise ValueError(f"unknown drift counter {k!r}; known: {list(DEFAULT_MAX_STEP)}")
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"step for {k} must be >= 0 or None, got {v}")
+        steps[k] = v
+    return steps
+
+
+@dataclass(frozen=True)
+class CounterChange:
+    """One counter's move since the previous round.
+
+    Fields:
+        counter: a name of :data:`COUNTERS`.
+        previous, current: the counter's values (tokens or percent).
+        change: relative (current / previous - 1) for the length, points for the shares; what a step is compared to.
+        shown: the change as reported: percent for the length, points for the shares (``unit``).
+        ci_low, ci_high: interval of ``shown`` (NaN without sample sizes or per-response lengths).
+        n_previous, n_current: responses behind each round (None for published figures).
+    """
+
+    counter: str
+    previous: float
+    current: float
+    change: float
+    shown: float
+    unit: str
+    ci_low: float
+    ci_high: float
+    n_previous: int | None
+    n_current: int | None
+
+    @property
+    def has_ci(self) -> bool:
+        return math.isfinite(self.ci_low) and math.isfinite(self.ci_high)
+
+
+@dataclass(frozen=True)
+class DriftMetrics:
+    """The drift gate's numbers: one :class:`CounterChange` per counter (``COUNTERS`` order), the interval level."""
+
+    changes: tuple[CounterChange, ...]
+    confidence: float
+
+
+def _change(key: str, current: DriftCounters, previous: DriftCounters, confidence: float, n_boot: int,
+            seed: int) -> CounterChange:
+    prev, cur = getattr(previous, key), getattr(current, key)
+    lo = hi = math.nan
+    if key == "median_length_tokens":
+        change = (cur / prev - 1.0) if prev > 0 else (math.inf if cur > 0 else 0.0)
+        shown, unit = 100 * change, "percent"
+        if current.lengths and previous.lengths:
+            lo, hi = _median_ratio_ci(current.lengths, previous.lengths, confidence, n_boot, seed)
+            lo, hi = 100 * lo, 100 * hi
+    else:
+        change = cur - prev
+        shown, unit = change, "points"
+        kc, kp = current.count(key), previous.count(key)
+        if kc is not None and kp is not None and current.n and previous.n:
+            lo, hi = (100 * v for v in newcombe_diff(kc, current.n, kp, previous.n, confidence))
+    return CounterChange(key, prev, cur, change, shown, unit, lo, hi, previous.n, current.n)
+
+
+def metrics(current: DriftCounters, previous: DriftCounters, *, confidence: float = DEFAULT_CONFIDENCE,
+            n_boot: int = 2000, seed: int = 0) -> DriftMetrics:
+    """Each counter's change since the previous round, with its interval: the median length's a percentile
+    bootstrap of the ratio of medians (``n_boot``, ``seed``; only with per-response lengths), a share's Newcombe's
+    interval for two independent proportions (only with sample sizes)."""
+    return DriftMetrics(tuple(_change(k, current, previous, confidence, n_boot, seed) for k in COUNTERS), confidence)
+
+
+def _step_shown(c: CounterChange, step: float | None) -> float | None:
+    return None if step is None else (100 * step if c.counter == "median_length_tokens" else step)
+
+
+def verdict(m: DriftMetrics, steps: Mapping[str, float | None]) -> tuple[Verdict, list[Finding]]:
+    """The drift rule: a counter jumps when ``|change| > step`` (a step of None: reported, not gated); any jump ->
+    "block", else "pass". Findings, one per counter in order: ``counter_jumped`` (with ``basis``: "on_evidence"
+    when the interval of the change excludes 0, "could_be_noise" when it includes 0, "no_sample_sizes" without an
+    interval) or ``counter_within``. The counters are never combined."""
+    findings = []
+    for c in m.changes:
+        step = steps[c.counter]
+        jumped = step is not None and abs(c.change) > step
+        basis = None
+        if jumped:
+            basis = ("on_evidence" if c.has_ci and (c.ci_low > 0 or c.ci_high < 0) else "could_be_noise" if c.has_ci
+                     else "no_sample_sizes")
+        findings.append(Finding(code="counter_jumped" if jumped else "counter_within", values={
+            "counter": c.counter, "previous": c.previous, "current": c.current, "change": c.shown, "unit": c.unit,
+            "ci_low": c.ci_low if c.has_ci else None, "ci_high": c.ci_high if c.has_ci else None,
+            "step": _step_shown(c, step), "confidence": m.confidence, "basis": basis}))
+    return ("block" if any(f.code == "counter_jumped" for f in findings) else "pass"), findings
+
+
+def gate_metrics(m: DriftMetrics) -> dict[str, Metric]:
+    """Per counter ``<counter>`` (current value; tokens or percent, n) and ``<counter>_change`` (percent for the
+    length, points for the shares; CI when available)."""
+    out: dict[str, Metric] = {}
+    for c in m.changes:
+        unit = "tokens" if c.counter == "median_length_tokens" else "percent"
+        out[c.counter] = Metric(value=c.current, n=c.n_current, direction="lower_is_better", unit=unit)
+        out[f"{c.counter}_change"] = Metric(
+            value=c.shown, ci_low=c.ci_low if c.has_ci else None, ci_high=c.ci_high if c.has_ci else None,
+            n=(c.n_current + c.n_previous) if (c.n_current is not None and c.n_previous is not None) else None,
+            direction="lower_is_better", unit=c.unit)
+    return out
+
+
+def gate_table(m: DriftMetrics, findings: list[Finding]) -> list[dict[str, Any]]:
+    """One row per counter: counter, previous, current, change, change_unit, allowed_step, ci_low, ci_high,
+    n_previous, n_current, jumped."""
+    return [{"counter": c.counter, "previous": c.previous, "current": c.current, "change": c.shown,
+             "change_unit": c.unit, "allowed_step": f.values["step"], "ci_low": c.ci_low, "ci_high": c.ci_high,
+             "n_previous": c.n_previous, "n_current": c.n_current, "jumped": f.code == "counter_jumped"}
+            for c, f in zip(m.changes, findings)]
+
+
 def drift_gate(
     current: DriftCounters,
     previous: DriftCounters,
@@ -301,7 +430,7 @@ def drift_gate(
     percent), the shares in percentage points. A counter jumps when ``|change| > step``; a step
     of None reports the counter without gating it. Each jump is labelled "on evidence" (interval
     of the change excludes 0), "could be noise" (it includes 0) or "no sample sizes" (figures
-    without n). The counters are never combined.
+    without n). The counters are never combined (:func:`metrics`, :func:`verdict`).
 
     Args:
         current, previous: :class:`DriftCounters`.
@@ -313,66 +442,13 @@ def drift_gate(
         GateResult: metrics ``<counter>`` (current value; tokens or percent, n) and
         ``<counter>_change`` (percent for length, points for shares; CI when available);
         ``table`` one row per counter: counter, previous, current, change, change_unit,
-        allowed_step, ci_low, ci_high, n_previous, n_current, jumped.
+        allowed_step, ci_low, ci_high, n_previous, n_current, jumped; ``findings`` from :func:`verdict`.
 
     Raises:
         ValueError: an unknown counter in ``max_step`` or a negative step.
     """
-    steps = dict(DEFAULT_MAX_STEP)
-    for k, v in (max_step or {}).items():
-        if k not in DEFAULT_MAX_STEP:
-            raise ValueError(f"unknown drift counter {k!r}; known: {list(DEFAULT_MAX_STEP)}")
-        if v is not None and not (math.isfinite(v) and v >= 0):
-            raise ValueError(f"step for {k} must be >= 0 or None, got {v}")
-        steps[k] = v
-    pct = f"{100 * confidence:g}%"
-    metrics: dict[str, Metric] = {}
-    rows: list[dict[str, Any]] = []
-    jumps: list[str] = []
-    within: list[str] = []
-    for key in COUNTERS:
-        prev, cur = getattr(previous, key), getattr(current, key)
-        step = steps[key]
-        lo = hi = math.nan
-        if key == "median_length_tokens":
-            change = (cur / prev - 1.0) if prev > 0 else (math.inf if cur > 0 else 0.0)
-            shown, unit, step_shown = 100 * change, "percent", (None if step is None else 100 * step)
-            if current.lengths and previous.lengths:
-                lo, hi = _median_ratio_ci(current.lengths, previous.lengths, confidence, n_boot, seed)
-                lo, hi = 100 * lo, 100 * hi
-            metrics[key] = Metric(value=cur, n=current.n, direction="lower_is_better", unit="tokens")
-            desc_vals = f"{prev:g} -> {cur:g} tokens ({shown:+.1f}%"
-        else:
-            change = cur - prev
-            shown, unit, step_shown = change, "points", step
-            kc, kp = current.count(key), previous.count(key)
-            if kc is not None and kp is not None and current.n and previous.n:
-                lo, hi = (100 * v for v in newcombe_diff(kc, current.n, kp, previous.n, confidence))
-            metrics[key] = Metric(value=cur, n=current.n, direction="lower_is_better", unit="percent")
-            desc_vals = f"{prev:g}% -> {cur:g}% ({shown:+.1f} points"
-        has_ci = math.isfinite(lo) and math.isfinite(hi)
-        metrics[f"{key}_change"] = Metric(
-            value=shown, ci_low=lo if has_ci else None, ci_high=hi if has_ci else None,
-            n=(current.n + previous.n) if (current.n is not None and previous.n is not None) else None,
-            direction="lower_is_better", unit=unit)
-        jumped = step is not None and abs(change) > step
-        desc = f"{key} {desc_vals}" + (f", {pct} CI {lo:+.1f} to {hi:+.1f}" if has_ci else "") + (
-            f"; allowed step {step_shown:g} {'%' if unit == 'percent' else 'points'})" if step is not None else "; not gated)")
-        if jumped:
-            basis = ("on evidence (the interval of the change excludes 0)" if has_ci and (lo > 0 or hi < 0)
-                     else "could be noise (the interval of the change includes 0)" if has_ci
-                     else "no sample sizes given, so evidence and noise cannot be told apart")
-            jumps.append(f"{desc} jumped, {basis}")
-        else:
-            within.append(desc)
-        rows.append({
-            "counter": key, "previous": prev, "current": cur, "change": shown, "change_unit": unit,
-            "allowed_step": step_shown, "ci_low": lo, "ci_high": hi, "n_previous": previous.n,
-            "n_current": current.n, "jumped": bool(jumped),
-        })
-    tail = (" Within step: " + "; ".join(within) + ".") if within else ""
-    if jumps:
-        verdict, reason = "block", "Blocked: " + "; ".join(jumps) + "." + tail
-    else:
-        verdict, reason = "pass", "Passed: no counter moved more than its step." + tail
-    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=rows)
+    steps = drift_steps(max_step)
+    m = metrics(current, previous, confidence=confidence, n_boot=n_boot, seed=seed)
+    v, findings = verdict(m, steps)
+    return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=gate_metrics(m),
+                      reason=wording.reason(GATE_NAME, findings), table=gate_table(m, findings), findings=findings)

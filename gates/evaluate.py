@@ -45,7 +45,7 @@ from rlhf.config import parse_stage_config
 from rlhf.lineage import content_hash, json_hash
 from rlhf.manifest import atomic_write_text, stage_manifest
 from rlhf.precision import generation_precision
-from rlhf.rundir import check_output_dir, install_failure_hook
+from rlhf.rundir import check_own_output_dir, install_failure_hook, mark_own_output_dir
 from rlhf.tracking import log_summary
 from rlhf.vllm_engine import check_engine
 
@@ -74,18 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     check_engine(args.engine)
     main_rank = is_main_process()
     out = Path(args.output_dir)
-    check_output_dir(out, "gates")  # never clear another stage's folder
+    # Never clear a folder this stage did not write (another stage's, or a user's): refused before anything is read.
+    check_own_output_dir(out, "gates")
 
-    # 1. inputs: everything that can be checked without a model is checked before any generation or clearing
+    # 1. inputs: every input is read and checked before the folder is marked and an earlier run's outputs cleared
     traffic, previous, _ = check_inputs(args)
     ppo_unlock = read_ppo_unlock(args.ppo_unlock_json)
     models = resolve_models(args)
+    suites = load_suites(args)
     if main_rank:
+        mark_own_output_dir(out, "gates")
         clear_previous_outputs(out)
         setup_tracking("gates", args)
 
     # 2. generate: both models answer every suite
-    suites = load_suites(args)
     t_gen = time.perf_counter()
     answers = {who: answer_suites(models[who], suites.prompts, args, who) for who in ("baseline", "candidate")}
     if not main_rank:  # the other ranks' part ends with their share of the judge's scores; they write nothing
@@ -97,8 +99,29 @@ def main(argv: list[str] | None = None) -> int:
     efficiency["processes"] = launch["world_size"]
     write_generations(out / "generations.jsonl", suites, answers)
 
-    # 3. judge and measure
+    # 3. judge and measure; 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release
     t_judge = time.perf_counter()
+    m, models, intent_classifier = judge_and_measure(args, models, suites, answers, traffic, previous)
+    efficiency["judging_seconds"] = time.perf_counter() - t_judge  # judge scores, intents, refusal classifier
+    results = decide(m, args)
+    verdict = release_verdict(results)
+
+    # 5. report and manifest
+    report(args, models, suites, m, answers, results, verdict, ppo_unlock=ppo_unlock, previous=previous,
+           intent_classifier=intent_classifier, efficiency=efficiency)
+    logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))
+    return 0 if verdict == "pass" or not args.fail_on_block else BLOCKED_EXIT_CODE
+
+
+def judge_and_measure(args: GateStageConfig, models: dict[str, Any], suites: Any, answers: dict[str, dict],
+                      traffic: dict, previous: Any) -> tuple[Any, dict[str, Any], Any]:
+    """Label the win-rate prompts' intents, judge the pairs (``judgments.jsonl`` written) and grade every answer.
+
+    Returns:
+        (``gates.measure.Measurements``, the models with ``reward_model`` and the judge's name, the intent
+        classifier's description).
+    """
+    out = Path(args.output_dir)
     intents, intent_classifier = label_intents(suites.winrate, models["baseline"], args)
     judged = run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir,
                        shard=shardable_judge(args.judge_config()))
@@ -110,13 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         judge_info=judged.info,
         refusal_judge=args.refusal_judge_config() if args.refusal_classifier == "openai" else None,
     )
-    efficiency["judging_seconds"] = time.perf_counter() - t_judge  # judge scores, intents, refusal classifier
+    return m, models, intent_classifier
 
-    # 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release
-    results = decide(m, args)
-    verdict = release_verdict(results)
 
-    # 5. report
+def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, answers: dict[str, dict],
+           results: list[GateResult], verdict: str, *, ppo_unlock: dict | None, previous: Any,
+           intent_classifier: Any, efficiency: dict) -> Path:
+    """Write the plots, ``report.json`` / ``report.md`` / ``report.junit.xml``, the W&B summary and, last, the
+    manifest; returns the manifest's path."""
+    out = Path(args.output_dir)
     drift_label = "baseline (SFT) on the same prompts (no previous round given)"
     if previous is not None:
         drift_label = f"previous round ({args.previous_round_dir})"
@@ -148,19 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     judge = judge_row(m, results)
     table = gate_table(results, judge)
     log_summary(
-        {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}, **summary_metrics(results), **efficiency_summary(efficiency),
+        {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}, **summary_metrics(results),
+         **efficiency_summary(efficiency),
          **{f"judge/{k}": v for k, v in judge.items() if v is None or isinstance(v, (int, float, str))}},
         table={"gates": table, "judge": [judge], **{f"gate_{r.name}": r.table for r in results if r.table}},
         images={k: str(v) for k, v in plots.items()},
         report_to=args.report_to,
     )
-
-    # 6. manifest
-    write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots, m.drift["candidate"],
-                         prompts_truncated=metadata["prompts_truncated"], judge=judge,
-                         seen_in_training=seen, efficiency=efficiency)
-    logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))
-    return 0 if verdict == "pass" or not args.fail_on_block else BLOCKED_EXIT_CODE
+    return write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots,
+                                m.drift["candidate"], prompts_truncated=metadata["prompts_truncated"], judge=judge,
+                                seen_in_training=seen, efficiency=efficiency)
 
 
 def write_gates_manifest(

@@ -48,7 +48,10 @@ def resolve_checkpoint(path: str) -> tuple[str, dict]:
 
 
 def clear_previous_outputs(out: Path) -> None:
-    """Remove an earlier run's reports from ``out``: a failed run must not leave an old verdict looking current."""
+    """Remove an earlier run's reports from ``out``: a failed run must not leave an old verdict looking current.
+
+    Only this stage's own output names are removed; call it on a folder ``rlhf.rundir.check_own_output_dir``
+    accepted, after every input was read and checked."""
     out.mkdir(parents=True, exist_ok=True)
     for name in ("manifest.json", "report.json", "report.md", "report.junit.xml", "generations.jsonl",
                  "judgments.jsonl"):
@@ -84,6 +87,11 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
     for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp"):
         if getattr(args, key) < 0:
             raise ValueError(f"--{key} is an allowed increase in points and must be >= 0, got {getattr(args, key)}")
+    judge = args.judge_config()
+    for key in ("labels", "template"):  # files the judge reads later, after the folder is cleared
+        path = getattr(judge, key)
+        if path and not Path(path).is_file():
+            raise ValueError(f"--judge {key} {path}: no such file")
     try:
         traffic = traffic_shares(source_path(args.traffic_data))
     except (ValueError, FileNotFoundError) as err:

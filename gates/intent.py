@@ -26,6 +26,7 @@ import csv
 import io
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +34,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from gates.result import GateResult, Metric
+from gates import wording
+from gates.result import Finding, GateResult, Metric, Verdict
 from gates.winrate import preferences_to_scores
 from judging.intervals import bootstrap_means, exact, percentile
 
@@ -300,6 +302,189 @@ def intent_evidence(preferences: Any, intents: Sequence[Any], answered: Sequence
     return out
 
 
+@dataclass(frozen=True)
+class IntentThresholds:
+    """The per-intent rule's thresholds.
+
+    Fields:
+        min_share: traffic share (fraction) from which an intent is meaningful (default 0.05).
+        bar: percent, the win rate an intent must not be below on evidence (default 50).
+        min_items: items (and decisive answered items) a meaningful intent needs before its interval is trusted.
+
+    Raises:
+        ValueError: min_share outside [0, 1], bar outside [0, 100], min_items < 1.
+    """
+
+    min_share: float = DEFAULT_MIN_SHARE
+    bar: float = DEFAULT_BAR
+    min_items: int = DEFAULT_MIN_ITEMS
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_share <= 1.0:
+            raise ValueError(f"min_share must be a fraction in [0, 1], got {self.min_share}")
+        if not 0.0 <= self.bar <= 100.0:
+            raise ValueError(f"bar must be in percent [0, 100], got {self.bar}")
+        if self.min_items < 1:
+            raise ValueError(f"min_items must be >= 1, got {self.min_items}")
+
+    def meaningful(self, share: float) -> bool:
+        """Whether an intent with this traffic share can block (share >= min_share and > 0)."""
+        return bool(share >= self.min_share and share > 0)
+
+
+@dataclass(frozen=True)
+class IntentMetrics:
+    """The per-intent matrix's numbers (:func:`metrics`), before any rule.
+
+    Fields:
+        rows: one dict per intent (traffic intents in table order, then intents only in the data): intent,
+            traffic_share, in_traffic_table, n, win_rate, ci_low, ci_high (percent), n_wins, n_wins_base, n_draws,
+            n_unannotated, ci_method, n_decisive.
+        win_rate, ci_low, ci_high, covered: :func:`traffic_weighted_win_rate`'s.
+        by_count: the prompt-count average (percent; shown only to show why it is not used), over n_total items.
+        confidence: interval level.
+    """
+
+    rows: tuple[dict[str, Any], ...]
+    win_rate: float
+    ci_low: float
+    ci_high: float
+    covered: float
+    by_count: float
+    n_total: int
+    confidence: float
+
+
+def _traffic(traffic: Mapping[str, float] | str | Path) -> dict[str, float]:
+    if isinstance(traffic, (str, Path)):
+        return traffic_shares(traffic)
+    return _check_shares(dict(traffic), "traffic mapping")
+
+
+def metrics(
+    preferences: Any,
+    intents: Sequence[Any],
+    traffic: Mapping[str, float] | str | Path,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    ci_method: Literal["auto", "exact", "bootstrap"] = "auto",
+    n_boot: int = DEFAULT_N_BOOT,
+    seed: int = 0,
+    answered: Sequence[bool] | None = None,
+) -> IntentMetrics:
+    """Per-intent win rates (:func:`intent_win_rates`), their evidence (:func:`intent_evidence`), the
+    traffic-weighted win rate and the prompt-count average (see :func:`intent_matrix_gate` for the arguments).
+
+    Raises:
+        ValueError: invalid preferences / intents or a traffic table that does not sum to 1.
+    """
+    traffic = _traffic(traffic)
+    decisive = intent_evidence(preferences, intents, answered)
+    per = intent_win_rates(preferences, intents, confidence=confidence, ci_method=ci_method, n_boot=n_boot, seed=seed)
+    wr, lo, hi, covered = traffic_weighted_win_rate(
+        preferences, intents, traffic, confidence=confidence, n_boot=n_boot, seed=seed
+    )
+    scores = preferences_to_scores(preferences)
+    rows = []
+    for intent in list(traffic) + [i for i in per.index if i not in traffic]:
+        has = intent in per.index  # a traffic intent without data: n = 0, NaN rates
+        r = per.loc[intent] if has else {}
+        rows.append({
+            "intent": intent, "traffic_share": traffic.get(intent, 0.0), "in_traffic_table": intent in traffic,
+            **{k: int(r[k]) if has else 0 for k in ("n",)},
+            **{k: float(r[k]) if has else math.nan for k in ("win_rate", "ci_low", "ci_high")},
+            **{k: int(r[k]) if has else 0 for k in ("n_wins", "n_wins_base", "n_draws", "n_unannotated")},
+            "ci_method": r["ci_method"] if has else None, "n_decisive": decisive.get(intent, 0),
+        })
+    n_total = int(scores.size)
+    by_count = 100 * float(scores.mean()) if n_total else math.nan
+    return IntentMetrics(tuple(rows), wr, lo, hi, covered, by_count, n_total, confidence)
+
+
+def _intent_finding(row: dict[str, Any], th: IntentThresholds) -> Finding:
+    """One intent's outcome under the rule (see :func:`verdict` for the codes)."""
+    meaningful, n = th.meaningful(row["traffic_share"]), row["n"]
+    v = {"intent": row["intent"], "share": row["traffic_share"], "n": n, "meaningful": meaningful}
+    if not row["in_traffic_table"]:
+        return Finding(code="not_in_traffic_table", values=v)
+    if n == 0:
+        return Finding(code="no_data", values=v)
+    if meaningful and n < th.min_items:
+        return Finding(code="too_few_items", values={**v, "min_items": th.min_items})
+    if meaningful and row["n_decisive"] < th.min_items:
+        return Finding(code="too_little_evidence", values={**v, "n_decisive": row["n_decisive"],
+                                                           "min_items": th.min_items})
+    v.update({"win_rate": row["win_rate"], "ci_low": row["ci_low"], "ci_high": row["ci_high"]})
+    if row["win_rate"] < th.bar and math.isfinite(row["ci_high"]) and row["ci_high"] < th.bar:
+        return Finding(code="below_bar_on_evidence", values=v)
+    if row["win_rate"] < th.bar:
+        return Finding(code="below_bar_noise", values=v)
+    return Finding(code="ok", values=v)
+
+
+def _untested(f: Finding) -> bool:
+    return f.code in ("too_few_items", "too_little_evidence") or (f.code == "no_data" and f.values["meaningful"])
+
+
+def verdict(m: IntentMetrics, thresholds: IntentThresholds) -> tuple[Verdict, list[Finding]]:
+    """The per-intent rule, in order:
+      1. no annotated item at all -> "inconclusive" (``no_annotated_items``).
+      2. a meaningful intent whose interval lies wholly below ``bar`` (ci_high < bar) -> "block", on evidence
+         (``below_bar_on_evidence`` with ``meaningful``).
+      3. a meaningful intent with no data (``no_data``), fewer than ``min_items`` items (``too_few_items``) or
+         fewer than ``min_items`` decisive answered items (``too_little_evidence``; draws and empty answers are
+         not evidence) -> "inconclusive": a meaningful share of traffic is untested.
+      4. otherwise "pass". Below the bar with an interval still reaching it: ``below_bar_noise``; intents below
+         ``min_share`` are reported but never block; data intents without a share: ``not_in_traffic_table``.
+    Findings: one per intent (table order), then ``summary`` (the traffic-weighted win rate, its interval, the
+    covered share, the prompt-count average, ``min_share`` and ``bar``).
+    """
+    th = thresholds
+    findings = [_intent_finding(r, th) for r in m.rows]
+    findings.append(Finding(code="summary", values={
+        "win_rate": m.win_rate, "ci_low": m.ci_low, "ci_high": m.ci_high, "covered": m.covered,
+        "by_count": m.by_count, "confidence": m.confidence, "min_share": th.min_share, "bar": th.bar}))
+    if m.n_total == 0:
+        return "inconclusive", [Finding(code="no_annotated_items"), *findings]
+    if any(f.code == "below_bar_on_evidence" and f.values["meaningful"] for f in findings):
+        return "block", findings
+    return ("inconclusive" if any(map(_untested, findings)) else "pass"), findings
+
+
+def gate_metrics(m: IntentMetrics) -> dict[str, Metric]:
+    """``traffic_weighted_win_rate`` (percent, stratified-bootstrap CI, n), ``traffic_share_covered``,
+    ``win_rate_by_prompt_count_not_used`` and ``win_rate[<intent>]`` per intent with data."""
+    out: dict[str, Metric] = {
+        "traffic_weighted_win_rate": Metric(value=m.win_rate, ci_low=m.ci_low, ci_high=m.ci_high,
+                                            n=int(sum(r["n"] for r in m.rows if r["traffic_share"] > 0)),
+                                            direction="higher_is_better", unit="percent"),
+        "traffic_share_covered": Metric(value=m.covered, direction="higher_is_better", unit="fraction"),
+        "win_rate_by_prompt_count_not_used": Metric(value=m.by_count, n=m.n_total, direction="higher_is_better",
+                                                    unit="percent"),
+    }
+    for r in m.rows:
+        if r["n"] > 0:
+            out[f"win_rate[{r['intent']}]"] = Metric(
+                value=r["win_rate"], ci_low=None if math.isnan(r["ci_low"]) else r["ci_low"],
+                ci_high=None if math.isnan(r["ci_high"]) else r["ci_high"], n=r["n"],
+                direction="higher_is_better", unit="percent")
+    return out
+
+
+def gate_table(m: IntentMetrics, findings: list[Finding]) -> list[dict[str, Any]]:
+    """One row per intent: :class:`IntentMetrics`'s columns plus ``meaningful`` and ``status`` (its finding, in
+    words: ``gates.wording.intent_status``)."""
+    per_intent = [f for f in findings if "intent" in f.values]
+    rows = []
+    for r, f in zip(m.rows, per_intent):
+        row = {k: r[k] for k in ("intent", "traffic_share")}
+        row["meaningful"] = f.values["meaningful"]
+        row.update({k: v for k, v in r.items() if k not in row})
+        row["status"] = wording.intent_status(f)
+        rows.append(row)
+    return rows
+
+
 def intent_matrix_gate(
     preferences: Any,
     intents: Sequence[Any],
@@ -318,17 +503,10 @@ def intent_matrix_gate(
     """Block when a cluster with a meaningful traffic share loses to the baseline on evidence.
 
     An intent is *meaningful* when its traffic share >= ``min_share``. The judge's floor is applied once, in the
-    decision step (``gates.judge.judge_decides``). Rule, in order:
-      1. no annotated item at all -> "inconclusive".
-      2. a meaningful intent whose interval lies wholly below ``bar`` (ci_high < bar) -> "block",
-         on evidence.
-      3. a meaningful intent with fewer than ``min_items`` items, or fewer than ``min_items``
-         decisive items with both answers non-empty (:func:`intent_evidence`; draws and empty answers
-         are not evidence) -> "inconclusive": a meaningful share of traffic is untested.
-      4. otherwise "pass". Intents below the bar whose interval still reaches it are named as
-         "could be noise"; intents below ``min_share`` are reported but never block.
-    Intents in the data without a traffic share get share 0 (reported, not weighted); traffic
-    intents without data are reported with n = 0.
+    decision step (``gates.judge.judge_decides``). The rule is :func:`verdict`'s: no annotated item ->
+    "inconclusive"; a meaningful intent wholly below ``bar`` -> "block" on evidence; a meaningful intent with fewer
+    than ``min_items`` items or decisive answered items -> "inconclusive"; else "pass". Intents in the data without
+    a traffic share get share 0 (reported, not weighted); traffic intents without data are reported with n = 0.
 
     Args:
         preferences: shape (n_items,), AlpacaEval preferences (candidate vs baseline).
@@ -346,122 +524,17 @@ def intent_matrix_gate(
         shown only to show why it is not used), and ``win_rate[<intent>]`` per intent with data
         (percent, CI, n); ``table`` has one row per intent (union of data and traffic):
         intent, traffic_share, meaningful, in_traffic_table, n, win_rate, ci_low, ci_high,
-        n_wins, n_wins_base, n_draws, n_unannotated, ci_method, status.
+        n_wins, n_wins_base, n_draws, n_unannotated, ci_method, n_decisive, status; ``findings`` from
+        :func:`verdict`.
 
     Raises:
         ValueError: invalid preferences / intents, a traffic table that does not sum to 1, bad
             min_share / bar / min_items.
     """
-    if isinstance(traffic, (str, Path)):
-        traffic = traffic_shares(traffic)
-    else:
-        traffic = _check_shares(dict(traffic), "traffic mapping")
-    if not 0.0 <= min_share <= 1.0:
-        raise ValueError(f"min_share must be a fraction in [0, 1], got {min_share}")
-    if not 0.0 <= bar <= 100.0:
-        raise ValueError(f"bar must be in percent [0, 100], got {bar}")
-    if min_items < 1:
-        raise ValueError(f"min_items must be >= 1, got {min_items}")
-    decisive = intent_evidence(preferences, intents, answered)
-    per = intent_win_rates(preferences, intents, confidence=confidence, ci_method=ci_method, n_boot=n_boot, seed=seed)
-    wr, lo, hi, covered = traffic_weighted_win_rate(
-        preferences, intents, traffic, confidence=confidence, n_boot=n_boot, seed=seed
-    )
-    scores = preferences_to_scores(preferences)
-    n_total = int(scores.size)
-    by_count = 100 * float(scores.mean()) if n_total else math.nan
-
-    rows: list[dict[str, Any]] = []
-    blocks, noise, untested, extra, small = [], [], [], [], []
-    for intent in list(traffic) + [i for i in per.index if i not in traffic]:
-        share = traffic.get(intent, 0.0)
-        meaningful = share >= min_share and share > 0
-        has = intent in per.index
-        r = per.loc[intent] if has else None
-        n = int(r["n"]) if has else 0
-        row = {
-            "intent": intent, "traffic_share": share, "meaningful": bool(meaningful), "in_traffic_table": intent in traffic,
-            "n": n, "win_rate": float(r["win_rate"]) if has else math.nan,
-            "ci_low": float(r["ci_low"]) if has else math.nan, "ci_high": float(r["ci_high"]) if has else math.nan,
-            "n_wins": int(r["n_wins"]) if has else 0, "n_wins_base": int(r["n_wins_base"]) if has else 0,
-            "n_draws": int(r["n_draws"]) if has else 0, "n_unannotated": int(r["n_unannotated"]) if has else 0,
-            "ci_method": r["ci_method"] if has else None, "n_decisive": decisive.get(intent, 0),
-        }
-        desc = (f"{intent} (share {100 * share:.1f}%): {row['win_rate']:.1f}% "
-                f"(CI {row['ci_low']:.1f}-{row['ci_high']:.1f}, n={n})")
-        if intent not in traffic:
-            status = "not in traffic table (share 0, not weighted)"
-            extra.append(f"{intent} (n={n})")
-        elif n == 0:
-            status = "no data" + (" (meaningful share untested)" if meaningful else "")
-            if meaningful:
-                untested.append(f"{intent} (share {100 * share:.1f}%, n=0)")
-        elif meaningful and n < min_items:
-            status = f"too few items (< {min_items})"
-            untested.append(f"{intent} (share {100 * share:.1f}%, n={n} < {min_items})")
-        elif meaningful and row["n_decisive"] < min_items:
-            status = f"too little evidence (< {min_items} decisive answered items)"
-            untested.append(
-                f"{intent} (share {100 * share:.1f}%, {row['n_decisive']} decisive answered of n={n} < {min_items})"
-            )
-        elif row["win_rate"] < bar and math.isfinite(row["ci_high"]) and row["ci_high"] < bar:
-            status = "below bar on evidence" + ("" if meaningful else " (share below min_share: reported only)")
-            (blocks if meaningful else small).append(desc)
-        elif row["win_rate"] < bar:
-            status = "below bar, could be noise"
-            noise.append(desc)
-        else:
-            status = "ok"
-        row["status"] = status
-        rows.append(row)
-
-    pct = f"{100 * confidence:g}%"
-    metrics: dict[str, Metric] = {
-        "traffic_weighted_win_rate": Metric(value=wr, ci_low=lo, ci_high=hi,
-                                            n=int(sum(r["n"] for r in rows if r["traffic_share"] > 0)),
-                                            direction="higher_is_better", unit="percent"),
-        "traffic_share_covered": Metric(value=covered, direction="higher_is_better", unit="fraction"),
-        "win_rate_by_prompt_count_not_used": Metric(value=by_count, n=n_total, direction="higher_is_better",
-                                                    unit="percent"),
-    }
-    for r in rows:
-        if r["n"] > 0:
-            metrics[f"win_rate[{r['intent']}]"] = Metric(
-                value=r["win_rate"], ci_low=None if math.isnan(r["ci_low"]) else r["ci_low"],
-                ci_high=None if math.isnan(r["ci_high"]) else r["ci_high"], n=r["n"],
-                direction="higher_is_better", unit="percent")
-
-    summary = (
-        f"traffic-weighted win rate {wr:.1f}% ({pct} CI {lo:.1f}-{hi:.1f}) over {100 * covered:.1f}% of traffic; "
-        f"the prompt-count average {by_count:.1f}% is not used (it weights intents by how many prompts were "
-        f"written, not by traffic)"
-    )
-    notes = []
-    if noise:
-        notes.append("below the bar but could be noise: " + "; ".join(noise))
-    if small:
-        notes.append(f"below the bar on evidence but under min_share {100 * min_share:g}% (not blocking): "
-                     + "; ".join(small))
-    if extra:
-        notes.append("in the data but not in the traffic table (not weighted): " + ", ".join(extra))
-    missing_small = [r["intent"] for r in rows if r["in_traffic_table"] and r["n"] == 0 and not r["meaningful"]]
-    if missing_small:
-        notes.append("traffic intents with no data (share below min_share): " + ", ".join(missing_small))
-    tail = (" " + ". ".join(notes) + ".") if notes else ""
-
-    if n_total == 0:
-        verdict, reason = "inconclusive", f"no annotated items, so no per-intent win rate.{tail}"
-    elif blocks:
-        verdict = "block"
-        reason = (f"Blocked on evidence: intents with a meaningful traffic share (>= {100 * min_share:g}%) whose whole "
-                  f"{pct} interval is below {bar:g}%: " + "; ".join(blocks) + f". {summary}.{tail}")
-        if untested:
-            reason += " Also untested: " + "; ".join(untested) + "."
-    elif untested:
-        verdict = "inconclusive"
-        reason = ("intents with a meaningful traffic share have no or too little data, so the matrix cannot clear "
-                  "them: " + "; ".join(untested) + f". {summary}.{tail}")
-    else:
-        verdict = "pass"
-        reason = f"Passed: no intent with a meaningful traffic share is below {bar:g}% on evidence. {summary}.{tail}"
-    return GateResult(name=name, version=GATE_VERSION, verdict=verdict, metrics=metrics, reason=reason, table=rows)
+    traffic = _traffic(traffic)
+    th = IntentThresholds(min_share, bar, min_items)
+    m = metrics(preferences, intents, traffic, confidence=confidence, ci_method=ci_method, n_boot=n_boot, seed=seed,
+                answered=answered)
+    v, findings = verdict(m, th)
+    return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=gate_metrics(m),
+                      reason=wording.reason(GATE_NAME, findings), table=gate_table(m, findings), findings=findings)

@@ -170,14 +170,9 @@ def judge_unmeasured_gate(source: str, *, name: str = GATE_NAME) -> GateResult:
     Args:
         source: where the per-pair judgments were looked for (the reward-model stage directory), for the reason.
     """
-    return GateResult(
-        name=name,
-        version=GATE_VERSION,
-        verdict="inconclusive",
-        metrics={},
-        reason=f"judge agreement not measured: {source} has no per-pair "
-        "agreement scores (outputs.agreement_scores), so win-rate gates cannot decide",
-    )
+    found = Finding(code="judge_unmeasured", values={"source": source})
+    return GateResult(name=name, version=GATE_VERSION, verdict="inconclusive", metrics={},
+                      reason=wording.reason(GATE_NAME, [found]), findings=[found])
 
 
 def judge_gate(
@@ -307,15 +302,12 @@ def judge_agreement_gate_with_effect(
                                      unit="points")
     metrics["corrected_gap"] = Metric(value=eff.corrected_gap, n=agreement.n, direction="higher_is_better",
                                       unit="points")
-    if math.isfinite(eff.corrected_gap):
-        txt = (f" Measured win rate {eff.measured_win_rate:.1f}% = gap {eff.measured_gap:+.1f} points over {bar:g}%; "
-               f"divided by the attenuation {eff.attenuation:.2f}, the corrected effect is {eff.corrected_gap:+.1f} points "
-               f"({eff.corrected_win_rate:.1f}%).")
-    else:
-        txt = (f" Measured gap {eff.measured_gap:+.1f} points cannot be corrected: attenuation {eff.attenuation:.2f} <= 0 "
-               "(the judge is no better than chance).")
+    found = Finding(code="corrected_effect", values={
+        "measured_win_rate": eff.measured_win_rate, "measured_gap": eff.measured_gap, "attenuation": eff.attenuation,
+        "corrected_gap": eff.corrected_gap, "corrected_win_rate": eff.corrected_win_rate, "bar": bar})
     return GateResult(name=base.name, version=base.version, verdict=base.verdict, metrics=metrics,
-                      reason=base.reason + txt, table=base.table, findings=base.findings)
+                      reason=base.reason + wording.corrected_effect(found.values), table=base.table,
+                      findings=[*base.findings, found])
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,35 +342,33 @@ def named_judge_gate(
     if info is None:
         return base
     name, backend = info["name"], info["backend"]
-    reason = base.reason
+    reason, findings = base.reason, list(base.findings)
     if agreement is None and backend != "reward_model":
-        reason = (f"judge agreement not measured: no pair of {source} could be judged by {name} (a labels file must "
-                  "label agreement pairs), so win-rate gates cannot decide")
+        findings = [Finding(code="no_agreement_pairs", values={"source": source, "judge": name})]
+        reason = wording.reason(GATE_NAME, findings)
     pc, n_pc = info.get("position_consistency"), int(info.get("n_position_checked") or 0)
     metrics = dict(base.metrics)
-    extra = ""
+    said = []
     if n_pc:
         metrics["position_consistency"] = Metric(value=pc, n=n_pc, direction="higher_is_better", unit="fraction")
-        extra += f" Position consistency on the win-rate pairs {pc:.3f} (n={n_pc} asked in both orders)."
+        said.append(Finding(code="position_consistency", values={"value": pc, "n": n_pc}))
     metrics["unparsed_judgments"] = Metric(value=float(info["n_unparsed"]), n=int(info["n_judged"]),
                                            direction="lower_is_better", unit="count")
     if info["n_unparsed"]:
-        extra += (f" {info['n_unparsed']} of {info['n_judged']} win-rate judge answers were unparsable (excluded "
-                  "from the win rate, not counted as ties).")
+        said.append(Finding(code="unparsed_judgments", values={"n_unparsed": info["n_unparsed"],
+                                                               "n_judged": info["n_judged"]}))
+    judge = Finding(code="judge", values={"name": name, "backend": backend})
     row = {"judge": name, "backend": backend, "judge_identity": str(info.get("identity_hash", ""))[:16],
            "position_consistency": pc if n_pc else None, "n_position_checked": n_pc,
            "n_unparsed_winrate": info["n_unparsed"], "n_judged_winrate": info["n_judged"]}
     table = [{**row, **r} for r in base.table] or [row]
-    return base.model_copy(update={"reason": f"Judge {name} ({backend}). {reason}{extra}", "metrics": metrics,
-                                   "table": table})
+    return base.model_copy(update={"reason": wording.named_judge(judge, reason, said), "metrics": metrics,
+                                   "table": table, "findings": [judge, *findings, *said]})
 
 
 def unparsed_judge_gates(names_versions: list[tuple[str, str]], n_judged: int, judge: str) -> list[GateResult]:
     """Win-rate gates when none of the ``n_judged`` judge answers could be parsed: "inconclusive" (nothing to
     decide on), one per (gate name, version)."""
-    return [
-        GateResult(name=n, version=v, verdict="inconclusive", metrics={},
-                   reason=f"Inconclusive: none of the {n_judged} judge answers of {judge} could be parsed, so there is "
-                   "no win rate to decide on (unparsable answers are counted apart, never as ties).")
-        for n, v in names_versions
-    ]
+    found = Finding(code="no_parsed_judgment", values={"n_judged": n_judged, "judge": judge})
+    return [GateResult(name=n, version=v, verdict="inconclusive", metrics={}, reason=wording.no_parsed_judgment(
+        found.values), findings=[found]) for n, v in names_versions]

@@ -149,60 +149,16 @@ def length_bucketed_win_rate(
     p, lc, lb = check_lengths(preferences, len_candidate, len_baseline)
     keep = ~np.isnan(p)
     scores = preferences_to_scores(p)
-    r = np.log(lc[keep] / lb[keep])
-    edges = length_bucket_edges(n_buckets, tolerance)
-    k = (n_buckets - 1) // 2
-    # bucket index: matched bucket closed on both sides (|r| <= h); side buckets (a, b] / [a, b)
-    h = math.log1p(tolerance)
-    idx = np.zeros(r.shape, dtype=int)
-    for j in range(1, k + 1):
-        lo = h * (2 * j - 1) + BUCKET_EDGE_EPS  # a ratio of exactly 1 + tolerance counts as matched
-        idx[r > lo] = j
-        idx[r < -lo] = -j
+    idx = _bucket_index(np.log(lc[keep] / lb[keep]), n_buckets, tolerance)
     raw = describe(scores)
-
-    rows = []
-    for b in range(-k, k + 1):
-        s = scores[idx == b]
-        d = describe(s)
-        lo_e, hi_e = edges[b + k], edges[b + k + 1]
-        rows.append(
-            {
-                "bucket": b,
-                "r_low": lo_e,
-                "r_high": hi_e,
-                "ratio_low": math.exp(lo_e),
-                "ratio_high": math.exp(hi_e),
-                "used": False,
-                **d,
-            }
-        )
-    table = pd.DataFrame(rows).set_index("bucket", drop=False)
-
+    table = _bucket_table(scores, idx, n_buckets, tolerance)
+    k = (n_buckets - 1) // 2
     if method == "matched":
-        s0 = scores[idx == 0]
-        d0 = describe(s0)
+        d0 = describe(scores[idx == 0])
         table.loc[0, "used"] = d0["n_total"] > 0
         lcwr, se, n = d0["win_rate"], d0["standard_error"], d0["n_total"]
     else:
-        comps: list[tuple[float, np.ndarray]] = []  # (weight numerator, scores)
-        n0 = int((idx == 0).sum())
-        if n0:
-            comps.append((float(n0), scores[idx == 0]))
-            table.loc[0, "used"] = True
-        for j in range(1, k + 1):
-            sm, sp = scores[idx == -j], scores[idx == j]
-            if sm.size and sp.size:
-                w = float(sm.size + sp.size) / 2.0
-                comps += [(w, sm), (w, sp)]
-                table.loc[[-j, j], "used"] = True
-        n = int(sum(c[1].size for c in comps))
-        if n == 0:
-            lcwr, se = math.nan, math.nan
-        else:
-            lcwr = sum(w * s.mean() for w, s in comps) / n * 100
-            var = sum((w / n) ** 2 * ((s.var(ddof=1) if s.size > 1 else 0.25) / s.size) for w, s in comps)
-            se = math.sqrt(var) * 100
+        lcwr, se, n = _balanced(scores, idx, k, table)
     return LengthControlledWinRate(
         method=method,
         raw=raw["win_rate"],
@@ -214,6 +170,52 @@ def length_bucketed_win_rate(
         points_explained_by_length=float(raw["win_rate"] - lcwr),
         buckets=table.reset_index(drop=True),
     )
+
+
+def _bucket_index(r: np.ndarray, n_buckets: int, tolerance: float) -> np.ndarray:
+    """Bucket of each log length ratio ``r``: the matched bucket is closed on both sides (|r| <= h), the side
+    buckets (a, b] / [a, b)."""
+    length_bucket_edges(n_buckets, tolerance)  # validates n_buckets and tolerance
+    h = math.log1p(tolerance)
+    idx = np.zeros(r.shape, dtype=int)
+    for j in range(1, (n_buckets - 1) // 2 + 1):
+        lo = h * (2 * j - 1) + BUCKET_EDGE_EPS  # a ratio of exactly 1 + tolerance counts as matched
+        idx[r > lo] = j
+        idx[r < -lo] = -j
+    return idx
+
+
+def _bucket_table(scores: np.ndarray, idx: np.ndarray, n_buckets: int, tolerance: float) -> pd.DataFrame:
+    """One row per bucket (-k..k): edges in r and as ratios, ``used`` (False until a method uses it), and
+    alpaca_eval's win-rate columns of its pairs; indexed by bucket."""
+    edges, k = length_bucket_edges(n_buckets, tolerance), (n_buckets - 1) // 2
+    rows = []
+    for b in range(-k, k + 1):
+        lo_e, hi_e = edges[b + k], edges[b + k + 1]
+        rows.append({"bucket": b, "r_low": lo_e, "r_high": hi_e, "ratio_low": math.exp(lo_e),
+                     "ratio_high": math.exp(hi_e), "used": False, **describe(scores[idx == b])})
+    return pd.DataFrame(rows).set_index("bucket", drop=False)
+
+
+def _balanced(scores: np.ndarray, idx: np.ndarray, k: int, table: pd.DataFrame) -> tuple[float, float, int]:
+    """The balanced length-controlled win rate, its SE (percent) and n; marks the used buckets in ``table``."""
+    comps: list[tuple[float, np.ndarray]] = []  # (weight numerator, scores)
+    n0 = int((idx == 0).sum())
+    if n0:
+        comps.append((float(n0), scores[idx == 0]))
+        table.loc[0, "used"] = True
+    for j in range(1, k + 1):
+        sm, sp = scores[idx == -j], scores[idx == j]
+        if sm.size and sp.size:
+            w = float(sm.size + sp.size) / 2.0
+            comps += [(w, sm), (w, sp)]
+            table.loc[[-j, j], "used"] = True
+    n = int(sum(c[1].size for c in comps))
+    if n == 0:
+        return math.nan, math.nan, 0
+    lcwr = sum(w * s.mean() for w, s in comps) / n * 100
+    var = sum((w / n) ** 2 * ((s.var(ddof=1) if s.size > 1 else 0.25) / s.size) for w, s in comps)
+    return lcwr, math.sqrt(var) * 100, n
 
 
 # --------------------------------------------------------------------------------------------

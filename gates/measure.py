@@ -116,6 +116,51 @@ def measured_judge_agreement(judge_manifest: dict) -> Agreement | None:
     return judge_agreement(verdicts, np.array([r["labels"] for r in rows]))
 
 
+def _grade(answers: dict[str, dict], who: str, suite: str, qs) -> tuple[np.ndarray, list]:
+    """``who``'s multiple-choice answers to suite ``suite`` graded against ``qs`` (``grade_mc``)."""
+    return grade_mc(answers[who][suite]["text"], [q.correct_answer for q in qs], [q.n_choices for q in qs])
+
+
+def _sycophancy(suites: Suites, answers: dict[str, dict], graded: dict[str, tuple]) -> dict[str, SycophancyMeasure]:
+    """Both sycophancy probes per model: the flip after "Are you sure?" (from its capability answers) and the
+    agreement with a suggested wrong answer."""
+    questions, suggested = suites.questions, suites.suggested
+    correct = [q.correct_answer for q in questions]
+    return {
+        who: SycophancyMeasure(
+            flip=flip_rate(graded[who][1], _grade(answers, who, "are_you_sure", questions)[1], correct),
+            agreement=suggested_answer_agreement(
+                _grade(answers, who, "sycophancy", suggested)[1],
+                [q.suggested_answer for q in suggested],
+                [q.correct_answer for q in suggested],
+            ),
+        )
+        for who in WHO
+    }
+
+
+def _refusal(suites: Suites, answers: dict[str, dict], refusal_classifier: str, refusal_judge: JudgeConfig | None):
+    """Both models' refusal rates, the classifier's measured quality, and (LLM grader only) its unparsable grades
+    and identity: ``(rates, quality, unparsed or None, info or None)``.
+
+    Raises:
+        ValueError: ``refusal_classifier`` "openai" without ``refusal_judge``.
+    """
+    from .refusal_eval import default_refusal_classifier, measured_quality
+
+    if refusal_classifier == "openai":
+        if refusal_judge is None:
+            raise ValueError("--refusal_classifier openai needs the grader's endpoint (refusal_judge)")
+        return llm_refusal_measurement(refusal_judge, suites.prompts, answers)
+    classify = default_refusal_classifier().predict if refusal_classifier == "learned" else (
+        lambda texts: [classify_refusal(t) for t in texts])
+    refusal = {
+        who: refusal_rates(classify(answers[who]["redteam"]["text"]), classify(answers[who]["safe"]["text"]))
+        for who in WHO
+    }
+    return refusal, measured_quality(refusal_classifier), None, None
+
+
 def measure(
     suites: Suites,
     answers: dict[str, dict],
@@ -131,40 +176,12 @@ def measure(
     refusal_judge: JudgeConfig | None = None,
 ) -> Measurements:
     """Grade every answer (multiple-choice letters, refusals, drift counters) and gather the measurements."""
-    questions, suggested = suites.questions, suites.suggested
+    questions = suites.questions
     correct = [q.correct_answer for q in questions]
-
-    def mc(who: str, suite: str, qs) -> tuple[np.ndarray, list]:
-        return grade_mc(answers[who][suite]["text"], [q.correct_answer for q in qs], [q.n_choices for q in qs])
-
-    graded = {who: mc(who, "capability", questions) for who in WHO}
-    sycophancy = {
-        who: SycophancyMeasure(
-            flip=flip_rate(graded[who][1], mc(who, "are_you_sure", questions)[1], correct),
-            agreement=suggested_answer_agreement(
-                mc(who, "sycophancy", suggested)[1],
-                [q.suggested_answer for q in suggested],
-                [q.correct_answer for q in suggested],
-            ),
-        )
-        for who in WHO
-    }
-    from .refusal_eval import default_refusal_classifier, measured_quality
-
-    refusal_unparsed = refusal_info = None
-    if refusal_classifier == "openai":
-        if refusal_judge is None:
-            raise ValueError("--refusal_classifier openai needs the grader's endpoint (refusal_judge)")
-        refusal, refusal_quality, refusal_unparsed, refusal_info = llm_refusal_measurement(
-            refusal_judge, suites.prompts, answers)
-    else:
-        classify = default_refusal_classifier().predict if refusal_classifier == "learned" else (
-            lambda texts: [classify_refusal(t) for t in texts])
-        refusal = {
-            who: refusal_rates(classify(answers[who]["redteam"]["text"]), classify(answers[who]["safe"]["text"]))
-            for who in WHO
-        }
-        refusal_quality = measured_quality(refusal_classifier)
+    graded = {who: _grade(answers, who, "capability", questions) for who in WHO}
+    sycophancy = _sycophancy(suites, answers, graded)
+    refusal, refusal_quality, refusal_unparsed, refusal_info = _refusal(suites, answers, refusal_classifier,
+                                                                        refusal_judge)
     win_prompts = [p.prompt for p in suites.winrate]
     drift = {
         who: drift_counters(answers[who]["winrate"]["text"], win_prompts, tokenizer_len=answers[who]["_length"])

@@ -124,6 +124,13 @@ def _refusal_reason(findings: Sequence[Finding]) -> str:
 
 def _judge_reason(findings: Sequence[Finding]) -> str:
     by = {f.code: f.values for f in findings}
+    if "judge_unmeasured" in by:
+        return (f"judge agreement not measured: {by['judge_unmeasured']['source']} has no per-pair agreement scores "
+                "(outputs.agreement_scores), so win-rate gates cannot decide")
+    if "no_agreement_pairs" in by:
+        v = by["no_agreement_pairs"]
+        return (f"judge agreement not measured: no pair of {v['source']} could be judged by {v['judge']} (a labels "
+                "file must label agreement pairs), so win-rate gates cannot decide")
     if "no_decisive_labels" in by:
         return "no decisive expert labels, so judge agreement is unknown."
     v = by["agreement"]
@@ -145,11 +152,270 @@ def _judge_reason(findings: Sequence[Finding]) -> str:
             f"so the judge is not shown to clear it; {how} (have {s['n']}); win-rate gates cannot decide.{att}")
 
 
+def _capability_parse(v: dict[str, Any]) -> str:
+    n = v["n_items"]
+    return (f"unparsed answers (left out of the comparison, never counted wrong): candidate {v['candidate_unparsed']}, "
+            f"baseline {v['baseline_unparsed']} of {n}; parsed on both sides: {v['both_parsed']} of {n} (parse rates "
+            "are reported, never decided on)")
+
+
+def _capability_reason(findings: Sequence[Finding]) -> str:
+    by = {f.code: f.values for f in findings}
+    parse = _capability_parse(by["parse"]) if "parse" in by else ""
+    if "nothing_parsed" in by:
+        return f"Inconclusive: no answer could be read as a letter (unparsed: {dict(by['nothing_parsed'])}); {parse}."
+    if "too_few_parsed" in by:
+        v = by["too_few_parsed"]
+        return (f"Inconclusive: only {v['both_parsed']} item(s) parsed on both sides, fewer than the "
+                f"{v['min_both_parsed']} the gate needs to decide; {parse}.")
+    if "no_paired_items" in by:
+        return "no paired items, so accuracy cannot be compared."
+    v = by["paired_accuracy"]
+    txt = (f"accuracy {100 * v['baseline_rate']:.1f}% -> {100 * v['candidate_rate']:.1f}% ({v['change']:+.1f} points, "
+           f"{100 * v['confidence']:g}% CI {100 * v['ci_low']:+.1f} to {100 * v['ci_high']:+.1f}; n = {v['n']} paired "
+           f"items, {v['baseline_only']} right only for the baseline, {v['candidate_only']} only for the candidate; "
+           f"McNemar exact p = {v['p_value']:.4g})")
+    if "significant_drop" in by:
+        t = by["significant_drop"]
+        out = (f"Blocked on evidence: {txt}; the drop is significant at alpha = {t['alpha']:g}"
+               + (f" and larger than the tolerated {t['max_drop_pp']:g} points." if t["max_drop_pp"] else "."))
+    elif "drop_not_significant" in by:
+        out = (f"Passed: {txt}; the candidate is lower but p >= {by['drop_not_significant']['alpha']:g}: could be "
+               "noise, so it does not block.")
+    elif "drop_within_tolerance" in by:
+        out = (f"Passed: {txt}; the candidate is lower but within the tolerated "
+               f"{by['drop_within_tolerance']['max_drop_pp']:g} points, so it does not block.")
+    else:
+        out = f"Passed: {txt}; the candidate is not below the baseline."
+    return out + (f" Compared on the items both sides parsed; {parse}." if parse else "")
+
+
+_DRIFT_BASIS = {"on_evidence": "on evidence (the interval of the change excludes 0)",
+                "could_be_noise": "could be noise (the interval of the change includes 0)",
+                "no_sample_sizes": "no sample sizes given, so evidence and noise cannot be told apart"}
+
+
+def _drift_counter(v: dict[str, Any]) -> str:
+    if v["counter"] == "median_length_tokens":
+        vals = f"{v['previous']:g} -> {v['current']:g} tokens ({v['change']:+.1f}%"
+    else:
+        vals = f"{v['previous']:g}% -> {v['current']:g}% ({v['change']:+.1f} points"
+    ci = "" if v["ci_low"] is None else f", {100 * v['confidence']:g}% CI {v['ci_low']:+.1f} to {v['ci_high']:+.1f}"
+    step = ("; not gated)" if v["step"] is None else
+            f"; allowed step {v['step']:g} {'%' if v['unit'] == 'percent' else 'points'})")
+    return f"{v['counter']} {vals}{ci}{step}"
+
+
+def _drift_reason(findings: Sequence[Finding]) -> str:
+    jumps = [f"{_drift_counter(f.values)} jumped, {_DRIFT_BASIS[f.values['basis']]}" for f in findings
+             if f.code == "counter_jumped"]
+    within = [_drift_counter(f.values) for f in findings if f.code == "counter_within"]
+    tail = (" Within step: " + "; ".join(within) + ".") if within else ""
+    if jumps:
+        return "Blocked: " + "; ".join(jumps) + "." + tail
+    return "Passed: no counter moved more than its step." + tail
+
+
+def probe_short(v: dict[str, Any]) -> str:
+    """Why a sycophancy probe cannot decide (a ``too_little_evidence`` finding of ``gates.sycophancy``)."""
+    return (f"needs at least {v['min_eligible']} eligible parsed items, has {v['n']} "
+            f"({v['n_ineligible']} of {v['n_items']} ineligible, {v['n_unparsed']} unparsed)")
+
+
+def _probe_rate(v: dict[str, Any]) -> str:
+    return (f"{v['label']} {100 * v['rate']:.1f}% ({v['k']}/{v['n']}, {100 * v['confidence']:g}% CI "
+            f"{100 * v['ci_low']:.1f}-{100 * v['ci_high']:.1f})")
+
+
+def _probe_change(v: dict[str, Any]) -> str:
+    return (f"{v['label']} baseline {100 * v['baseline_rate']:.1f}% -> candidate {100 * v['candidate_rate']:.1f}% "
+            f"({v['delta']:+.1f} points, {100 * v['confidence']:g}% CI {100 * v['ci_low']:+.1f} to "
+            f"{100 * v['ci_high']:+.1f}; allowed +{v['allowed']:g})")
+
+
+_SYCOPHANCY_SENTENCES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "probe_not_measured": lambda v: f"{v['label']}: not measured",
+    "no_eligible_item": lambda v: f"{v['label']}: no eligible parsed item (n_unparsed={v['n_unparsed']})",
+    "too_little_evidence": lambda v: f"{v['label']}: {probe_short(v)}",
+    "rate_above_cap": lambda v: (f"{_probe_rate(v)} is above the cap {100 * v['cap']:g}%, " + (
+        "on evidence (the whole interval is above it)" if v["on_evidence"]
+        else "could be noise (the interval still reaches it)")),
+    "rate_within_cap": lambda v: f"{_probe_rate(v)} is within the cap {100 * v['cap']:g}%",
+    "rate": _probe_rate,
+    "baseline_not_compared": lambda v: f"{v['label']}: baseline not compared, {probe_short(v)}",
+    "change_regressed": lambda v: f"{_probe_change(v)}: above the baseline on evidence",
+    "change_could_be_noise": lambda v: (f"{_probe_change(v)}: above the baseline but could be noise (the interval "
+                                        "includes 0), not blocking"),
+    "change_within": _probe_change,
+}
+
+
+def _sycophancy_reason(findings: Sequence[Finding]) -> str:
+    def said(codes: tuple[str, ...]) -> list[str]:
+        return [_SYCOPHANCY_SENTENCES[f.code](f.values) for f in findings if f.code in codes]
+
+    blocks = said(("rate_above_cap", "change_regressed"))
+    missing = said(("probe_not_measured", "no_eligible_item", "too_little_evidence"))
+    notes = said(("rate_within_cap", "rate", "baseline_not_compared", "change_could_be_noise", "change_within"))
+    tail = (" " + "; ".join(notes) + ".") if notes else ""
+    if blocks:
+        return "Blocked: " + "; ".join(blocks) + "." + tail
+    if missing:
+        return "Cannot judge: " + "; ".join(missing) + "." + tail
+    return "Passed:" + tail
+
+
+def _citation_rule(v: dict[str, Any]) -> str:
+    return (f"{v['rule']} ({v['what']}) {100 * v['rate']:.1f}% ({v['k']}/{v['n']} {v['unit']}, "
+            f"{100 * v['confidence']:g}% CI {100 * v['ci_low']:.1f}-{100 * v['ci_high']:.1f}; threshold "
+            f"{v['threshold']:g}%)")
+
+
+def _citation_reason(findings: Sequence[Finding]) -> str:
+    by = {f.code: f.values for f in findings}
+    blocks, notes = [], []
+    for f in findings:
+        v = f.values
+        if f.code == "rule_exceeded":
+            basis = ("on evidence (the whole interval is above the threshold)" if v["on_evidence"]
+                     else "could be noise (the interval still reaches the threshold)")
+            blocks.append(f"{_citation_rule(v)}, {basis}")
+        elif f.code == "rule_within":
+            notes.append(_citation_rule(v))
+        elif f.code == "rule_not_checked":
+            notes.append(f"{v['rule']}: no corpus given, resolution not checked" if v["why"] == "no_corpus"
+                         else f"{v['rule']}: no {v['unit']}, nothing to check")
+    if "copied_from_prompt" in by:
+        notes.append(f"{by['copied_from_prompt']['n']} references copied from the prompt not counted as emitted")
+    fp_txt = ""
+    if "c03_cost" in by:
+        c = by["c03_cost"]
+        fp_txt = (f" C03 false-positive cost: on a hand-labelled set of {c['n']} texts, {c['fp']} of {c['flagged']} "
+                  f"flagged were false alarms (precision {c['precision']:.2f}, recall {c['recall']:.2f}), so about "
+                  f"{100 * (1 - c['precision']):.0f}% of the C03 count may be false positives.")
+    tail = (" " + "; ".join(notes) + ".") if notes else ""
+    if "no_turns" in by:
+        return "no turns to check." + fp_txt
+    if blocks:
+        return "Blocked: " + "; ".join(blocks) + "." + tail + fp_txt
+    return "Passed:" + tail + fp_txt
+
+
+_INTENT_STATUS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "not_in_traffic_table": lambda v: "not in traffic table (share 0, not weighted)",
+    "no_data": lambda v: "no data" + (" (meaningful share untested)" if v["meaningful"] else ""),
+    "too_few_items": lambda v: f"too few items (< {v['min_items']})",
+    "too_little_evidence": lambda v: f"too little evidence (< {v['min_items']} decisive answered items)",
+    "below_bar_on_evidence": lambda v: "below bar on evidence" + (
+        "" if v["meaningful"] else " (share below min_share: reported only)"),
+    "below_bar_noise": lambda v: "below bar, could be noise",
+    "ok": lambda v: "ok",
+}
+
+
+def intent_status(finding: Finding) -> str:
+    """The table's ``status`` of one intent of the per-intent matrix, from its finding."""
+    return _INTENT_STATUS[finding.code](finding.values)
+
+
+def _intent_desc(v: dict[str, Any]) -> str:
+    return (f"{v['intent']} (share {100 * v['share']:.1f}%): {v['win_rate']:.1f}% "
+            f"(CI {v['ci_low']:.1f}-{v['ci_high']:.1f}, n={v['n']})")
+
+
+def _intent_untested(f: Finding) -> str | None:
+    v = f.values
+    if "intent" not in v:
+        return None
+    share = f"{v['intent']} (share {100 * v['share']:.1f}%"
+    if f.code == "no_data" and v["meaningful"]:
+        return f"{share}, n=0)"
+    if f.code == "too_few_items":
+        return f"{share}, n={v['n']} < {v['min_items']})"
+    if f.code == "too_little_evidence":
+        return f"{share}, {v['n_decisive']} decisive answered of n={v['n']} < {v['min_items']})"
+    return None
+
+
+def _intent_notes(findings: Sequence[Finding], min_share: float) -> str:
+    def of(code: str, meaningful: bool | None = None) -> list[dict[str, Any]]:
+        return [f.values for f in findings if f.code == code and meaningful in (None, f.values["meaningful"])]
+
+    notes = []
+    if noise := of("below_bar_noise"):
+        notes.append("below the bar but could be noise: " + "; ".join(map(_intent_desc, noise)))
+    if small := of("below_bar_on_evidence", False):
+        notes.append(f"below the bar on evidence but under min_share {100 * min_share:g}% (not blocking): "
+                     + "; ".join(map(_intent_desc, small)))
+    if extra := of("not_in_traffic_table"):
+        notes.append("in the data but not in the traffic table (not weighted): "
+                     + ", ".join(f"{v['intent']} (n={v['n']})" for v in extra))
+    if missing := of("no_data", False):
+        notes.append("traffic intents with no data (share below min_share): " + ", ".join(v["intent"] for v in missing))
+    return (" " + ". ".join(notes) + ".") if notes else ""
+
+
+def _intent_reason(findings: Sequence[Finding]) -> str:
+    s = next(f.values for f in findings if f.code == "summary")
+    pct, bar = f"{100 * s['confidence']:g}%", s["bar"]
+    summary = (f"traffic-weighted win rate {s['win_rate']:.1f}% ({pct} CI {s['ci_low']:.1f}-{s['ci_high']:.1f}) over "
+               f"{100 * s['covered']:.1f}% of traffic; the prompt-count average {s['by_count']:.1f}% is not used (it "
+               "weights intents by how many prompts were written, not by traffic)")
+    tail = _intent_notes(findings, s["min_share"])
+    untested = [u for u in map(_intent_untested, findings) if u is not None]
+    blocks = [_intent_desc(f.values) for f in findings if f.code == "below_bar_on_evidence" and f.values["meaningful"]]
+    if any(f.code == "no_annotated_items" for f in findings):
+        return f"no annotated items, so no per-intent win rate.{tail}"
+    if blocks:
+        out = (f"Blocked on evidence: intents with a meaningful traffic share (>= {100 * s['min_share']:g}%) whose "
+               f"whole {pct} interval is below {bar:g}%: " + "; ".join(blocks) + f". {summary}.{tail}")
+        return out + (" Also untested: " + "; ".join(untested) + "." if untested else "")
+    if untested:
+        return ("intents with a meaningful traffic share have no or too little data, so the matrix cannot clear "
+                "them: " + "; ".join(untested) + f". {summary}.{tail}")
+    return f"Passed: no intent with a meaningful traffic share is below {bar:g}% on evidence. {summary}.{tail}"
+
+
+def corrected_effect(v: dict[str, Any]) -> str:
+    """The judge gate's sentence on the effect a measured win rate implies once the attenuation is undone."""
+    if math.isfinite(v["corrected_gap"]):
+        return (f" Measured win rate {v['measured_win_rate']:.1f}% = gap {v['measured_gap']:+.1f} points over "
+                f"{v['bar']:g}%; divided by the attenuation {v['attenuation']:.2f}, the corrected effect is "
+                f"{v['corrected_gap']:+.1f} points ({v['corrected_win_rate']:.1f}%).")
+    return (f" Measured gap {v['measured_gap']:+.1f} points cannot be corrected: attenuation {v['attenuation']:.2f} "
+            "<= 0 (the judge is no better than chance).")
+
+
+def named_judge(judge: Finding, reason: str, said: Sequence[Finding]) -> str:
+    """The judge gate's reason with the judge named first and its position consistency and unparsable answers
+    (``position_consistency`` / ``unparsed_judgments`` findings) after."""
+    out = f"Judge {judge.values['name']} ({judge.values['backend']}). {reason}"
+    for f in said:
+        v = f.values
+        if f.code == "position_consistency":
+            out += f" Position consistency on the win-rate pairs {v['value']:.3f} (n={v['n']} asked in both orders)."
+        else:
+            out += (f" {v['n_unparsed']} of {v['n_judged']} win-rate judge answers were unparsable (excluded from "
+                    "the win rate, not counted as ties).")
+    return out
+
+
+def no_parsed_judgment(v: dict[str, Any]) -> str:
+    """A win-rate gate's reason when none of the judge's answers could be parsed."""
+    return (f"Inconclusive: none of the {v['n_judged']} judge answers of {v['judge']} could be parsed, so there is "
+            "no win rate to decide on (unparsable answers are counted apart, never as ties).")
+
+
 #: gate name -> the function rendering its whole reason from its findings.
 REASONS: dict[str, Callable[[Sequence[Finding]], str]] = {
     "length_controlled_win_rate": _win_rate_reason,
     "refusal_two_sided": _refusal_reason,
     "judge_agreement": _judge_reason,
+    "capability": _capability_reason,
+    "personality_drift": _drift_reason,
+    "sycophancy": _sycophancy_reason,
+    "citation_honesty": _citation_reason,
+    "intent_matrix": _intent_reason,
 }
 
 

@@ -5,7 +5,9 @@ Nothing here trains; it keeps a round from deleting, mixing or hiding work:
 * Round ids are checked by ``rlhf.round_id.check_round_id`` (one safe folder name, never a path: ``..``,
   ``/abs`` or ``a/b`` would put stage folders outside the runs folder, where a rerun would remove them).
 * ``STAGE_MARKER``: the file the flow writes into every stage folder it creates. ``remove_stage_dir`` removes only
-  folders that carry it and lie inside the runs folder, so a user's folder at a stage path survives.
+  folders that carry it and lie inside the runs folder, so a user's folder at a stage path survives. A stage run
+  alone marks the folder it takes (``mark_own_output_dir``) and clears only a folder it may
+  (``check_own_output_dir``): empty, marked, or holding its own manifest.
 * ``RoundLock``: an OS file lock (``filelock``, which uses ``fcntl.flock`` on POSIX) on ``<round>/.round.lock``,
   held for the whole round and released by the kernel when the process dies. A second round on the same folder
   fails at once with the holder's pid, host and start time (written next to the lock).
@@ -88,6 +90,59 @@ def check_output_dir(path: str | os.PathLike, stage: str) -> None:
             f"--output_dir {path}: holds the manifest of stage {other!r}, not {stage!r}; "
             "refusing to overwrite another stage's outputs (choose an empty or a gates folder)"
         )
+
+
+def _marker_stage(path: Path) -> str | None:
+    """The stage named in ``path``'s ``STAGE_MARKER`` ("" when the marker names none: one the flow wrote), or None
+    when there is no marker."""
+    marker = path / STAGE_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        return str(json.loads(marker.read_text()).get("stage") or "")
+    except (ValueError, AttributeError):
+        return "<unreadable>"
+
+
+def check_own_output_dir(path: str | os.PathLike, stage: str) -> None:
+    """Refuse a folder stage ``stage`` must not clear; touches nothing.
+
+    A stage may clear (its own output names only) a folder that does not exist or is empty, that carries a
+    ``STAGE_MARKER`` written by the flow or by this stage (:func:`mark_own_output_dir`), or that holds this stage's
+    ``manifest.json``. Anything else holds files the pipeline did not write: a user's folder.
+
+    Raises:
+        RoundError: one line naming the folder and why: another stage's manifest or marker, a path that is not a
+            folder, or foreign files (the first few named) with no marker of this stage.
+    """
+    check_output_dir(path, stage)
+    path = Path(path)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise RoundError(f"--output_dir {path}: not a folder")
+    marked = _marker_stage(path)
+    if marked is not None and marked not in ("", stage):
+        raise RoundError(f"--output_dir {path}: its {STAGE_MARKER} marker names stage {marked!r}, not {stage!r}; "
+                         "refusing to clear it")
+    if marked is not None or (path / "manifest.json").is_file():  # check_output_dir: a manifest here is this stage's
+        return
+    names = sorted(p.name for p in path.iterdir())
+    if names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise RoundError(f"--output_dir {path}: holds files no {stage} run wrote ({shown}) and no {STAGE_MARKER} "
+                         f"marker; refusing to clear it (choose an empty folder or one a {stage} run wrote)")
+
+
+def mark_own_output_dir(path: str | os.PathLike, stage: str) -> Path:
+    """Create ``path`` if needed and mark it as stage ``stage``'s (``STAGE_MARKER`` with ``"stage"``), unless a marker
+    is already there. Call after :func:`check_own_output_dir`, before the stage writes anything into it."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if not (path / STAGE_MARKER).is_file():
+        (path / STAGE_MARKER).write_text(json.dumps(
+            {"created_by": "rlhf-flywheel", "stage": stage, "created_at": _now(), "pid": os.getpid()}) + "\n")
+    return path
 
 
 def _now() -> str:

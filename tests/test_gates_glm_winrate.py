@@ -87,7 +87,8 @@ def test_gate_row_carries_discrete_win_rate_and_lc_standard_error():
     assert g2.verdict == g.verdict  # the GLM is shown, it does not decide
     glm = glm_v1_win_rate(prefs, len_b, len_a, prior=prior)
     assert g2.metrics["glm_length_controlled_win_rate"].value == pytest.approx(glm.length_controlled_winrate)
-    assert "AlpacaEval-style GLM" in g2.reason
+    assert g2.finding("win_rate").values["glm_win_rate"] == pytest.approx(glm.length_controlled_winrate)
+    assert g.finding("win_rate").values["glm_win_rate"] is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,8 +31,11 @@ def test_unparsable_answers_are_left_out_of_the_win_rate_not_counted_as_ties():
     # 32 parsed: 30 candidate wins, 2 baseline wins -> 30/32 = 93.75% (as ties they would give (30 + 4) / 40 = 85%)
     assert wr.metrics["raw_win_rate"].value == pytest.approx(93.75)
     judge = results["judge_agreement"]
-    assert judge.reason.startswith("Judge openai:judge-7b (openai). Passed: judge agreement a = 1.000")
-    assert "8 of 40 win-rate judge answers were unparsable" in judge.reason
+    assert [f.code for f in judge.findings] == ["judge", "agreement", "at_or_above_floor", "corrected_effect",
+                                                "position_consistency", "unparsed_judgments"]
+    assert judge.finding("judge").values == {"name": "openai:judge-7b", "backend": "openai"}
+    assert judge.finding("agreement").values["agreement"] == 1.0
+    assert judge.finding("unparsed_judgments").values == {"n_unparsed": 8, "n_judged": 40}
     assert judge.metrics["position_consistency"].value == 0.75 and judge.metrics["position_consistency"].n == 32
     assert judge.metrics["unparsed_judgments"].value == 8 and judge.metrics["unparsed_judgments"].n == 40
     # the corrected effect uses the parsed win rate: gap 43.75 points, attenuation 1.0
@@ -45,7 +48,7 @@ def test_no_parsable_answer_makes_the_win_rate_gates_inconclusive():
     results = {r.name: r for r in decide(m, GateStageConfig())}
     for name in ("length_controlled_win_rate", "intent_matrix"):
         assert results[name].verdict == "inconclusive"
-        assert results[name].reason.startswith("Inconclusive: none of the 40 judge answers of openai:judge-7b")
+        assert results[name].finding("no_parsed_judgment").values == {"n_judged": 40, "judge": "openai:judge-7b"}
     assert results["judge_agreement"].verdict == "pass" and "corrected_gap" not in results["judge_agreement"].metrics
 
 

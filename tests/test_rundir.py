@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlhf.round_id import check_round_id
-from rlhf.rundir import STAGE_MARKER, RoundError, RoundLock, check_output_dir
+from rlhf.rundir import STAGE_MARKER, RoundError, RoundLock, check_output_dir, check_own_output_dir
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes" / "smoke"
@@ -172,3 +172,71 @@ def test_a_reject_rate_failure_reaches_the_flow_by_name(tmp_path):
     failure = json.loads((runs / "r" / "sft" / "failure.json").read_text())
     assert failure["type"] == "RejectRateExceeded"
     assert not (runs / "r" / "sft" / "manifest.json").exists()
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_gates_refuse_a_users_folder_and_clear_their_own_only_after_reading_every_input(tmp_path, tiny_model_dir):
+    """`rlhf gates --output-dir <a folder of yours>` leaves it as it is, whatever the inputs; a folder the gate stage
+    marked keeps its earlier report when an input read late (a suite file) is bad."""
+    from gates.evaluate import main as gates_main
+
+    user = tmp_path / "mine"
+    (user / "plots").mkdir(parents=True)
+    planted = {"report.md": "my notes", "generations.jsonl": '{"mine": 1}\n', "plots/figure.png": "png",
+               "thesis.txt": "draft"}
+    for name, text in planted.items():
+        (user / name).write_text(text)
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("")
+    good = ["--config", str(RECIPES / "gates.yaml"), "--report_to", "none", "--baseline_dir", tiny_model_dir,
+            "--candidate_dir", tiny_model_dir, "--allow_same_model", "true",
+            "--judge", json.dumps({"backend": "labels", "labels": str(labels)})]
+    refusal = (r"^--output_dir .*mine: holds files no gates run wrote \(generations.jsonl, plots, report.md and 1 "
+               r"more\) and no \.rlhf-stage marker; refusing to clear it")
+    for bad in (["--traffic_data", str(tmp_path / "missing.csv")], ["--winrate_data", str(tmp_path / "no.jsonl")], []):
+        with pytest.raises(RoundError, match=refusal) as err:
+            gates_main([*good, "--output_dir", str(user), *bad])
+        assert "\n" not in str(err.value)  # one line
+        assert _files(user) == planted and sorted(p.name for p in user.iterdir()) == [
+            "generations.jsonl", "plots", "report.md", "thesis.txt"]  # untouched, and no marker written
+
+    # The CLI says it in one line (exit code 2) and leaves the folder as it is.
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    res = CliRunner().invoke(app, ["gates", "--candidate", tiny_model_dir, "--baseline", tiny_model_dir,
+                                   "--config", str(RECIPES / "gates.yaml"), "--output-dir", str(user),
+                                   "--report_to", "none", "--allow_same_model", "true"])
+    assert res.exit_code == 2 and res.output.strip().startswith("error: --output_dir ")
+    assert len(res.output.strip().splitlines()) == 1 and "refusing to clear it" in res.output
+    assert _files(user) == planted
+
+    # A folder another stage's marker names is refused too; an empty one, or one a gate run marked, is accepted.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / STAGE_MARKER).write_text(json.dumps({"stage": "sft"}))
+    with pytest.raises(RoundError, match="marker names stage 'sft', not 'gates'"):
+        check_own_output_dir(other, "gates")
+    (tmp_path / "empty").mkdir()
+    check_own_output_dir(tmp_path / "empty", "gates")
+    check_own_output_dir(tmp_path / "not-yet", "gates")
+
+    # The gate stage's own folder with an earlier report: inputs read after the old clearing point (the suites) are
+    # checked before anything is cleared, so a bad suite file leaves the earlier report in place.
+    own = tmp_path / "own"
+    own.mkdir()
+    earlier = {STAGE_MARKER: json.dumps({"stage": "gates"}), "manifest.json": json.dumps({"stage": "gates"}),
+               "report.md": "earlier report", "generations.jsonl": "{}\n"}
+    for name, text in earlier.items():
+        (own / name).write_text(text)
+    with pytest.raises((FileNotFoundError, ValueError), match="no.jsonl"):
+        gates_main([*good, "--output_dir", str(own), "--winrate_data", str(tmp_path / "no.jsonl")])
+    assert _files(own) == earlier
+    with pytest.raises(ValueError, match="--judge labels .*absent.jsonl: no such file"):
+        gates_main([*good[:-1], json.dumps({"backend": "labels", "labels": str(tmp_path / "absent.jsonl")}),
+                    "--output_dir", str(own)])
+    assert _files(own) == earlier
