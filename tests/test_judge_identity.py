@@ -1,0 +1,161 @@
+"""A judge is who answers, not what it is called: real OpenAI-compatible servers on loopback
+(``tests/policy_judge_server.py``, FastAPI + uvicorn) serving different judges under the SAME served name.
+
+* a judge swapped behind the same endpoint and name is detected (its probe answers differ), sends fresh requests,
+  is re-qualified (its agreement is measured again and equals the value its own answer policy implies) and reuses
+  none of the first judge's cached judgments;
+* two endpoints serving different judges under one name at once do not share cache or agreement;
+* the same judge hit twice reuses everything (0 judging requests; only the identity probe is asked);
+* a completion's ``system_fingerprint`` alone makes a different judge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.policy_judge_server import requests_logged, start_policy_server
+
+NAME = "judge"  # the one served name every server here answers to
+N_AGREE = 40  # agreement pairs (PandaLM's first 40): 80 requests, well under a second on these servers
+PROBE = 8  # probe chat requests per judge build: 4 pairs x 2 orders (plus one GET /v1/models, not a chat request)
+WINRATE = (["Name a fruit.", "Say hi.", "Count to three."],
+           ["Apple.", "Hi", "1, 2, 3"],
+           ["A banana is a fruit.", "Hello there, friend!", "one two three"])
+
+
+def _config(server, cache):
+    from judging.judges import JudgeConfig
+
+    return JudgeConfig.from_dict({"backend": "openai", "model": NAME, "base_url": server["base_url"],
+                                  "agreement_n": N_AGREE, "max_concurrency": 4, "cache_dir": str(cache)})
+
+
+def _gate_run(server, cache):
+    """What a gate run does with its judge: build it (the identity is measured), judge the win-rate pairs, qualify.
+    Returns (judge, judgments, qualification, chat requests the server answered during the run)."""
+    from judging.factory import make_judge
+    from judging.qualify import qualify_judge
+
+    before = requests_logged(server)
+    cfg = _config(server, cache)
+    judge = make_judge(cfg)
+    judgments = judge.judge(*WINRATE)
+    q = qualify_judge(judge, cfg)
+    return judge, judgments, q, requests_logged(server) - before
+
+
+def _policy_agreement(policy: str, tmp_path):
+    """The agreement a judge answering by ``policy`` must measure, worked out from the policy's definition (both
+    orders: the longer (shorter) response wins in both, equal lengths give output 1 each time = a tie)."""
+    from data.labels import FIRST, SECOND, TIE
+    from data.loaders import load_pairs
+    from judging.agreement import judge_agreement
+
+    pairs = list(load_pairs("demo:pandalm/testset-v1.jsonl.gz", mode="lenient", max_reject_rate=0.07,
+                            rejects_path=tmp_path / "rejects.jsonl"))[:N_AGREE]
+    labels = []
+    for p in pairs:
+        a, b = len(p.chosen), len(p.rejected)
+        if a == b:
+            labels.append(TIE)
+        elif (a > b) == (policy == "longer"):
+            labels.append(FIRST)
+        else:
+            labels.append(SECOND)
+    expert = np.array([[lab.preference for lab in p.labels] for p in pairs], dtype=np.int64)
+    return judge_agreement(np.array(labels), expert)
+
+
+def test_a_judge_swapped_behind_the_same_endpoint_and_name_is_a_new_judge(tmp_path):
+    cache = tmp_path / "cache"
+    with start_policy_server(tmp_path, name=NAME, policy="longer") as first:
+        j1, judged1, q1, sent1 = _gate_run(first, cache)
+        port = first["base_url"].rsplit(":", 1)[1].split("/")[0]
+    assert sent1 == PROBE + 2 * len(WINRATE[0]) + 2 * N_AGREE
+    assert j1.identity_report()["identity_check"]["status"] == "new"
+    assert j1.requests_sent == 2 * len(WINRATE[0]) + 2 * N_AGREE and j1.identity_report()["probe_requests_sent"] == 9
+    assert [j.preference for j in judged1] == [2.0, 2.0, 2.0]  # the longer answer (B) wins every pair
+    want_longer = _policy_agreement("longer", tmp_path)
+    assert q1.agreement.agreement == want_longer.agreement and q1.agreement.n == want_longer.n and not q1.cached
+
+    # other weights, same port, same served name: only the probe can tell
+    with start_policy_server(tmp_path, name=NAME, policy="shorter", port=int(port)) as second:
+        assert second["base_url"] == first["base_url"]
+        j2, judged2, q2, sent2 = _gate_run(second, cache)
+    check = j2.identity_report()["identity_check"]
+    assert check["status"] == "changed" and check["changed"] == ["probe"]
+    assert check["previous_identity_hash"] == j1.identity_hash() != j2.identity_hash()
+    assert j2.identity()["endpoint"] == j1.identity()["endpoint"] and j2.identity()["served"] == j1.identity()["served"]
+    # fresh requests: none of the first judge's cached answers is reused, and the agreement is measured again
+    assert sent2 == PROBE + 2 * len(WINRATE[0]) + 2 * N_AGREE
+    assert [j.preference for j in judged2] == [1.0, 1.0, 1.0]  # this judge prefers the shorter answer (A)
+    want_shorter = _policy_agreement("shorter", tmp_path)
+    assert not q2.cached and q2.requests_sent == 2 * N_AGREE
+    assert q2.agreement.agreement == want_shorter.agreement != q1.agreement.agreement
+    assert q2.identity_hash == j2.identity_hash() and q1.identity_hash == j1.identity_hash()
+
+    # and the first judge back on that port is recognised again: everything from the cache
+    with start_policy_server(tmp_path, name=NAME, policy="longer", port=int(port)) as back:
+        j3, judged3, q3, sent3 = _gate_run(back, cache)
+    assert sent3 == PROBE and j3.requests_sent == 0 and q3.cached
+    assert j3.identity_hash() == j1.identity_hash() and j3.identity_report()["identity_check"]["status"] == "changed"
+    assert [j.preference for j in judged3] == [2.0, 2.0, 2.0]
+    assert (q3.agreement.agreement, q3.agreement.n) == (q1.agreement.agreement, q1.agreement.n)
+
+
+def test_two_endpoints_serving_different_judges_under_one_name_share_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    with (start_policy_server(tmp_path, name=NAME, policy="longer") as a,
+          start_policy_server(tmp_path, name=NAME, policy="first") as b):
+        ja, _, qa, sent_a = _gate_run(a, cache)
+        jb, judged_b, qb, sent_b = _gate_run(b, cache)
+    assert sent_a == sent_b == PROBE + 2 * len(WINRATE[0]) + 2 * N_AGREE
+    assert ja.identity()["model"] == jb.identity()["model"] == NAME and ja.identity_hash() != jb.identity_hash()
+    assert jb.identity_report()["identity_check"]["status"] == "new"  # another endpoint: its own lineage
+    # pure position bias: output 1 wins in both orders, so every item is a tie and every pair inconsistent
+    assert [j.preference for j in judged_b] == [1.5, 1.5, 1.5] and all(j.consistent is False for j in judged_b)
+    assert not qb.cached and qb.agreement.n_tie == qb.agreement.n and qa.agreement.agreement > 0
+    assert qb.agreement.agreement == 0.0
+
+
+def test_the_same_judge_hit_twice_reuses_its_cache(tmp_path):
+    cache = tmp_path / "cache"
+    with start_policy_server(tmp_path, name=NAME, policy="longer") as s:
+        j1, judged1, q1, sent1 = _gate_run(s, cache)
+        j2, judged2, q2, sent2 = _gate_run(s, cache)
+    assert sent1 == PROBE + 2 * len(WINRATE[0]) + 2 * N_AGREE
+    assert sent2 == PROBE  # only the identity probe; 0 judging requests
+    assert j2.requests_sent == 0 and q2.cached and q2.requests_sent == 0
+    assert j2.identity_report()["identity_check"] == {"status": "unchanged", "identity_hash": j1.identity_hash(),
+                                                      "previous_identity_hash": j1.identity_hash(), "changed": []}
+    assert [j.preference for j in judged2] == [j.preference for j in judged1]
+    assert (q2.agreement.agreement, q2.agreement.n) == (q1.agreement.agreement, q1.agreement.n)
+
+
+def test_a_different_system_fingerprint_is_a_different_judge(tmp_path):
+    cache = tmp_path / "cache"
+    with start_policy_server(tmp_path, name=NAME, policy="longer", fingerprint="fp_aaa") as s:
+        port = int(s["base_url"].rsplit(":", 1)[1].split("/")[0])
+        j1, _, _, _ = _gate_run(s, cache)
+    with start_policy_server(tmp_path, name=NAME, policy="longer", fingerprint="fp_bbb", port=port) as s:
+        j2, _, q2, sent2 = _gate_run(s, cache)
+    assert j1.identity()["probe"]["system_fingerprints"] == ["fp_aaa"]
+    assert j2.identity()["probe"]["answers_sha256"] == j1.identity()["probe"]["answers_sha256"]  # same answers
+    assert j2.identity_report()["identity_check"]["changed"] == ["probe"] and not q2.cached
+    assert sent2 == PROBE + 2 * len(WINRATE[0]) + 2 * N_AGREE
+
+
+def test_the_identity_carries_no_credentials_and_no_request_time():
+    from judging.identity import public_endpoint, served_model
+
+    assert public_endpoint("https://bob:s3cret@api.example.com:8443/v1/?api-key=s3cret#frag") == \
+        "https://api.example.com:8443/v1"
+    assert public_endpoint("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
+    listing = [{"id": "other", "created": 1}, {"id": NAME, "object": "model", "created": 1733000000,
+                                               "owned_by": "vllm", "root": "/models/llama-8b", "parent": None,
+                                               "permission": [{"id": "perm-1", "created": 1733000000}],
+                                               "revision": "abc123"}]
+    assert served_model(listing, NAME) == {"listed": True, "id": NAME, "owned_by": "vllm",
+                                           "root": "/models/llama-8b", "revision": "abc123"}
+    assert served_model(listing, "missing") == {"listed": False, "n_listed": 2}
+    assert served_model(None, NAME) == {"listed": None}
