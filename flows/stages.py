@@ -2,7 +2,8 @@
 
 This is orchestration only: which command, which directory, whether a cached result still holds. The cache key
 is a content hash of everything a stage's result depends on (DESIGN.md principle 8): the stage name, the recipe
-file's bytes, the extra arguments, the hashes of the data files the recipe names (``*_data``) and of the JSON
+file's bytes, the extra arguments, the hashes of the data files the recipe names (``*_data``; a hub dataset by the
+commit it resolves to), the base model (content hash, or a hub id's resolved commit), and of the JSON
 inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, and
 the version of the code the stage runs (exactly the modules it imports, ``rlhf.lineage.stage_code_modules``). A
 matching key next to a finished manifest means the stage is skipped.
@@ -26,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from data.fingerprint import data_fingerprint
-from rlhf.lineage import code_version, content_hash, json_hash, stage_code_modules
+from rlhf.lineage import code_version, content_hash, json_hash, source_key, stage_code_modules
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
 from rlhf.registry import STAGES, stage as registry_stage
 from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir
@@ -51,10 +52,19 @@ class StageRun:
     rerun_seconds: float | None = None  # a cached rerun's own time (cache check and reuse); None when computed
 
 
+#: Base-model presets the pipeline builds itself (``rlhf.models.resolve_base_model``): keyed by name, their build
+#: code is part of the stage's code version.
+_PRESETS = ("tiny", "smollm2-135m", "default")
+
+
 def _model_key(value: str) -> str:
-    """A base model's identity for the cache: content hash of a local directory or .gguf file, else its name."""
-    p = Path(value).expanduser()
-    return content_hash(p) if p.exists() else value
+    """A base model's identity for the cache: content hash of a local directory or .gguf file, the resolved commit
+    of a hub id (``rlhf.lineage.source_key``), the name of a built-in preset.
+
+    Raises:
+        rlhf.lineage.UnresolvedRevision: a hub id whose commit cannot be resolved (not cached, hub offline).
+    """
+    return value if value in _PRESETS else source_key(value, repo_type="model")
 
 
 def _result_hash(run: StageRun) -> str:
