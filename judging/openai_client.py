@@ -72,18 +72,20 @@ class ChatClient:
         probe: the probe's message lists (``judging.identity``), asked fresh whenever the identity is resolved;
             empty: the identity rests on the endpoint, the listing and the settings alone.
         extra_identity: JSON-able fields the owner adds to the identity (e.g. ``backend``, ``template_sha256``).
+        record_identity: compare the identity with the last one seen and record it (``identity_check``); False for
+            a look that must not change what the next run reports (the flow's cache key).
 
     Raises:
         ValueError: no base URL or no model (names the config key and the environment variable).
     """
 
     def __init__(self, config: JudgeConfig, *, namespace: str = "chat", probe: Sequence[list[dict]] = (),
-                 extra_identity: dict[str, Any] | None = None):
+                 extra_identity: dict[str, Any] | None = None, record_identity: bool = True):
         import openai
 
         self.config, self.namespace = config, namespace
         self.probe_messages = [list(m) for m in probe]
-        self.extra_identity = dict(extra_identity or {})
+        self.extra_identity, self.record_identity = dict(extra_identity or {}), record_identity
         self._identity: dict[str, Any] | None = None
         self._identity_lock = threading.Lock()
         #: after the identity is resolved: the probe's answers (in order) and ``judging.identity.check_identity``'s
@@ -142,7 +144,8 @@ class ChatClient:
                     "max_tokens": self.config.max_tokens, "temperature": self.config.temperature,
                     "probe": self._probe() if self.probe_messages else None,
                 }
-                self.identity_check = check_identity(self.config.resolved_cache_dir() / self.namespace, ident)
+                if self.record_identity:
+                    self.identity_check = check_identity(self.config.resolved_cache_dir() / self.namespace, ident)
                 self._identity = ident
             return self._identity
 

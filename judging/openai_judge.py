@@ -153,6 +153,7 @@ class OpenAIJudge(Judge):
         config: ``base_url`` (or ``$OPENAI_BASE_URL``), ``model`` (or ``$OPENAI_MODEL``), ``api_key`` (or
             ``$<api_key_env>``; local servers accept any), ``template``, ``system_prompt``, ``max_tokens``,
             ``temperature``, ``max_concurrency``, ``max_retries``, ``timeout_s``, ``cache_dir``.
+        record_identity: ``ChatClient``'s (False: measure the identity without recording it as seen).
 
     Raises:
         ValueError: no base URL or no model (names the config key and the environment variable).
@@ -161,14 +162,15 @@ class OpenAIJudge(Judge):
 
     backend = "openai"
 
-    def __init__(self, config: JudgeConfig):
+    def __init__(self, config: JudgeConfig, *, record_identity: bool = True):
         self.config = config
         self.template = load_template(config.template)
         self.system_prompt = SYSTEM_PROMPT if config.system_prompt is None else config.system_prompt
         probe = [m for p in load_probe_pairs() for m in (self.messages(p["prompt"], p["response_a"], p["response_b"]),
                                                          self.messages(p["prompt"], p["response_b"], p["response_a"]))]
         self.chat = ChatClient(config, namespace="pairwise", probe=probe, extra_identity={
-            "backend": "openai", "template_sha256": json_hash({"system": self.system_prompt, "user": self.template})})
+            "backend": "openai", "template_sha256": json_hash({"system": self.system_prompt, "user": self.template})},
+            record_identity=record_identity)
         self.base_url, self.model = self.chat.base_url, self.chat.model
 
     @property

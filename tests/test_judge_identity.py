@@ -159,3 +159,26 @@ def test_the_identity_carries_no_credentials_and_no_request_time():
                                            "root": "/models/llama-8b", "revision": "abc123"}
     assert served_model(listing, "missing") == {"listed": False, "n_listed": 2}
     assert served_model(None, NAME) == {"listed": None}
+
+
+def test_a_rerun_round_recomputes_its_gates_when_the_judge_behind_the_name_changed(tmp_path):
+    """The flow's cache key of the gate stage measures the endpoint judge (without recording it as seen): the same
+    judge keeps the key (the cached gates are reused), other weights under the same URL and name change it."""
+    import json
+
+    from flows.stages import stage_cache_key
+
+    recipe = tmp_path / "gates.yaml"
+    recipe.write_text("n_winrate: 2\n")
+    with start_policy_server(tmp_path, name=NAME, policy="longer") as s:
+        port = int(s["base_url"].rsplit(":", 1)[1].split("/")[0])
+        args = ["--judge", json.dumps({"backend": "openai", "model": NAME, "base_url": s["base_url"],
+                                       "cache_dir": str(tmp_path / "cache")})]
+        key = stage_cache_key("gates", recipe, args, [])
+        assert stage_cache_key("gates", recipe, args, []) == key and requests_logged(s) == 2 * PROBE
+        j, _, _, _ = _gate_run(s, tmp_path / "cache")
+    assert j.identity_report()["identity_check"]["status"] == "new"  # the flow's look recorded nothing
+    with start_policy_server(tmp_path, name=NAME, policy="shorter", port=port):
+        assert stage_cache_key("gates", recipe, args, []) != key
+    # a judge identified by content (the round's reward model) adds nothing: the key is the other stages' form
+    assert stage_cache_key("gates", recipe, [], []) == stage_cache_key("gates", recipe, [], [])
