@@ -14,6 +14,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -117,15 +118,28 @@ def hub_key(repo_id: str, *, repo_type: str = "model") -> str:
     return f"hub:{repo_type}:{repo_id}@{hub_revision(repo_id, repo_type=repo_type)}"
 
 
+_REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+#: Suffixes of files, never of hub repository names (``org/pairs.jsonl`` is a file that is not there yet).
+_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".yaml", ".yml", ".txt", ".gz", ".gguf",
+                  ".safetensors", ".bin", ".pt")
+
+
 def source_key(value: str, *, repo_type: str = "model") -> str:
     """The cache identity of a model or dataset named by a local path (its :func:`content_hash`) or a hub id
-    (:func:`hub_key`).
+    (:func:`hub_key`). A path that does not exist yet (absolute, relative with ``./`` or ``~``, a file suffix, or
+    no valid repository id; e.g. a file the flow writes before the stage runs) is ``path:<value>``.
 
     Raises:
         UnresolvedRevision: a hub id whose commit cannot be resolved.
     """
     p = Path(value).expanduser()
-    return content_hash(p) if p.exists() else hub_key(value.removeprefix("hub:"), repo_type=repo_type)
+    if p.exists():
+        return content_hash(p)
+    repo_id = value.removeprefix("hub:")
+    if (value.startswith(("/", ".", "~")) or value.lower().endswith(_FILE_SUFFIXES)
+            or not _REPO_ID.match(repo_id)):
+        return f"path:{value}"
+    return hub_key(repo_id, repo_type=repo_type)
 
 
 def json_hash(obj: Any) -> str:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tests.policy_judge_server import requests_logged, start_policy_server
 
@@ -182,3 +183,102 @@ def test_a_rerun_round_recomputes_its_gates_when_the_judge_behind_the_name_chang
         assert stage_cache_key("gates", recipe, args, []) != key
     # a judge identified by content (the round's reward model) adds nothing: the key is the other stages' form
     assert stage_cache_key("gates", recipe, [], []) == stage_cache_key("gates", recipe, [], [])
+
+
+def _transformers_serve(model: str, cwd, log):
+    """``transformers serve <model>`` started in ``cwd`` on a free loopback port (a relative ``model`` is a folder of
+    ``cwd``: two servers in two folders serve different weights under one name); returns (process, base URL) at
+    once (:func:`_wait_healthy` waits for it)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--host",
+                                 "127.0.0.1", "--port", str(port), "--device", "cpu", "--log-level", "info"],
+                                cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def _wait_healthy(proc, base_url: str, log, timeout_s: float = 300) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(base_url.removesuffix("/v1") + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"transformers serve did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.5)
+
+
+def _untied_tiny_model(path) -> str:
+    """A second tiny model: the tiny Llama with its own (untied, seed 1) output layer. Two tiny models that differ
+    only in their seed are no use here: with embeddings tied, both answer every prompt with eight newlines (their
+    last hidden state points back at the prompt's last token), so by their answers they are the same judge."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from rlhf.models import tiny_config, tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir())
+    torch.manual_seed(1)
+    LlamaForCausalLM(tiny_config(tok, tie_word_embeddings=False)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.e2e
+def test_two_transformers_serve_endpoints_with_different_tiny_models_under_one_name(tmp_path):
+    """Real models: ``transformers serve judge`` in two folders whose ``judge`` is a different tiny model. Both
+    report the same served id; the probe answers differ, so the second is a new judge: its judgments and its
+    agreement are asked afresh, nothing of the first is reused."""
+    import os
+
+    from judging.factory import make_judge
+    from judging.judges import JudgeConfig
+    from judging.qualify import qualify_judge
+    from rlhf.models import build_tiny_model
+
+    cache = tmp_path / "cache"
+    models = [str(build_tiny_model(seed=0)), _untied_tiny_model(tmp_path / "untied")]
+    procs, servers = [], []
+    try:
+        for i, model in enumerate(models):
+            home = tmp_path / f"server{i}"
+            home.mkdir()
+            os.symlink(model, home / NAME)
+            log = home / "serve.log"
+            proc, url = _transformers_serve(NAME, home, log)
+            procs.append(proc)
+            servers.append({"base_url": url, "log": log, "proc": proc})
+        for s in servers:
+            _wait_healthy(s["proc"], s["base_url"], s["log"])
+        runs = []
+        for s in servers:
+            cfg = JudgeConfig.from_dict({"backend": "openai", "model": NAME, "base_url": s["base_url"],
+                                         "agreement_n": 2, "max_concurrency": 2, "cache_dir": str(cache)})
+            posts = s["log"].read_text().count('"POST /v1/chat/completions')
+            judge = make_judge(cfg)
+            judged = judge.judge(*WINRATE)
+            q = qualify_judge(judge, cfg)
+            runs.append((judge, judged, q, s["log"].read_text().count('"POST /v1/chat/completions') - posts))
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+    (j0, judged0, q0, sent0), (j1, judged1, q1, sent1) = runs
+    assert j0.identity()["served"] == j1.identity()["served"] and j0.identity()["served"]["id"] == NAME
+    assert j0.identity()["probe"]["answers_sha256"] != j1.identity()["probe"]["answers_sha256"]
+    assert j0.identity_hash() != j1.identity_hash()
+    assert sent0 == sent1 == PROBE + 2 * len(WINRATE[0]) + 2 * 2  # the second judge was asked everything afresh
+    assert j1.requests_sent == 2 * len(WINRATE[0]) + 2 * 2 and not q1.cached and q1.requests_sent == 4
+    assert [j.raw for j in judged0] != [j.raw for j in judged1]  # other weights, other answers

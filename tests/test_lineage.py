@@ -222,6 +222,8 @@ def test_hub_models_and_datasets_are_keyed_by_the_commit_they_resolve_to(tmp_pat
     assert data_fingerprint("org/pairs") == f"hub:dataset:org/pairs@{new}" and stage_cache_key("sft", recipe, [], []) != moved
     with pytest.raises(UnresolvedRevision, match=r"^model org/absent: cannot resolve which commit"):
         model_fingerprint("org/absent")
+    # a local file the flow has not written yet is no hub id
+    assert data_fingerprint(str(tmp_path / "gate_suites.yaml")) == f"path:{tmp_path / 'gate_suites.yaml'}"
     recipe.write_text("model_name_or_path: org/absent\n")
     with pytest.raises(UnresolvedRevision, match="org/absent"):
         stage_cache_key("sft", recipe, [], [])
