@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from data.bundle import demo_path
-from rlhf.lineage import content_hash
+from rlhf.lineage import content_hash, source_key
 
 __all__ = ["data_fingerprint"]
 
@@ -18,13 +18,15 @@ def data_fingerprint(source: str) -> str:
     """Content hash of a data source: ``demo:<name>`` (bundled file), a local path, or ``hub:<id>``.
 
     Returns:
-        The 64-char content hash of the file or folder; ``"hub:<source>"`` when ``source`` is no local path (a hub
-        id is its own identity: its content is not on this machine).
+        The 64-char content hash of the file or folder; for a hub dataset id (no local path),
+        ``"hub:dataset:<id>@<commit>"``, the commit it resolves to (``rlhf.lineage.hub_revision``: the local hub
+        cache offline), never the name alone.
 
     Raises:
-        FileNotFoundError: an unknown ``demo:`` name.
+        FileNotFoundError: an unknown ``demo:`` name. rlhf.lineage.UnresolvedRevision: a hub id whose commit cannot
+        be resolved (not cached, hub offline).
     """
     if source.startswith("demo:"):
         return content_hash(demo_path(source.removeprefix("demo:")))
     p = Path(source).expanduser()
-    return content_hash(p) if p.exists() else f"hub:{source}"
+    return content_hash(p) if p.exists() else source_key(source, repo_type="dataset")

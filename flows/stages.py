@@ -2,7 +2,9 @@
 
 This is orchestration only: which command, which directory, whether a cached result still holds. The cache key
 is a content hash of everything a stage's result depends on (DESIGN.md principle 8): the stage name, the recipe
-file's bytes, the extra arguments, the hashes of the data files the recipe names (``*_data``) and of the JSON
+file's bytes, the extra arguments, the hashes of the data files the recipe names (``*_data``; a hub dataset by the
+commit it resolves to), the base model (content hash, or a hub id's resolved commit), the gate stage's endpoint
+judges as measured now (their server-reported identity and probe answers, ``judging.identity``), and of the JSON
 inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, and
 the version of the code the stage runs (exactly the modules it imports, ``rlhf.lineage.stage_code_modules``). A
 matching key next to a finished manifest means the stage is skipped.
@@ -26,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from data.fingerprint import data_fingerprint
-from rlhf.lineage import code_version, content_hash, json_hash, stage_code_modules
+from rlhf.lineage import code_version, content_hash, json_hash, source_key, stage_code_modules
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
 from rlhf.registry import STAGES, stage as registry_stage
 from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir
@@ -51,10 +53,19 @@ class StageRun:
     rerun_seconds: float | None = None  # a cached rerun's own time (cache check and reuse); None when computed
 
 
+#: Base-model presets the pipeline builds itself (``rlhf.models.resolve_base_model``): keyed by name, their build
+#: code is part of the stage's code version.
+_PRESETS = ("tiny", "smollm2-135m", "default")
+
+
 def _model_key(value: str) -> str:
-    """A base model's identity for the cache: content hash of a local directory or .gguf file, else its name."""
-    p = Path(value).expanduser()
-    return content_hash(p) if p.exists() else value
+    """A base model's identity for the cache: content hash of a local directory or .gguf file, the resolved commit
+    of a hub id (``rlhf.lineage.source_key``), the name of a built-in preset.
+
+    Raises:
+        rlhf.lineage.UnresolvedRevision: a hub id whose commit cannot be resolved (not cached, hub offline).
+    """
+    return value if value in _PRESETS else source_key(value, repo_type="model")
 
 
 def _result_hash(run: StageRun) -> str:
@@ -62,8 +73,44 @@ def _result_hash(run: StageRun) -> str:
     return run.manifest.get("outputs", {}).get("checkpoint_hash") or run.cache_key
 
 
+def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
+    """The identity hashes of the gate stage's endpoint judges, measured now (``judging.identity``: the server's
+    listing and a fresh probe, not recorded as seen): the ``openai`` pairwise ``judge`` and, with
+    ``refusal_classifier: openai``, the LLM refusal grader. A name serves other weights today than when the cached
+    result was computed: then the key changes and the gates run again. {} for judges identified by content (a
+    reward model, a label file: their content is already in the key through the parents or the recipe).
+
+    Raises:
+        ValueError: a malformed judge mapping. RuntimeError: the endpoint cannot be reached.
+    """
+    from judging.judges import JudgeConfig
+
+    def value(key: str):
+        return overrides.get(f"--{key}", cfg.get(key))
+
+    judge = JudgeConfig.from_dict(value("judge"), where="judge")
+    out = {}
+    if judge.backend == "openai":
+        from judging.openai_judge import OpenAIJudge
+
+        out["judge"] = OpenAIJudge(judge, record_identity=False).identity_hash()
+    if value("refusal_classifier") == "openai":
+        from gates.refusal_llm import probe_messages, refusal_grader_config
+        from judging.openai_client import ChatClient
+
+        grader = refusal_grader_config(value("refusal_judge"), judge)
+        out["refusal_judge"] = json_hash(ChatClient(grader, namespace="refusal", probe=probe_messages(),
+                                                    record_identity=False).identity())
+    return out
+
+
 def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: list[StageRun]) -> str:
-    """Content hash of a stage's inputs (see module docstring)."""
+    """Content hash of a stage's inputs (see module docstring).
+
+    Raises:
+        rlhf.lineage.UnresolvedRevision: a hub model or dataset whose commit cannot be resolved. RuntimeError: the
+        gate stage's endpoint judge cannot be reached (its identity is measured, :func:`_endpoint_judges`).
+    """
     cfg = yaml.safe_load(recipe.read_text()) or {}
     overrides = dict(zip(extra_args[::2], extra_args[1::2]))
     data, model = {}, None
@@ -75,6 +122,7 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
             data[key] = content_hash(value)  # e.g. the flow's PPO unlock decision: its content, not its path
         elif key == "model_name_or_path" and isinstance(value, str):
             model = _model_key(value)
+    judges = _endpoint_judges(cfg, overrides) if stage == "gates" else {}
     return json_hash(
         {
             "stage": stage,
@@ -84,6 +132,7 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
             "model": model,
             "parents": {p.stage: [p.cache_key, _result_hash(p)] for p in parents},
             "code": code_version(stage_code_modules(stage)),
+            **({"judges": judges} if judges else {}),  # only the gates with endpoint judges: other keys unchanged
         }
     )
 

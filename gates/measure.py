@@ -315,6 +315,7 @@ def run_judge(config: JudgeConfig, models: dict[str, Any], suites: Suites, answe
         "n_judged": len(judgments),
         "n_unparsed": n_unparsed(judgments),
         "requests_sent": judge.requests_sent - before,  # win-rate pairs and (uncached) agreement pairs
+        **judge.identity_report(),  # openai: new / unchanged / changed since the last run, the probe's requests
     }
     ids = suites.ids["winrate"]
     rows = [

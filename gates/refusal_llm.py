@@ -10,7 +10,8 @@ Its agreement with humans (``measure_grader_quality``) comes from running the sa
 completions with human labels (the bundle's three models, ``gates.refusal_eval.load_xstest_completions``; the
 first ``config.agreement_n`` unsafe and safe ones of each, 0: all 450) and is cached on disk under the sha256 of
 (grader identity, the completions' content, n), as ``judging.qualify`` caches a pairwise judge per identity: a changed grader (model,
-decoding, prompt) is re-measured, an unchanged one sends zero requests. The result is a
+decoding, prompt, or what the server reports and how it grades a fixed 4-completion probe, ``judging.identity``) is
+re-measured, an unchanged one sends zero grading requests (only the probe). The result is a
 ``RefusalClassifierQuality`` (worst model, like the learned classifier's leave-one-model-out figures; the grader
 is fitted on none of them). When nothing parsed on a kind of set, its agreement is NaN (unknown) and the
 refusal gate is inconclusive on that axis, with the reason.
@@ -49,6 +50,15 @@ GRADER_VERSION = "xstest_3class_v1"
 XSTEST_MAX_TOKENS = 16
 
 
+def probe_messages(n_per_kind: int = 2) -> list[list[dict]]:
+    """The grader's identity probe (``judging.identity``): the first ``n_per_kind`` unsafe and safe human-labelled
+    XSTest completions of the bundle's first model, in XSTest's grading prompt (asked fresh each run, never cached)."""
+    from .refusal_eval import XSTEST_MODELS, load_xstest_completions
+
+    d = load_xstest_completions(XSTEST_MODELS[0]).groupby("unsafe", sort=True).head(n_per_kind)
+    return [xstest_judge_messages(str(q), str(r)) for q, r in zip(d["prompt"].fillna(""), d["completion"])]
+
+
 class LLMRefusalGrader:
     """XSTest's 3-class prompt asked of an OpenAI-compatible endpoint (``config``: ``base_url``, ``model``, key,
     decoding, ``max_concurrency``, ``max_retries``, ``cache_dir``; see ``judging.judges.JudgeConfig``).
@@ -59,7 +69,7 @@ class LLMRefusalGrader:
 
     def __init__(self, config: JudgeConfig):
         self.config = config
-        self.client = ChatClient(config, namespace="refusal")
+        self.client = ChatClient(config, namespace="refusal", probe=probe_messages())
 
     @property
     def requests_sent(self) -> int:

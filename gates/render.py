@@ -203,6 +203,11 @@ def judge_row(m: Measurements, results: list[GateResult]) -> dict[str, Any]:
         "measured_gap": metric("measured_gap"),
         "corrected_gap": metric("corrected_gap"),
         "requests_sent": info.get("requests_sent", 0),
+        # who answered (judging.identity; no secrets): endpoint, listing, decoding, template, probe fingerprint
+        "identity": info.get("identity"),
+        "identity_status": (info.get("identity_check") or {}).get("status"),
+        "identity_changed": (info.get("identity_check") or {}).get("changed"),
+        "probe_requests_sent": info.get("probe_requests_sent", 0),
     }
 
 
@@ -227,6 +232,17 @@ def judge_lines(models: dict[str, Any], m: Measurements) -> list[str]:
     q = info.get("qualification") or {}
     if q.get("n_position_checked"):
         pc += f", on the agreement pairs {q['position_consistency']:.3f} (n={q['n_position_checked']})"
-    return head + [f"  - agreement with expert labels: {a}; position consistency on the win-rate pairs: {pc}; "
-                   f"unparsable judge answers: {info['n_unparsed']} of {info['n_judged']} (left out of the win "
-                   f"rates); requests sent: {info['requests_sent']}"]
+    lines = head + [f"  - agreement with expert labels: {a}; position consistency on the win-rate pairs: {pc}; "
+                    f"unparsable judge answers: {info['n_unparsed']} of {info['n_judged']} (left out of the win "
+                    f"rates); requests sent: {info['requests_sent']}"]
+    check = info.get("identity_check")
+    if check:
+        ident = info.get("identity") or {}
+        status = {"new": "first seen under this endpoint and name",
+                  "unchanged": "the same judge as last time under this endpoint and name",
+                  "changed": "NOT the judge seen last time under this endpoint and name (" + ", ".join(
+                      check.get("changed") or []) + " differ): re-qualified, no cached answer reused"}[check["status"]]
+        lines.append(f"  - who answered: `{ident.get('model')}` at {ident.get('endpoint')} (listing "
+                     f"{ident.get('served')}; probe answers {str((ident.get('probe') or {}).get('answers_sha256'))[:16]}, "
+                     f"{info.get('probe_requests_sent', 0)} probe requests); {status}")
+    return lines

@@ -15,8 +15,10 @@ Backends (``JudgeConfig.backend``, the gates recipe's ``judge: {backend: ..., ..
 This module is the interface the backends implement; ``judging.factory.make_judge`` builds the backend a config
 names (the backends import this module, never the reverse).
 
-A judge's *identity* (backend, model, template and what else changes its verdicts) names it in reports and keys
-its cached judgments and its cached agreement with expert labels (``judging.qualify``).
+A judge's *identity* (what answers, not what it is called) names it in reports and keys its cached judgments and its
+cached agreement with expert labels (``judging.qualify``): the content hash (local path) or resolved hub revision
+of a reward model or label file; for an endpoint, what the server reports and how it answers a fixed probe
+(``judging.identity``).
 """
 
 from __future__ import annotations
@@ -244,6 +246,13 @@ class Judge(ABC):
         Raises:
             ValueError: the three sequences differ in length.
         """
+
+    def identity_report(self) -> dict[str, Any]:
+        """How the identity was established this run, for reports (JSON-able, no secrets): the ``openai`` backend
+        gives ``identity_check`` (``judging.identity.check_identity``: new, unchanged or changed since the last run
+        under this endpoint and name), ``probe_requests_sent`` and ``probe_answers``; local backends, whose identity
+        is a content hash, give {}."""
+        return {}
 
     @property
     def name(self) -> str:

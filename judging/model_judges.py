@@ -22,7 +22,8 @@ class RewardModelJudge(Judge):
 
     Args:
         model, tokenizer: a loaded ``AutoModelForSequenceClassification`` (num_labels=1) and its tokenizer.
-        path: where it was loaded from (its identity; a local directory is also content-hashed).
+        path: where it was loaded from (its identity with its content: a local directory's content hash, a hub
+            id's resolved commit, ``rlhf.lineage.source_key``).
         backend: ``reward_model`` or ``sequence_classifier`` (reported only).
         batch_size, max_length: scoring batch and token cap (``judging.scoring.score``).
 
@@ -53,9 +54,9 @@ class RewardModelJudge(Judge):
 
     def identity(self) -> dict[str, Any]:
         if self._content is None:
-            from rlhf.lineage import content_hash
+            from rlhf.lineage import source_key
 
-            self._content = content_hash(self.path) if Path(self.path).exists() else ""
+            self._content = source_key(self.path, repo_type="model")  # a hub id: the commit it resolves to
         return {"backend": self.backend, "model": self.path, "content_hash": self._content,
                 "max_length": self.max_length}
 

@@ -9,9 +9,15 @@
   408/409/429/5xx; exponential backoff with jitter, the client's own), ``config.max_retries`` times; an answer is
   never retried for its content;
 * at most ``config.max_concurrency`` requests in flight (a thread pool);
-* every answer cached on disk under the sha256 of (model, decoding, the messages) (``judging.cache``), written as
-  soon as it arrives: an unchanged rerun sends zero requests, a crashed run resumes;
-* ``requests_sent``: every HTTP attempt, retries included, counted at the transport; ``max_in_flight``.
+* the judge's identity resolved from the server on first use (``judging.identity``: endpoint without credentials,
+  what ``GET /models`` reports, decoding, the owner's extra fields such as a template hash, and the answers to a
+  fixed probe asked fresh at temperature 0), compared with the last identity seen under that endpoint and name
+  (``identity_check``);
+* every answer cached on disk under the sha256 of (that identity, the messages) (``judging.cache``), written as
+  soon as it arrives: an unchanged judge's rerun sends zero judging requests, a crashed run resumes, and a judge
+  that answers the probe differently (other weights under the same name) finds none of the other judge's answers;
+* ``requests_sent``: every HTTP attempt to judge, retries included, counted at the transport; ``max_in_flight``;
+  ``probe_requests_sent``: the identity's requests (the listing and the probe), counted apart.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import httpx
 from rlhf.credentials import env_secret
 
 from .cache import JudgmentCache
+from .identity import check_identity, probe_record, public_endpoint, served_model
 from .judges import JudgeConfig, env_default
 
 logger = logging.getLogger(__name__)
@@ -64,15 +71,29 @@ class ChatClient:
         config: ``base_url``, ``model``, ``api_key_env``, ``max_tokens``, ``temperature``,
             ``max_concurrency``, ``max_retries``, ``timeout_s``, ``cache_dir``.
         namespace: sub-directory of the cache (e.g. ``pairwise``, ``refusal``).
+        probe: the probe's message lists (``judging.identity``), asked fresh whenever the identity is resolved;
+            empty: the identity rests on the endpoint, the listing and the settings alone.
+        extra_identity: JSON-able fields the owner adds to the identity (e.g. ``backend``, ``template_sha256``).
+        record_identity: compare the identity with the last one seen and record it (``identity_check``); False for
+            a look that must not change what the next run reports (the flow's cache key).
 
     Raises:
         ValueError: no base URL or no model (names the config key and the environment variable).
     """
 
-    def __init__(self, config: JudgeConfig, *, namespace: str = "chat"):
+    def __init__(self, config: JudgeConfig, *, namespace: str = "chat", probe: Sequence[list[dict]] = (),
+                 extra_identity: dict[str, Any] | None = None, record_identity: bool = True):
         import openai
 
-        self.config = config
+        self.config, self.namespace = config, namespace
+        self.probe_messages = [list(m) for m in probe]
+        self.extra_identity, self.record_identity = dict(extra_identity or {}), record_identity
+        self._identity: dict[str, Any] | None = None
+        self._identity_lock = threading.Lock()
+        #: after the identity is resolved: the probe's answers (in order) and ``judging.identity.check_identity``'s
+        #: comparison with the last identity seen under this endpoint and name.
+        self.probe_answers: list[str] | None = None
+        self.identity_check: dict[str, Any] | None = None
         self.base_url = env_default(config.base_url, "OPENAI_BASE_URL")
         self.model = env_default(config.model, "OPENAI_MODEL")
         if not self.base_url:
@@ -87,6 +108,12 @@ class ChatClient:
             base_url=self.base_url, api_key=key, max_retries=config.max_retries, timeout=config.timeout_s,
             http_client=httpx.Client(transport=self._transport, timeout=config.timeout_s),
         )
+        # the identity's requests go through a client of their own, so requests_sent counts judging alone
+        self._probe_transport = _CountingTransport(httpx.HTTPTransport())
+        self._probe_client = openai.OpenAI(
+            base_url=self.base_url, api_key=key, max_retries=config.max_retries, timeout=config.timeout_s,
+            http_client=httpx.Client(transport=self._probe_transport, timeout=config.timeout_s),
+        )
 
     @property
     def requests_sent(self) -> int:
@@ -98,9 +125,63 @@ class ChatClient:
         """The most requests in flight at once so far (at most ``max_concurrency``)."""
         return self._transport.max_in_flight
 
+    @property
+    def probe_requests_sent(self) -> int:
+        """HTTP requests the identity sent (the model listing and the probe, retries included)."""
+        return self._probe_transport.count
+
     def identity(self) -> dict[str, Any]:
-        """What changes the answers: model and decoding (the endpoint does not)."""
-        return {"model": self.model, "max_tokens": self.config.max_tokens, "temperature": self.config.temperature}
+        """Who answers (``judging.identity``): the owner's extra fields, ``endpoint`` (no credentials), ``model``,
+        ``served`` (the listing), ``max_tokens``, ``temperature`` and ``probe`` (None without a probe). Resolved
+        from the server once per client, on first use, and checked against the last identity seen
+        (``identity_check``).
+
+        Raises:
+            RuntimeError: the server could not be reached, or a probe request failed after the retries.
+        """
+        with self._identity_lock:
+            if self._identity is None:
+                ident = {
+                    **self.extra_identity, "endpoint": public_endpoint(self.base_url), "model": self.model,
+                    "served": served_model(self._list_models(), self.model),
+                    "max_tokens": self.config.max_tokens, "temperature": self.config.temperature,
+                    "probe": self._probe() if self.probe_messages else None,
+                }
+                if self.record_identity:
+                    self.identity_check = check_identity(self.config.resolved_cache_dir() / self.namespace, ident)
+                self._identity = ident
+            return self._identity
+
+    def _list_models(self) -> list[dict[str, Any]] | None:
+        """``GET /models`` as dicts (extra fields kept); None when the server has no such route (404/405)."""
+        import openai
+
+        try:
+            return [m.model_dump() for m in self._probe_client.models.list()]
+        except openai.APIStatusError as err:
+            if err.status_code in (404, 405):
+                return None
+            raise RuntimeError(f"judge {public_endpoint(self.base_url)}: GET /models failed: {err}") from err
+        except openai.APIError as err:
+            raise RuntimeError(f"judge {public_endpoint(self.base_url)}: GET /models failed: {err}") from err
+
+    def _probe(self) -> dict[str, Any]:
+        """Ask the probe fresh (never cached) at temperature 0; ``judging.identity.probe_record`` of the answers."""
+        import openai
+
+        def ask(messages: list[dict]):
+            try:
+                return self._probe_client.chat.completions.create(
+                    model=self.model, messages=messages, max_tokens=self.config.max_tokens, temperature=0.0)
+            except openai.APIError as err:
+                raise RuntimeError(f"judge {public_endpoint(self.base_url)} model {self.model}: identity probe "
+                                   f"failed after {self.config.max_retries} retries: {err}") from err
+
+        with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
+            responses = list(pool.map(ask, self.probe_messages))
+        self.probe_answers = [r.choices[0].message.content or "" for r in responses]
+        return probe_record(self.probe_messages, self.probe_answers, [getattr(r, "model", None) for r in responses],
+                            [getattr(r, "system_fingerprint", None) for r in responses])
 
     def key(self, messages: list[dict]) -> str:
         return JudgmentCache.key({"identity": self.identity(), "messages": messages})
@@ -120,7 +201,7 @@ class ChatClient:
             )
         except openai.APIError as err:
             raise RuntimeError(
-                f"judge {self.base_url} model {self.model}: request failed after {self.config.max_retries} "
+                f"judge {public_endpoint(self.base_url)} model {self.model}: request failed after {self.config.max_retries} "
                 f"retries: {err}"
             ) from err
         return resp.choices[0].message.content or ""

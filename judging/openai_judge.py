@@ -25,9 +25,17 @@ I/O
 Requests go through ``judging.openai_client.ChatClient`` (the ``openai`` client library): ``max_retries`` retries
 on I/O errors only (connection errors, timeouts, HTTP 408/409/429/5xx; exponential backoff with jitter, the
 client's own), at most ``max_concurrency`` in flight. An answer that does not parse is not retried: it is the
-judge's answer. Each answer is cached under the sha256 of (model, decoding, the messages: system message,
+judge's answer. Each answer is cached under the sha256 of (the judge's identity, the messages: system message,
 template filled with the prompt and both responses) as soon as it arrives, so an unchanged rerun sends zero
-requests (``requests_sent`` counts every HTTP attempt, retries included).
+judging requests (``requests_sent`` counts every HTTP attempt, retries included).
+
+Identity
+--------
+Who answers is measured, not named (``judging.identity``): when the judge is first used, the server's model listing
+is read and the fixed probe pairs (``judging/probe_pairs.json``) are asked fresh in both orders with this template
+at temperature 0 (9 requests, ``probe_requests_sent``). The identity (backend, endpoint without credentials, model
+name and listing, decoding, template hash, probe answers and reported fingerprints) keys the cached answers and the
+cached agreement, so other weights served under the same name are a new judge: asked afresh and re-qualified.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from typing import Any
 from data.labels import BASELINE_WINS, CANDIDATE_WINS
 from rlhf.lineage import json_hash
 
+from .identity import load_probe_pairs
 from .judges import Judge, JudgeConfig, Judgment, check_lengths, prompt_text
 from .openai_client import ChatClient
 
@@ -144,6 +153,7 @@ class OpenAIJudge(Judge):
         config: ``base_url`` (or ``$OPENAI_BASE_URL``), ``model`` (or ``$OPENAI_MODEL``), the key from
             ``$<api_key_env>`` (local servers accept any), ``template``, ``system_prompt``, ``max_tokens``,
             ``temperature``, ``max_concurrency``, ``max_retries``, ``timeout_s``, ``cache_dir``.
+        record_identity: ``ChatClient``'s (False: measure the identity without recording it as seen).
 
     Raises:
         ValueError: no base URL or no model (names the config key and the environment variable).
@@ -152,11 +162,15 @@ class OpenAIJudge(Judge):
 
     backend = "openai"
 
-    def __init__(self, config: JudgeConfig):
+    def __init__(self, config: JudgeConfig, *, record_identity: bool = True):
         self.config = config
         self.template = load_template(config.template)
         self.system_prompt = SYSTEM_PROMPT if config.system_prompt is None else config.system_prompt
-        self.chat = ChatClient(config, namespace="pairwise")
+        probe = [m for p in load_probe_pairs() for m in (self.messages(p["prompt"], p["response_a"], p["response_b"]),
+                                                         self.messages(p["prompt"], p["response_b"], p["response_a"]))]
+        self.chat = ChatClient(config, namespace="pairwise", probe=probe, extra_identity={
+            "backend": "openai", "template_sha256": json_hash({"system": self.system_prompt, "user": self.template})},
+            record_identity=record_identity)
         self.base_url, self.model = self.chat.base_url, self.chat.model
 
     @property
@@ -169,10 +183,14 @@ class OpenAIJudge(Judge):
         return self.chat.max_in_flight
 
     def identity(self) -> dict[str, Any]:
-        return {
-            "backend": "openai", **self.chat.identity(),
-            "template_sha256": json_hash({"system": self.system_prompt, "user": self.template}),
-        }
+        """``ChatClient.identity``: backend, endpoint, model and listing, decoding, template hash, probe (resolved
+        from the server on first use; see the module docstring)."""
+        return self.chat.identity()
+
+    def identity_report(self) -> dict[str, Any]:
+        self.identity()
+        return {"identity_check": self.chat.identity_check, "probe_requests_sent": self.chat.probe_requests_sent,
+                "probe_answers": self.chat.probe_answers}
 
     def messages(self, prompt: Any, output_1: str, output_2: str) -> list[dict]:
         """The chat messages asking which of ``output_1`` / ``output_2`` answers ``prompt`` better."""

@@ -3,7 +3,9 @@
 Caches are keyed on content, never on a path: a file that changed under the same name gets a new hash. A stage's
 code version covers exactly the modules it imports (read from the source, file level and inside functions,
 followed transitively from its entry module), so a change in a module recomputes every stage that runs it and no
-other. (Data sources are fingerprinted by ``data.fingerprint``, one layer up.)
+other. A hub model or dataset is keyed by the commit its id resolves to (:func:`hub_key`), never by its name: a
+repository pushed to under the same name is other content. (Data sources are fingerprinted by
+``data.fingerprint``, one layer up.)
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,6 +58,88 @@ def content_hash(path: str | os.PathLike, *, exclude: tuple[str, ...] = ("manife
         h.update(b"\0")
         h.update(file_hash(f).encode())
     return h.hexdigest()
+
+
+class UnresolvedRevision(ValueError):
+    """A hub id whose commit cannot be found (not in the local hub cache, and the hub offline or unreachable)."""
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_revision(repo_id: str, *, repo_type: str = "model", revision: str | None = None) -> str:
+    """The commit sha a hub id (and optional branch, tag or commit) resolves to.
+
+    Offline (``HF_HUB_OFFLINE``), from the local hub cache: the snapshot ``huggingface_hub`` itself would load
+    (``snapshot_download(local_files_only=True)`` follows ``refs/<revision>`` to ``snapshots/<commit>``). Online,
+    the hub's answer (``HfApi.repo_info``), which is what a load would fetch; the cache when the hub is unreachable.
+
+    Args:
+        repo_id: ``org/name``. repo_type: ``model`` or ``dataset``. revision: default the repository's ``main``.
+
+    Returns:
+        The 40-hex commit.
+
+    Raises:
+        UnresolvedRevision: not in the cache and the hub offline or unreachable (names the id and the cache).
+    """
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if not _hub_offline():
+        try:
+            info = huggingface_hub.HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision)
+            if info.sha:
+                return info.sha
+        except Exception:  # unreachable, unknown id, no auth: fall back to what this machine has
+            pass
+    try:
+        snapshot = huggingface_hub.snapshot_download(repo_id, repo_type=repo_type, revision=revision,
+                                                     local_files_only=True)
+    except Exception as err:
+        raise UnresolvedRevision(
+            f"{repo_type} {repo_id}{'@' + revision if revision else ''}: cannot resolve which commit it names (not in "
+            f"the local hub cache {constants.HF_HUB_CACHE} and the hub is offline or unreachable: "
+            f"{type(err).__name__}); a result keyed by the name alone could be another revision's, so download it "
+            "first or pass a local path"
+        ) from None
+    return Path(snapshot).name
+
+
+def hub_key(repo_id: str, *, repo_type: str = "model") -> str:
+    """``hub:<repo_type>:<repo_id>@<commit>`` (:func:`hub_revision`): the cache identity of a hub model or dataset.
+
+    Raises:
+        UnresolvedRevision: see :func:`hub_revision`.
+    """
+    return f"hub:{repo_type}:{repo_id}@{hub_revision(repo_id, repo_type=repo_type)}"
+
+
+_REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+#: Suffixes of files, never of hub repository names (``org/pairs.jsonl`` is a file that is not there yet).
+_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".yaml", ".yml", ".txt", ".gz", ".gguf",
+                  ".safetensors", ".bin", ".pt")
+
+
+def source_key(value: str, *, repo_type: str = "model") -> str:
+    """The cache identity of a model or dataset named by a local path (its :func:`content_hash`) or a hub id
+    (:func:`hub_key`). A path that does not exist yet (absolute, relative with ``./`` or ``~``, a file suffix, or
+    no valid repository id; e.g. a file the flow writes before the stage runs) is ``path:<value>``.
+
+    Raises:
+        UnresolvedRevision: a hub id whose commit cannot be resolved.
+    """
+    p = Path(value).expanduser()
+    if p.exists():
+        return content_hash(p)
+    repo_id = value.removeprefix("hub:")
+    if (value.startswith(("/", ".", "~")) or value.lower().endswith(_FILE_SUFFIXES)
+            or not _REPO_ID.match(repo_id)):
+        return f"path:{value}"
+    return hub_key(repo_id, repo_type=repo_type)
 
 
 def json_hash(obj: Any) -> str:

@@ -247,6 +247,12 @@ def resolve_base_model(spec: str = DEFAULT_BASE_MODEL, cache_dir: str | os.PathL
 
 
 def model_fingerprint(path_or_id: str) -> str:
-    """Content hash of a local checkpoint directory, or ``hub:<id>`` for a hub id (hashing needs the files)."""
-    p = Path(path_or_id)
-    return content_hash(p) if p.is_dir() else f"hub:{path_or_id}"
+    """Content hash of a local checkpoint, or ``hub:model:<id>@<commit>`` for a hub id (``rlhf.lineage.hub_key``:
+    the commit it resolves to, never the name alone).
+
+    Raises:
+        rlhf.lineage.UnresolvedRevision: a hub id whose commit cannot be resolved (not cached, hub offline).
+    """
+    from .lineage import source_key
+
+    return source_key(path_or_id, repo_type="model")

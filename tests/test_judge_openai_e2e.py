@@ -1,7 +1,8 @@
 """End to end: a gate run (gates.evaluate.main) judged by the ``openai`` backend against a real local
 ``transformers serve`` (the tiny model), n=2 per suite; the judge is named in the report, the gate table and the
-manifest; its agreement with PandaLM's annotators is measured through the same endpoint; an unchanged rerun sends
-zero requests (counted in the server's access log and by the judge's transport)."""
+manifest with its identity (what the server lists, how it answered the probe); its agreement with PandaLM's
+annotators is measured through the same endpoint; an unchanged rerun sends zero judging requests, only the identity
+probe (counted in the server's access log and by the judge's transport)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,18 @@ def test_gate_run_with_an_openai_judge_end_to_end(openai_server, tiny_model_dir,
     posts = _posts(openai_server["log"])
     rc = run(tmp_path / "g1")
     sent = _posts(openai_server["log"]) - posts
-    assert sent == 2 * 2 + 2 * 2  # 2 win-rate pairs and 2 agreement pairs, each asked in both orders
+    assert sent == 2 * 2 + 2 * 2 + 8  # 2 win-rate and 2 agreement pairs in both orders; the identity probe (4 x 2)
 
     manifest = json.loads((tmp_path / "g1" / "manifest.json").read_text())
     gates, row = manifest["metrics"], manifest["outputs"]["judge"]
     assert row["backend"] == "openai" and row["judge"] == f"openai:{openai_server['model']}"
-    assert row["requests_sent"] == 8 and row["n_judged"] == 2
+    assert row["requests_sent"] == 8 and row["n_judged"] == 2 and row["probe_requests_sent"] == 9  # + GET /models
+    # who answered, as the server reports it and as it answered the probe; no secret in it
+    ident = row["identity"]
+    assert ident["endpoint"] == openai_server["base_url"] and ident["model"] == openai_server["model"]
+    assert ident["served"]["listed"] is True and ident["served"]["id"] == openai_server["model"]
+    assert ident["probe"]["n"] == 8 and len(ident["probe"]["answers_sha256"]) == 64
+    assert row["identity_status"] == "new" and "EMPTY" not in json.dumps(manifest)
     # the tiny model answers with noise: every judge answer is unparsable, counted apart (not as ties)
     assert row["n_unparsed"] == 2 and row["position_consistency"] is None
     assert gates["judge_agreement"]["metrics"]["unparsed_judgments"]["value"] == 2
@@ -69,5 +76,6 @@ def test_gate_run_with_an_openai_judge_end_to_end(openai_server, tiny_model_dir,
     posts = _posts(openai_server["log"])
     run(tmp_path / "g2")
     again = json.loads((tmp_path / "g2" / "manifest.json").read_text())["outputs"]["judge"]
-    assert _posts(openai_server["log"]) == posts and again["requests_sent"] == 0
+    assert _posts(openai_server["log"]) == posts + 8 and again["requests_sent"] == 0  # the probe alone
+    assert again["identity_status"] == "unchanged" and again["identity"] == ident
     assert again["agreement"] == row["agreement"] and again["identity_hash"] == row["identity_hash"]

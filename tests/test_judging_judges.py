@@ -28,6 +28,10 @@ def _pandalm(n: int):
         return list(load_pairs(PANDALM, mode="lenient", max_reject_rate=0.07, rejects_path=Path(d) / "r.jsonl"))[:n]
 
 
+#: chat requests of the identity probe each openai judge sends when it is built (4 pairs x 2 orders)
+PROBE = 8
+
+
 def _posts(log) -> int:
     return log.read_text().count('"POST /v1/chat/completions')
 
@@ -252,7 +256,9 @@ def test_openai_judge_asks_both_orders_and_an_unchanged_rerun_sends_nothing(open
     posts = _posts(openai_server["log"])
     judge = OpenAIJudge(cfg)
     js = judge.judge(prompts, a, b)
-    assert judge.requests_sent == 4 and _posts(openai_server["log"]) == posts + 4  # 2 items x 2 orders
+    # 2 items x 2 orders, plus the identity probe (4 pairs x 2 orders, judging.identity), counted apart
+    assert judge.requests_sent == 4 and _posts(openai_server["log"]) == posts + 4 + PROBE
+    assert judge.chat.probe_requests_sent == PROBE + 1  # and one GET /models
     for j in js:  # an item parses only if both orders' answers do
         assert j.parsed == (parse_answer(j.raw["ab"]) is not None and parse_answer(j.raw["ba"]) is not None)
     # the tiny model writes noise (greedy: newlines), never a bare "m" / "M": both items are unparsable
@@ -260,8 +266,9 @@ def test_openai_judge_asks_both_orders_and_an_unchanged_rerun_sends_nothing(open
 
     again = OpenAIJudge(cfg)
     js2 = again.judge(prompts, a, b)
-    assert again.requests_sent == 0 and _posts(openai_server["log"]) == posts + 4
-    assert [j.raw for j in js2] == [j.raw for j in js]
+    assert again.requests_sent == 0 and _posts(openai_server["log"]) == posts + 4 + 2 * PROBE
+    assert [j.raw for j in js2] == [j.raw for j in js] and again.identity_hash() == judge.identity_hash()
+    assert again.identity_report()["identity_check"]["status"] == "unchanged"
 
     template = tmp_path / "t.txt"
     template.write_text("Which is better for {instruction}? m: {output_1} M: {output_2}. Answer m or M.")
@@ -292,9 +299,12 @@ def test_openai_judge_retries_io_errors_only_then_names_the_endpoint(tmp_path):
         port = s.getsockname()[1]
     judge = OpenAIJudge(JudgeConfig(backend="openai", model="m", base_url=f"http://127.0.0.1:{port}/v1",
                                     max_retries=2, timeout_s=5, cache_dir=str(tmp_path)))
+    with pytest.raises(RuntimeError, match=rf"judge http://127.0.0.1:{port}/v1: GET /models failed"):
+        judge.judge(["p"], ["a"], ["b"])  # who answers is asked first
+    assert judge.chat.probe_requests_sent == 3 and judge.requests_sent == 0  # the first attempt and 2 retries
     with pytest.raises(RuntimeError, match=rf"judge http://127.0.0.1:{port}/v1 model m: request failed after 2"):
-        judge.judge(["p"], ["a"], ["b"])
-    assert judge.requests_sent == 2 * 3  # each order: the first attempt and 2 retries; nothing cached
+        judge.chat.complete(judge.messages("p", "a", "b"))
+    assert judge.requests_sent == 3  # the first attempt and 2 retries; nothing cached
     assert not list(tmp_path.rglob("*.json"))
 
 
@@ -320,14 +330,14 @@ def test_cli_judge_agreement_prints_a_ci_n_and_reruns_from_the_cache(openai_serv
     posts = _posts(openai_server["log"])
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
-    assert _posts(openai_server["log"]) == posts + 4
+    assert _posts(openai_server["log"]) == posts + 4 + PROBE
     # every tiny-model answer is unparsable: on decisive items that counts as disagreement, so a = 0
     assert "agreement a = 0.0000 (95% CI 0.0000-" in out.output and f"n = {n_decisive} decisive" in out.output
     assert "attenuation 2a-1 = -1.0000" in out.output
     assert "unparsable answers: 2 of 2" in out.output and "requests sent: 4" in out.output
     assert "below the floor 0.85" in out.output
     again = CliRunner().invoke(app, args + ["--json"])
-    assert again.exit_code == 0 and _posts(openai_server["log"]) == posts + 4
+    assert again.exit_code == 0 and _posts(openai_server["log"]) == posts + 4 + 2 * PROBE  # the probe alone
     summary = json.loads(again.output)
     assert summary["cached"] is True and summary["n"] == n_decisive and summary["agreement"] == 0.0
 

@@ -182,6 +182,53 @@ def test_stage_cache_key_changes_with_any_input(tmp_path):
     assert key != stage_cache_key("dpo", recipe, [], [parent])
 
 
+def _hub_snapshot(cache: Path, repo_type: str, repo_id: str, commit: str) -> None:
+    """One repository in a hub cache laid out as huggingface_hub writes it (``<type>s--org--name/refs/main`` naming
+    ``snapshots/<commit>/``), pointed at ``commit``."""
+    repo = cache / f"{repo_type}s--{repo_id.replace('/', '--')}"
+    (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+
+
+def test_hub_models_and_datasets_are_keyed_by_the_commit_they_resolve_to(tmp_path, monkeypatch):
+    """A hub id is keyed by the commit huggingface_hub resolves it to from the local cache (offline), never by its
+    name: a new push under the same name (refs/main moved) changes every key; an id that cannot be resolved is an
+    error naming it, not a name-only key."""
+    import huggingface_hub.constants
+
+    from data.fingerprint import data_fingerprint
+    from flows.stages import stage_cache_key
+    from rlhf.lineage import UnresolvedRevision, hub_key
+    from rlhf.models import model_fingerprint
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    old, new = "1" * 40, "2" * 40
+    _hub_snapshot(tmp_path / "hub", "model", "org/base", old)
+    _hub_snapshot(tmp_path / "hub", "dataset", "org/pairs", old)
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("model_name_or_path: org/base\ntrain_data: org/pairs\n")
+
+    assert hub_key("org/base") == model_fingerprint("org/base") == f"hub:model:org/base@{old}"
+    assert data_fingerprint("org/pairs") == f"hub:dataset:org/pairs@{old}"
+    key = stage_cache_key("sft", recipe, [], [])
+    _hub_snapshot(tmp_path / "hub", "model", "org/base", new)  # same name, new weights
+    assert model_fingerprint("org/base") == f"hub:model:org/base@{new}"
+    moved = stage_cache_key("sft", recipe, [], [])
+    assert moved != key
+    _hub_snapshot(tmp_path / "hub", "dataset", "org/pairs", new)  # same name, new data
+    assert data_fingerprint("org/pairs") == f"hub:dataset:org/pairs@{new}" and stage_cache_key("sft", recipe, [], []) != moved
+    with pytest.raises(UnresolvedRevision, match=r"^model org/absent: cannot resolve which commit"):
+        model_fingerprint("org/absent")
+    # a local file the flow has not written yet is no hub id
+    assert data_fingerprint(str(tmp_path / "gate_suites.yaml")) == f"path:{tmp_path / 'gate_suites.yaml'}"
+    recipe.write_text("model_name_or_path: org/absent\n")
+    with pytest.raises(UnresolvedRevision, match="org/absent"):
+        stage_cache_key("sft", recipe, [], [])
+
+
 def _copy_packages(dest: Path) -> None:
     """The project's package folders, .py files only (what the code version reads), under ``dest``."""
     from rlhf.registry import PROJECT_PACKAGES
