@@ -681,7 +681,7 @@ def _presidio_recognizers():
 # --- false-scrub guards ------------------------------------------------------------------------------------------
 _NOT_BEFORE_NUMBER = re.compile(r"(?i)(?:isbn(?:-1[03])?|issn|doi|arxiv|pmid|ean|upc|sha(?:256)?|commit)[\s:#=]*$")
 _VERSION_BEFORE = re.compile(
-    r"(?i)(?:\bv|version\s*|ver\.?\s*|release\s*|build\s*|release\s+v?|==\s*|@|\bpython\s*|\bnode\s*|"
+    r"(?i)(?:\bv|\bversion\s*|\bver\.?\s*|\brelease\s+v?|\bbuild\s*|==\s*|@|\bpython\s*|\bnode\s*|"
     r"\bcuda\s*|\bwindows\s*|\bios\s*|\bandroid\s*|\bmacos\s*|\bkernel\s*|\bfirmware\s*|\bchrome\s*)$"
 )
 _CODE_SPAN = re.compile(r"```[\s\S]*?(?:```|$)|`[^`\n]+`")
@@ -740,7 +740,13 @@ class Scrubber:
         from presidio_analyzer.nlp_engine import SpacyNlpEngine
 
         model = spacy_model or str(_blank_spacy_dir())
-        nlp = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": model}])
+        from presidio_analyzer.nlp_engine import NerModelConfiguration
+
+        ontonotes = ["CARDINAL", "DATE", "EVENT", "FAC", "GPE", "LANGUAGE", "LAW", "LOC", "MONEY", "NORP", "ORDINAL",
+                     "ORG", "PERCENT", "PRODUCT", "QUANTITY", "TIME", "WORK_OF_ART"]
+        ner_config = NerModelConfiguration(model_to_presidio_entity_mapping={"PERSON": "PERSON"},
+                                           labels_to_ignore=ontonotes)  # only names are taken from NER
+        nlp = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": model}], ner_model_configuration=ner_config)
         nlp.load()
         registry = RecognizerRegistry(supported_languages=["en"])
         for rec in _presidio_recognizers() + _our_recognizers():
@@ -782,7 +788,9 @@ class Scrubber:
         for f in found:
             cls = _PRESIDIO_CLASS.get(f.entity_type, f.entity_type)
             if _keep(text, cls, f.start, f.end):
-                spans.append((f.start, f.end, cls, f.score))
+                # a pattern's class wins over NER's where they overlap ("221 Baker Street" is an address)
+                ner = (f.recognition_metadata or {}).get("recognizer_name") == "SpacyNerRecognizer"
+                spans.append((f.start, f.end, cls, f.score - ner))
         spans.sort(key=lambda s: (s[0], -s[1]))
         merged: list[list] = []
         for s, e, cls, score in spans:
