@@ -2,6 +2,7 @@
 
     python benchmarks/pii_scrub.py                 # the table (recall per class, false scrubs, set sizes, targets)
     python benchmarks/pii_scrub.py --show-misses   # also every missed span and every clean turn altered
+    python benchmarks/pii_scrub.py --split heldout # only the templates written after tuning
 
 A labelled span counts as found when every non-space character of it lies inside a span the scrub replaces (of any
 class: what matters is that nothing of it reaches annotators). Recall per class = found / labelled; a clean turn
@@ -77,17 +78,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--show-misses", action="store_true")
+    ap.add_argument("--split", choices=["all", "tune", "heldout"], default="all",
+                    help="rows to count (heldout: templates written after the recognizers were tuned)")
     args = ap.parse_args(argv)
     from flywheel.scrub import Scrubber
 
     rows = [json.loads(line) for line in Path(args.data).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if args.split != "all":
+        rows = [r for r in rows if r.get("split") == args.split]
     t0 = time.perf_counter()
     scrubber = Scrubber()
     t1 = time.perf_counter()
     res = measure(rows, scrubber)
     t2 = time.perf_counter()
     langs = sorted({r["lang"] for r in rows})
-    print(f"set: {args.data}: {res['pii_turns']} turns with personal data ({res['spans']} labelled spans), "
+    print(f"set: {args.data} (split {args.split}): {res['pii_turns']} turns with personal data ({res['spans']} labelled spans), "
           f"{res['clean']['n']} clean turns; languages/scripts: {', '.join(langs)}")
     print(f"scrubber: {scrubber.manifest()['ner_model']}, {len(scrubber.recognizers)} recognizers; "
           f"load {t1 - t0:.1f} s, {1000 * (t2 - t1) / len(rows):.1f} ms per turn")

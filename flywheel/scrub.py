@@ -85,7 +85,8 @@ ENTITIES = tuple(CLASSES)
 
 #: what the scrub does not look for (written into the export manifest next to :data:`CLASSES`).
 NOT_LOOKED_FOR: dict[str, str] = {
-    "PERSON (no cue, non-Latin script)": "the NER model is English; a name in another script needs a cue",
+    "PERSON (no cue, not English)": "the NER model is English: in other languages and scripts a name counts only "
+    "after a cue (my name is, 我叫, меня зовут, Frau, ...さん, ...)",
     "LOCATION / ORGANIZATION": "cities, countries and employers are kept (NER labels GPE/ORG are not scrubbed)",
     "AGE / HEALTH / BELIEFS": "free-text special-category data (diagnoses, religion, ...) is not detected",
     "USERNAME / HANDLE / URL": "user names, social handles and personal URLs are kept",
@@ -439,6 +440,7 @@ def _our_recognizers() -> list:
             "PasswordCueRecognizer",
             [(_i(r"password|passwort|passwd|pwd|pw|passcode|pass phrase|passphrase|kennwort|mot de passe|mdp|"
                  r"contrase[ñn]a|clave|wachtwoord|пароль|パスワード|密码|密碼|비밀번호|pin(?: code| number)?")
+              + r"(?![A-Za-z0-9_.])"  # "password_hash", "password.encode()" are code, not a stated password
               + r"(?:\s+(?:is|was|is now|=|:|to|ist|est|es|è|lautet|are|for \S+ is))*\s*[:=：]?\s*(?:は|是|为|는|은)?\s*"
               + r"[\"'`“‘]?(?P<v>[\x21\x23-\x26\x28-\x5f\x61-\x7e]{4,64})", 0.7)],
             trim=_trim_punct,
@@ -597,6 +599,7 @@ def _our_recognizers() -> list:
     # --- names after cues ------------------------------------------------------------------------------------
     strong = (
         r"my name is|my name's|my full name is|name is|call me|i am called|i'm called|my names|"
+        r"姓名\s*[:：]?|氏名\s*[:：]?|이름\s*[:：]?|имя\s*[:：]|nombre\s*[:：]|nom\s*[:：]|"
         r"name\s*:|full name\s*:|patient\s*:|patient name\s*:|signed\s*:?|sincerely,?|yours truly,?|"
         r"me llamo|mi nombre es|soy|je m'appelle|je suis|mon nom est|ich heiße|ich heisse|mein name ist|"
         r"mi chiamo|il mio nome è|sono|ik heet|mijn naam is|ik ben|меня зовут|мо[её] имя|я\s|اسمي|أنا|"
@@ -610,7 +613,7 @@ def _our_recognizers() -> list:
                 # strong cues: the name may be lower case ("my name is joão silva")
                 (_i(strong) + r"\s*(?P<v>" + _NW + r"(?:[ \t]+" + _NW + r"){0,4})", 0.7),
                 # weak cues: only a capitalised name counts ("I'm Anna", not "I'm tired")
-                (r"(?<![\p{L}])(?:I'm|I am|This is|this is|It's|Regards,|regards,|Thanks,|Cheers,|Best,|Dear,?|Hi,?|"
+                (r"(?<![\p{L}])(?:I'm|I am|This is|this is|It's|it's|it is|Regards,|regards,|Thanks,|Cheers,|Best,|Dear,?|Hi,?|"
                  r"Hello,?|Hey,?|Mr\.?|Mrs\.?|Ms\.?|Miss|Dr\.?|Prof\.?|Herr|Frau|Señor|Señora|Sr\.|Sra\.|Monsieur|Madame|"
                  r"Mme\.?|M\.|Signor|Signora|Sig\.|Sig\.ra|Dhr\.|Mevr\.|Mevrouw|meneer|colleague|friend|wife|husband|"
                  r"son|daughter|mother|father|brother|sister|boss|manager|neighbour|neighbor|doctor|named|called|"
@@ -714,8 +717,10 @@ def _keep(text: str, entity: str, start: int, end: int) -> bool:
     if entity == "PHONE_NUMBER":
         if _DATE_LIKE.fullmatch(value.strip()) or re.fullmatch(r"\p{Nd}+(?:\.\p{Nd}+){2,}", value):
             return False
-        if re.fullmatch(r"\p{Nd}+", value) and not _PHONE_CUE.search(text[max(0, start - 40) : start]):
-            return False  # a bare run of digits is a phone number only where the text says so
+        if not value.startswith("+") and not _PHONE_CUE.search(text[max(0, start - 40) : start]):
+            # without "+" or a phone word: a bare run of digits, a short number or a ratio is something else
+            if re.fullmatch(r"\p{Nd}+", value) or len(_digits(value)) < 8 or "/" in value:
+                return False
     return True
 
 
@@ -855,7 +860,7 @@ _EN_FUNCTION = {
 
 def _looks_english(text: str) -> bool:
     words = re.findall(r"[A-Za-z']+", text.lower())
-    return sum(w in _EN_FUNCTION for w in words) >= 1
+    return sum(w in _EN_FUNCTION for w in words) >= 2  # one is chance ("was" is German too)
 
 
 def _ner_name_ok(text: str, start: int, end: int, code: list[tuple[int, int]]) -> bool:

@@ -2,8 +2,9 @@
 
 Every value is synthetic: identifiers are drawn at random in their format until ``python-stdnum`` (or
 ``phonenumbers``) accepts them, so checksummed formats carry valid check digits, and names come from small pools of
-common names in several scripts. Rows: ``{"id", "lang", "kind": "pii"|"clean", "text", "spans": [{"start", "end",
-"class", "value"}]}``; a span's ``class`` is a :data:`flywheel.scrub.CLASSES` key; clean rows have no span (code,
+common names in several scripts. Rows: ``{"id", "lang", "kind": "pii"|"clean", "split": "tune"|"heldout", "text",
+"spans": [{"start", "end", "class", "value"}]}`` ("heldout": templates written after the recognizers were tuned on
+the "tune" ones); a span's ``class`` is a :data:`flywheel.scrub.CLASSES` key; clean rows have no span (code,
 math, version numbers, dates in prose, ISBNs, product names, numbers of every kind). Deterministic (seed 19):
 
     python benchmarks/data/make_pii_eval.py   # rewrites benchmarks/data/pii_eval.jsonl
@@ -506,6 +507,91 @@ MIX: list[tuple[str, str]] = [
 ]
 
 
+# held out: written after the recognizers were tuned on the templates above, and measured apart from them
+HELD: list[tuple[str, str]] = [
+    ("en", "Quick q — the clinic form wants my social security no. ({US_SSN|ssn}); is it safe to email it?"),
+    ("en", "Employer typed my NI as {UK_NINO|nino} on the payslip, should I get it corrected?"),
+    ("en", "GP surgery asked me to confirm NHS No {UK_NHS|nhs} over the phone, is that normal?"),
+    ("es", "Te paso mis datos: {PERSON|name}, DNI {ES_DNI_NIE|dni}, móvil {PHONE_NUMBER|phone}."),
+    ("nl", "Kun je mijn BSN {NL_BSN|bsn} invullen op het formulier van de gemeente?"),
+    ("de", "Für die Steuererklärung: Steuer-ID {DE_ID|detax}, Adresse {STREET_ADDRESS|Bahnhofstraße {num}}, {POSTCODE|plz} München."),
+    ("fr", "Voici mon NIR {FR_NIR|nir}, la CPAM dit qu'il est faux."),
+    ("it", "Codice fiscale {IT_FISCAL_CODE|cf}: me lo controlli prima che lo mandi al commercialista?"),
+    ("en", "KYC is stuck: Aadhaar no. {IN_AADHAAR|aadhaar} and PAN {IN_PAN|pan} both uploaded."),
+    ("zh", "帮我填表：姓名{PERSON|zh}，身份证号{CN_RESIDENT_ID|ric}，电话{PHONE_NUMBER|phone_cn}"),
+    ("ja", "マイナンバー {JP_MY_NUMBER|mynum} を会社に提出しても大丈夫ですか？"),
+    ("ko", "{PERSON|ko}씨 전화번호가 {PHONE_NUMBER|phone_kr} 맞나요?"),
+    ("en", "Travelling Friday. Passport #{PASSPORT|passport}, can I check in online?"),
+    ("en", "The rental company wants my driving license no {DRIVER_LICENSE|dl} before pickup."),
+    ("en", "Notes for MRN: {MEDICAL_RECORD_NUMBER|mrn} — BP 150/95, started lisinopril. Make it patient friendly."),
+    ("en", "For the insurance quote: born {DATE_OF_BIRTH|dob}, non-smoker, 180 cm."),
+    ("de", "Geburtsdatum {DATE_OF_BIRTH|dob}, wann bekomme ich Rente?"),
+    ("fr", "Je suis née le {DATE_OF_BIRTH|dob}, à quel âge puis-je partir à la retraite ?"),
+    ("en", "openai.api_key = '{API_KEY|key}'  # this is in my notebook, is that bad?"),
+    ("en", "GitHub says my token {API_KEY|key} was revoked, why?"),
+    ("en", "curl -u me:x -H 'Authorization: Bearer {ACCESS_TOKEN|jwt}' localhost:8000/api"),
+    ("en", "I pasted this into the config, is it valid?\n{PRIVATE_KEY|pem}"),
+    ("en", "Router admin pw is {PASSWORD|pw} — how do I make it stronger?"),
+    ("it", "La mia password è {PASSWORD|pw}, va bene?"),
+    ("en", "mongodb://root:{PASSWORD|pw}@mongo.local:27017/admin connection keeps timing out"),
+    ("en", "Refund should go to {IBAN_CODE|iban}, account holder {PERSON|name}."),
+    ("en", "Visa ending weird: {CREDIT_CARD|card}, can you tell me the issuer?"),
+    ("en", "Wire details — acct no. {BANK_ACCOUNT|acct}, sort code {BANK_ACCOUNT|sort}."),
+    ("en", "Text me on {PHONE_NUMBER|phone} when the parcel arrives."),
+    ("ja", "連絡先：{PHONE_NUMBER|phone_jp}（携帯）"),
+    ("zh", "香港办公室电话：{PHONE_NUMBER|phone_hk}"),
+    ("en", "Send the invoice to {EMAIL_ADDRESS|email} please."),
+    ("en", "Forward port 22 to {IP_ADDRESS|ip} on my home router?"),
+    ("en", "New address: {STREET_ADDRESS|{num} Queen's Road}, Bristol {POSTCODE|ukpc}."),
+    ("en", "We moved to {STREET_ADDRESS|{num} Elm Street}, Austin, TX {POSTCODE|zip}."),
+    ("es", "La dirección es {STREET_ADDRESS|Calle de Alcalá {num}}, {POSTCODE|plz} Madrid."),
+    ("it", "Consegna in {STREET_ADDRESS|Corso Vittorio Emanuele {num}}, Torino."),
+    ("nl", "Ons adres: {STREET_ADDRESS|Prinsengracht {num}}, {POSTCODE|nlpc} Amsterdam."),
+    ("en", "hey, it's {PERSON|first} again — did you finish my essay?"),
+    ("en", "my name's {PERSON|lower}, write me a poem about my cat"),
+    ("ru", "Здравствуйте, меня зовут {PERSON|ru}, у меня вопрос по визе."),
+    ("hi", "मेरा नाम {PERSON|hi} है और मैं दिल्ली से हूँ।"),
+    ("ja", "{PERSON|jafam}さんに明日の会議のことを伝えてください。"),
+    ("en", "Cheers, {PERSON|name}"),
+    ("en", "Please help me write an apology to {PERSON|ner} for missing the meeting."),
+    ("en", "Should I lend money to {PERSON|ner}? We've been friends since school."),
+    ("en", "{PERSON|ner} keeps interrupting me in meetings, what do I say?"),
+    ("en", "Write a eulogy for my grandfather {PERSON|ner}, a carpenter who loved fishing."),
+]
+HELD_CLEAN: list[str] = [
+    "Bump pydantic from 2.7.1 to 2.8.2 in requirements.txt and explain the breaking changes.",
+    "Our release 4.10.2.3 has a regression compared to 4.10.2.2.",
+    "What is the ISBN 978-1-4028-9462-6 book about?",
+    "Solve for x: 12x - 7 = 5x + 21.",
+    "What is 98765 / 123 to four decimal places?",
+    "Is 1000000007 a prime number?",
+    "The Treaty of Versailles was signed on 28 June 1919.",
+    "Our offsite is on 2025-06-12; list three agenda ideas.",
+    "Compare the Pixel 8 Pro and the OnePlus 12.",
+    "Is the Dell XPS 13 9340 good for programming?",
+    "The GPU is an A100 80GB SXM4; how many fit in a DGX?",
+    "Set max_tokens=4096 and temperature=0.7 in the request.",
+    "What does HTTP status 503 mean?",
+    "Convert 72 degrees Fahrenheit to Celsius.",
+    "Population of Canada in 2021 was 36,991,981; growth since 2016?",
+    "def area(r):\n    return 3.14159 * r ** 2",
+    "SELECT COUNT(*) FROM events WHERE ts BETWEEN '2024-01-01' AND '2024-06-30';",
+    "npm install react@18.3.1 react-dom@18.3.1",
+    "print(sum(i * i for i in range(1, 101)))  # 338350",
+    "export PATH=$HOME/.local/bin:$PATH",
+    "password_hash = bcrypt.hashpw(password.encode(), bcrypt.gensalt())",
+    "api_key = os.environ.get('OPENAI_API_KEY')",
+    "Ein Kilo Äpfel kostet 2,49 Euro; was kosten 3,5 Kilo?",
+    "La tour Eiffel mesure 330 mètres.",
+    "¿Cuántos días hay entre el 1 de marzo y el 15 de abril?",
+    "Quanto fa 17 al quadrato?",
+    "请把这段代码改成Python 3.12兼容的写法。",
+    "東京タワーの高さは333メートルです。",
+    "Write a limerick about a cat who learns Rust.",
+    "Explain gradient descent with momentum in two paragraphs.",
+]
+
+
 def render(lang: str, template: str) -> dict:
     import re
 
@@ -647,6 +733,13 @@ def main() -> None:
                 rows.append(render(lang, tmpl))
     for lang, text in CLEAN:
         rows.append({"lang": lang, "kind": "clean", "text": text, "spans": []})
+    for row in rows:
+        row["split"] = "tune"
+    held = [render(lang, tmpl) for _ in range(3) for lang, tmpl in HELD]
+    held += [{"lang": "mixed", "kind": "clean", "text": text, "spans": []} for text in HELD_CLEAN]
+    for row in held:
+        row["split"] = "heldout"
+    rows += held
     with OUT.open("w", encoding="utf-8") as f:
         for i, row in enumerate(rows):
             f.write(json.dumps({"id": f"pii-{i:04d}", **row}, ensure_ascii=False) + "\n")
