@@ -11,8 +11,7 @@ Recognizers (``Scrubber().recognizers`` lists them by name):
 
 * Presidio's own, where they exist: e-mail (TLD checked against tldextract's bundled list, never fetched), phone
   numbers (Google's ``phonenumbers``, regions of Europe, the Americas, India and East Asia), card numbers (Luhn),
-  IBAN (ISO 13616 mod 97), IP addresses, crypto wallets, US SSN (dashes, dots or spaces) and ITIN, ABA routing,
-  UK NI number, NHS number (mod 11), UK postcode, UK driving licence, German tax id (checksum), German id card,
+  IBAN (ISO 13616 mod 97), IP addresses, crypto wallets, US SSN (dashes, dots or spaces) and ITIN, UK NI number, NHS number (mod 11), UK postcode, UK driving licence, German tax id (checksum), German id card,
   Indian PAN, Korean resident number, Polish PESEL, Swedish personnummer, Finnish HETU; the weak ones (bank account
   numbers, passports) count only with a context word nearby (Presidio's context enhancer on spaCy lemmas).
 * Ours (:class:`_Cue`, a Presidio ``EntityRecognizer`` over ``regex`` with a value group and an optional checksum
@@ -99,7 +98,6 @@ NOT_LOOKED_FOR: dict[str, str] = {
 _PRESIDIO_CLASS = {
     "US_ITIN": "US_SSN",
     "US_BANK_NUMBER": "BANK_ACCOUNT",
-    "ABA_ROUTING_NUMBER": "BANK_ACCOUNT",
     "US_PASSPORT": "PASSPORT",
     "UK_PASSPORT": "PASSPORT",
     "UK_DRIVING_LICENCE": "DRIVER_LICENSE",
@@ -156,6 +154,7 @@ _NOT_A_NAME = {
     "today", "tomorrow", "yesterday", "now", "then", "done", "ready", "available", "good", "fine", "great",
     "what", "how", "why", "when", "where", "who", "which", "quick", "question", "again", "everybody", "do", "does",
     "is", "are", "you", "we", "they", "there", "here's", "hope", "need", "want", "got", "sorry", "help",
+    "mr", "mrs", "ms", "miss", "dr", "prof", "herr", "frau", "sr", "sra", "señor", "señora", "mme", "m", "sig",
 }
 
 
@@ -235,6 +234,7 @@ class _Cue:
         validator: Callable[[str], bool] | None = None,
         trim: Callable[[str], tuple[int, int] | None] | None = None,
         flags: int = 0,
+        overlapped: bool = False,
     ):
         from presidio_analyzer import EntityRecognizer, RecognizerResult
 
@@ -249,7 +249,7 @@ class _Cue:
             def analyze(self, text, entities, nlp_artifacts=None):
                 out = []
                 for rx, score in compiled:
-                    for m in rx.finditer(text):
+                    for m in rx.finditer(text, overlapped=overlapped):
                         g = "v" if "v" in rx.groupindex and m.group("v") is not None else 0
                         s, e = m.span(g)
                         value = text[s:e]
@@ -632,6 +632,7 @@ def _our_recognizers() -> list:
                 (r"(?<![\p{Hangul}])(?P<v>\p{Hangul}{2,4})(?=\s?(?:씨|님)(?![\p{Hangul}]))", 0.7),
             ],
             trim=_trim_name,
+            overlapped=True,  # "Dear Ms. Okonkwo": the cue "Ms." starts inside the match of "Dear Ms"
         )
     )
     return r
@@ -662,7 +663,6 @@ def _presidio_recognizers():
         pr.UsSsnRecognizer(),
         pr.UsItinRecognizer(),
         pr.UsBankRecognizer(context=["account", "acct", "bank", "checking", "savings", "deposit"]),
-        pr.AbaRoutingRecognizer(),
         pr.UsPassportRecognizer(context=["passport"]),
         pr.UkNinoRecognizer(),
         pr.NhsRecognizer(),
@@ -719,7 +719,8 @@ def _keep(text: str, entity: str, start: int, end: int) -> bool:
             return False
         if not value.startswith("+") and not _PHONE_CUE.search(text[max(0, start - 40) : start]):
             # without "+" or a phone word: a bare run of digits, a short number or a ratio is something else
-            if re.fullmatch(r"\p{Nd}+", value) or len(_digits(value)) < 8 or "/" in value:
+            n = len(_digits(value))
+            if re.fullmatch(r"\p{Nd}+", value) or n < 8 or n > 12 or "/" in value:
                 return False
     return True
 

@@ -37,7 +37,7 @@ CASES = {
         ("social security number 287 65 4321 (with spaces)", ["287 65 4321"]),
         ("ssn: 287654321", ["287654321"]),
     ],
-    "UK_NINO": [("My NI number is QQ 12 34 56 C.", ["QQ 12 34 56 C"]), ("NINO AB123456D please", ["AB123456D"])],
+    "UK_NINO": [("My NI number is AB 12 34 56 C.", ["AB 12 34 56 C"]), ("NINO AB123456D please", ["AB123456D"])],
     "UK_NHS": [("NHS number 978 017 5989, new GP", ["978 017 5989"]), ("nhs no 9780175989", ["9780175989"])],
     "ES_DNI_NIE": [
         ("Mi DNI es 08301661H", ["08301661H"]),
@@ -92,7 +92,7 @@ CASES = {
     "CREDIT_CARD": [("card 4926 7973 5931 6241", ["4926 7973 5931 6241"])],
     "BANK_ACCOUNT": [("account number 31926819, sort code 60-16-13", ["31926819", "60-16-13"])],
     "PHONE_NUMBER": [
-        ("call me on +44 7700 900123", ["+44 7700 900123"]),
+        ("call me on +44 7911 123456", ["+44 7911 123456"]),
         ("携帯は090-1234-5678です", ["090-1234-5678"]),
         ("手机 138 0013 8000", ["138 0013 8000"]),
         ("전화 010-2345-6789", ["010-2345-6789"]),
@@ -127,6 +127,10 @@ def test_every_class_has_cases():
 
 
 def test_checksummed_values_in_the_cases_are_valid():
+    import phonenumbers
+
+    for n, region in [("+44 7911 123456", None), ("090-1234-5678", "JP"), ("138 0013 8000", "CN"), ("010-2345-6789", "KR")]:
+        assert phonenumbers.is_valid_number(phonenumbers.parse(n, region)), n
     import stdnum.cn.ric as ric
     import stdnum.de.idnr as idnr
     import stdnum.es.dni as dni
@@ -219,9 +223,12 @@ def test_ner_model_is_the_official_release_renamed():
 
 def test_export_scrubs_before_deduplicating_and_writes_the_classes(scrubber, tmp_path):
     """Two replies that differ only in personal data are one reply after the scrub: the turn is skipped, named."""
-    conv = {"c1": [{"turn_id": 0, "prompt": "Who should I call?", "response": "Call Anna at +44 7700 900123."}],
+    import phonenumbers
+
+    assert all(phonenumbers.is_valid_number(phonenumbers.parse(n)) for n in ("+447911123456", "+447911123457"))
+    conv = {"c1": [{"turn_id": 0, "prompt": "Who should I call?", "response": "Call Anna at +44 7911 123456."}],
             "c2": [{"turn_id": 0, "prompt": "Reply?", "response": "Yes."}]}
-    alts = {"c1": ["Call Anna at +44 7700 900123.", "Call Anna at +44 7700 900456."],
+    alts = {"c1": ["Call Anna at +44 7911 123456.", "Call Anna at +44 7911 123457."],
             "c2": ["Yes.", "No, write to j.doe@example.org instead."]}
     selected = [{"conversation_id": "c1", "turn_id": 0}, {"conversation_id": "c2", "turn_id": 0}]
     export = build_tasks(selected, conv.__getitem__, lambda t: alts[t["conversation_id"]], k=2, scrub=scrubber.scrub)
