@@ -148,12 +148,12 @@ _NOT_A_NAME = {
     "was", "be", "my", "your", "his", "her", "our", "their", "this", "that", "very", "really", "also", "still",
     "new", "working", "writing", "asking", "using", "feeling", "interested", "curious", "wondering", "back",
     "all", "everyone", "there", "world", "team", "sir", "madam", "folks", "guys", "y", "et", "und", "e", "en",
-    "de", "la", "le", "el", "und", "se", "mi", "me", "il", "ich", "je", "ik", "het", "het", "un", "une", "ein",
+    "de", "la", "le", "el", "se", "mi", "me", "il", "ich", "je", "ik", "het", "un", "une", "ein",
     "eine", "bin", "am", "are", "have", "has", "had", "will", "would", "can", "could", "should", "please",
     "thanks", "thank", "hi", "hello", "dear", "regards", "cheers", "best", "yes", "no", "ok", "okay", "well",
     "today", "tomorrow", "yesterday", "now", "then", "done", "ready", "available", "good", "fine", "great",
     "what", "how", "why", "when", "where", "who", "which", "quick", "question", "again", "everybody", "do", "does",
-    "is", "are", "you", "we", "they", "there", "here's", "hope", "need", "want", "got", "sorry", "help",
+    "you", "we", "they", "here's", "hope", "need", "want", "got", "help",
     "mr", "mrs", "ms", "miss", "dr", "prof", "herr", "frau", "sr", "sra", "señor", "señora", "mme", "m", "sig",
 }
 
@@ -286,7 +286,7 @@ def _i(cues: str) -> str:
 
 def _our_recognizers() -> list:
     mk = _Cue.make
-    clean = lambda v: re.sub(r"[\s.\-]", "", v)  # noqa: E731
+    clean = lambda v: re.sub(r"[\s.\-]", "", v)
     dni, nie = _stdnum("es.dni"), _stdnum("es.nie")
     bsn, nir, cf = _stdnum("nl.bsn"), _stdnum("fr.nir"), _stdnum("it.codicefiscale")
     aadhaar, mynum = _stdnum("in_.aadhaar"), _stdnum("jp.in_")
@@ -883,11 +883,11 @@ def _ner_name_ok(text: str, start: int, end: int, code: list[tuple[int, int]]) -
 
 
 def _model_version(model: str) -> str:
-    try:
-        import importlib.metadata as md
+    import importlib.metadata as md
 
+    try:
         return f"{model} {md.version(model.replace('_', '-'))}"
-    except Exception:  # a path to a model dir, not a package
+    except (md.PackageNotFoundError, ValueError):  # a path to a model dir, not a package
         return model
 
 

@@ -45,7 +45,7 @@ def alnum(n: int, alphabet: str = string.ascii_letters + string.digits) -> str:
 
 
 def luhn_complete(prefix: str, length: int) -> str:
-    import stdnum.luhn as luhn
+    from stdnum import luhn
 
     body = prefix + "".join(R.choice(string.digits) for _ in range(length - len(prefix) - 1))
     return body + luhn.calc_check_digit(body)
@@ -115,7 +115,7 @@ def pan():
 
 
 def cn_ric():
-    import stdnum.cn.ric as ric
+    from stdnum.cn import ric
 
     area = R.choice(["110101", "310104", "440305", "510107", "330106", "420102"])
     body = area + f"{R.randint(1950, 2005)}{R.randint(1, 12):02d}{R.randint(1, 28):02d}" + digits(3, string.digits)
@@ -168,7 +168,6 @@ def card():
 
 
 def iban():
-    import stdnum.iban as ib
 
     def make():
         cc, bban = R.choice([("DE", lambda: digits(18, string.digits)), ("GB", lambda: upper(4) + digits(14, string.digits)),
