@@ -249,6 +249,7 @@ def export_task(db: str, rows: list[dict], params: FlywheelParameters, out: Path
     scrubber = Scrubber()
     export = build_tasks(rows, store.conversation, responses, k=params.k, scrub=scrubber.scrub)
     store.close()
+    export.scrub = scrubber.manifest()
     manifest = write_export(export, out / "export", selection_hash=selection_hash)
     manifest["recognizers"] = scrubber.recognizers
     return manifest

@@ -113,6 +113,8 @@ class Export:
     tasks: list[dict]
     pii_counts: Counter = field(default_factory=Counter)
     skipped: list[dict] = field(default_factory=list)
+    #: what the scrub looked for and what not (``flywheel.scrub.Scrubber.manifest()``); None: not recorded
+    scrub: dict | None = None
 
 
 def build_tasks(
@@ -132,10 +134,12 @@ def build_tasks(
         responses: ``turn -> [response, ...]``: the turn's candidate responses, its own first (stored
             alternatives, gate generations or samples from the current policy); the first ``k`` are used.
         k: responses per turn (>= 2); C(k, 2) tasks per turn.
-        scrub: ``text -> (scrubbed text, entity counts)``; applied to every text that leaves.
+        scrub: ``text -> (scrubbed text, entity counts)``; applied to every text that leaves, before responses are
+            deduplicated (two replies that differ only in personal data are one reply once scrubbed).
 
     Returns:
-        :class:`Export`; turns with fewer than 2 distinct responses are listed in ``skipped`` with the reason.
+        :class:`Export`; turns with fewer than 2 distinct scrubbed responses are listed in ``skipped`` with the
+        reason.
     """
     if k < 2:
         raise ValueError(f"k must be >= 2 (two responses per comparison), got {k}")
@@ -151,20 +155,30 @@ def build_tasks(
             messages.append({"role": "user", "content": x["prompt"]})
             if x["turn_id"] < t:
                 messages.append({"role": "assistant", "content": x["response"]})
-        texts = list(dict.fromkeys(r for r in responses(turn) if r and r.strip()))[:k]
-        if len(texts) < 2:
-            out.skipped.append({"conversation_id": conv, "turn_id": t, "reason": f"{len(texts)} distinct response(s)"})
+        # scrub first, deduplicate after: replies that differ only in personal data collapse into one here, not
+        # in two identical-looking tasks whose labels could not be told apart
+        scrubbed: dict[str, Counter] = {}
+        for r in responses(turn):
+            if not r or not r.strip():
+                continue
+            text, counts = scrub(r)
+            if text not in scrubbed:
+                scrubbed[text] = counts
+            if len(scrubbed) == k:
+                break
+        if len(scrubbed) < 2:
+            out.skipped.append(
+                {"conversation_id": conv, "turn_id": t, "reason": f"{len(scrubbed)} distinct response(s) after the scrub"}
+            )
             continue
         clean_msgs = []
         for m in messages:
             text, counts = scrub(m["content"])
             out.pii_counts.update(counts)
             clean_msgs.append({"role": m["role"], "content": text})
-        clean = []
-        for r in texts:
-            text, counts = scrub(r)
+        clean = list(scrubbed)
+        for counts in scrubbed.values():
             out.pii_counts.update(counts)
-            clean.append(text)
         for i, j in itertools.combinations(range(len(clean)), 2):
             out.tasks.append(
                 {
@@ -192,7 +206,8 @@ def write_export(export: Export, out_dir: str | Path, *, selection_hash: str) ->
 
     Returns:
         the export manifest: ``tasks``, ``turns``, ``skipped``, ``pii_counts``, ``selection_hash``,
-        ``export_hash`` (sha256 of tasks.json), ``label_config_hash``.
+        ``export_hash`` (sha256 of tasks.json), ``label_config_hash``, and ``scrub`` (classes looked for, classes
+        not looked for, recognizers, NER model) when the export carries it.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -207,6 +222,8 @@ def write_export(export: Export, out_dir: str | Path, *, selection_hash: str) ->
         "export_hash": file_hash(out / "tasks.json"),
         "label_config_hash": file_hash(out / "label_config.xml"),
     }
+    if export.scrub is not None:
+        manifest["scrub"] = export.scrub
     atomic_write_text(out / "export.json", json.dumps(manifest, indent=2))
     return manifest
 

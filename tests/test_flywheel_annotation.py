@@ -103,7 +103,7 @@ def test_label_studio_task_format_and_config(exported):
     tasks = json.loads((tmp / "export" / "tasks.json").read_text())
     # k=3 for c1 -> C(3,2) = 3 tasks; c2 has 2 responses -> 1 task; c3 skipped (1 response), reported.
     assert [t["data"]["task_key"] for t in tasks] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2", "c2:0:0-1"]
-    assert manifest["skipped"] == [{"conversation_id": "c3", "turn_id": 0, "reason": "1 distinct response(s)"}]
+    assert manifest["skipped"] == [{"conversation_id": "c3", "turn_id": 0, "reason": "1 distinct response(s) after the scrub"}]
     assert (manifest["tasks"], manifest["turns"]) == (4, 2)
     assert tasks[0]["data"]["messages"][0]["role"] == "user" and tasks[0]["data"]["messages"][-1]["role"] == "user"
     assert len(tasks[0]["data"]["messages"]) == 3  # user, assistant, user (the selected turn's prompt)
