@@ -26,7 +26,9 @@ data position. This module adds what the Trainer leaves out:
 
 Fault injection for the resume tests: ``RLHF_FAULT_SIGKILL_AFTER_STEP=N`` makes :class:`ResumeCallback` send
 SIGKILL to its own process when optimizer step ``N`` is done (logged and saved), at the start of step ``N + 1``.
-It is a real kill (no cleanup, no exception handler runs); nothing sets it outside tests.
+It is a real kill (no cleanup, no exception handler runs); nothing sets it outside tests. ``RLHF_FAULT_NAN_AT_STEP=N``
+multiplies the model's output (every floating tensor of it) by NaN during optimizer step ``N``, as an overflow in the
+forward pass would: the NaN flows through the Trainer's own loss logging, backward and optimizer step.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 COMPLETE_MARKER = ".rlhf-complete"
 FAULT_ENV = "RLHF_FAULT_SIGKILL_AFTER_STEP"
+NAN_FAULT_ENV = "RLHF_FAULT_NAN_AT_STEP"
 # files a Trainer checkpoint needs to resume everything (rng: one file, or one per process)
 REFUSED_PREFIX = "refused-"  # a checkpoint that failed its checks is renamed refused-checkpoint-<step>, kept
 REFUSED_MARKER = ".rlhf-refused"  # in it: why it was refused, and when
@@ -334,6 +337,9 @@ class ResumeCallback(TrainerCallback):
     def __init__(self):
         raw = os.environ.get(FAULT_ENV)
         self.kill_after = int(raw) if raw else None
+        raw = os.environ.get(NAN_FAULT_ENV)
+        self.nan_at = int(raw) if raw else None
+        self._nan_hook = None
         self.start_step: int | None = None  # the global step training began at (the resumed checkpoint's)
         self._last_save = time.monotonic()
         self._logged: tuple[int | None, float | None] = (None, None)  # (step, loss) of the last logged loss
@@ -402,7 +408,21 @@ class ResumeCallback(TrainerCallback):
         if self.kill_after is not None and state.global_step == self.kill_after:
             logger.warning("%s=%d: sending SIGKILL to this process (pid %d)", FAULT_ENV, self.kill_after, os.getpid())
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.nan_at is not None and state.global_step + 1 == self.nan_at and kwargs.get("model") is not None:
+            logger.warning("%s=%d: the model's output is NaN during this step", NAN_FAULT_ENV, self.nan_at)
+            self._nan_hook = kwargs["model"].register_forward_hook(_poison_output)
+        elif self._nan_hook is not None:
+            self._nan_hook.remove()
+            self._nan_hook = None
         return control
+
+
+def _poison_output(module, inputs, output):
+    # every floating tensor of the output: TRL's SFT reads fused log-probabilities, DPO and the reward model logits
+    for key, value in list(output.items()):
+        if hasattr(value, "is_floating_point") and value.is_floating_point():
+            output[key] = value * float("nan")
+    return output
 
 
 def _barrier() -> None:

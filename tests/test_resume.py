@@ -291,18 +291,19 @@ def test_damaged_checkpoints_are_refused_kept_aside_and_the_next_older_one_resum
     assert "refused checkpoint-6: " in (out / "stage.log").read_text()  # the reason is logged too
 
 
-def test_a_nan_loss_refuses_the_save_naming_the_step(tmp_path):
-    """lr 1e30: Adam's first step moves every trained weight by about lr (its step is lr * m / sqrt(v), m / sqrt(v)
-    = +-1 at step 1), so the logits of step 2 overflow fp32 and its loss is NaN. The save due at step 2 is refused
-    before anything is written; the stage fails naming the step."""
+def test_a_nan_loss_refuses_the_save_naming_the_step(tmp_path, monkeypatch):
+    """The model's output is NaN during step 2 (``RLHF_FAULT_NAN_AT_STEP``, as a forward overflow would make it): the
+    NaN loss is logged (transformers would have hidden it behind the mean of the earlier ones) and the save due at
+    step 2 is refused before anything is written; the stage fails naming the step."""
+    from rlhf.resume import NAN_FAULT_ENV
     from rlhf.training_health import TrainingDiverged
     from sft.train import main
 
+    monkeypatch.setenv(NAN_FAULT_ENV, "2")
     out = tmp_path / "nan"
     with pytest.raises(TrainingDiverged, match=r"refusing to save the checkpoint at step 2: the training loss is nan"):
         main(["--config", str(RECIPES / "sft.yaml"), "--report_to", "none", "--output_dir", str(out),
-              "--max_train_samples", "8", "--max_steps", "4", "--save_steps", "2", "--save_minutes", "0",
-              "--learning_rate", "1e30"])
+              "--max_train_samples", "8", "--max_steps", "4", "--save_steps", "2", "--save_minutes", "0"])
     assert trainer_checkpoints(out) == [] and not (out / "checkpoint").exists()
     assert not (out / "manifest.json").exists()
 
