@@ -11,9 +11,10 @@ matching key next to a finished manifest means the stage is skipped.
 
 Resume: the key is also written at a stage's start (``ATTEMPT_KEY_FILE``). A rerun that finds an
 unfinished folder (no manifest) started with the same key and holding a complete Trainer checkpoint keeps the
-folder and launches the stage with ``--resume_from_checkpoint <newest complete checkpoint>`` (rlhf/resume.py);
-anything else (other inputs, ``force``, no complete checkpoint, a stage without Trainer checkpoints such as PPO)
-starts clean as before.
+folder and launches the stage with ``--resume_from_checkpoint <newest complete checkpoint>`` (rlhf/resume.py: every
+file re-hashed against the sha256 recorded at save time; damaged ones are kept aside, never deleted, and the next
+older one is used); anything else (other inputs, ``force``, no checkpoint at all, a stage without Trainer
+checkpoints such as PPO) starts clean as before.
 """
 
 from __future__ import annotations
@@ -228,10 +229,17 @@ def run_stage(
             return StageRun(stage, str(output_dir), manifest, key, cached=True, seconds=first_run_seconds(output_dir),
                             rerun_seconds=time.perf_counter() - t_check)
         log(f"[{stage}] inputs unchanged but {damage}: recomputing")
-    resume = None if force else resumable_checkpoint(output_dir, key)
+    refusals: list[str] = []  # why checkpoints were refused: to the flow log and the stage log
+    resume, keep = (None, False) if force else resumable_checkpoint(output_dir, key, log=refusals.append)
+    for line in refusals:
+        log(f"[{stage}] {line}")
     if resume is not None:  # unfinished, same inputs, a complete Trainer checkpoint: continue from it
         (output_dir / FAILURE_NAME).unlink(missing_ok=True)
         log(f"[{stage}] unfinished run with the same inputs: resuming from {resume}")
+    elif keep:  # same inputs, but every checkpoint was refused: start over in the folder, keeping them aside
+        (output_dir / FAILURE_NAME).unlink(missing_ok=True)
+        log(f"[{stage}] unfinished run with the same inputs, no checkpoint passed its checks: starting over "
+            "(refused checkpoints kept as refused-checkpoint-<step>)")
     else:
         if output_dir.exists():  # stale or unfinished: start clean, so nothing old can pass for new
             remove_stage_dir(output_dir, runs_dir)
@@ -245,9 +253,10 @@ def run_stage(
     t0 = time.perf_counter()
     tail: list[str] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(output_dir / "stage.log", "a" if resume else "w", buffering=1) as logf:
-        if resume:
-            logf.write(f"\n===== resumed from {resume} =====\n")
+    with open(output_dir / "stage.log", "a" if keep else "w", buffering=1) as logf:
+        if keep:
+            logf.write(f"\n===== resumed from {resume} =====\n" if resume else "\n===== started over =====\n")
+            logf.writelines(f"{line}\n" for line in refusals)
 
         def on_line(line: str) -> None:
             nonlocal tail
@@ -266,13 +275,18 @@ def run_stage(
     return StageRun(stage, str(output_dir), read_manifest(output_dir), key, cached=False, seconds=seconds)
 
 
-def resumable_checkpoint(output_dir: Path, key: str) -> Path | None:
-    """The Trainer checkpoint a rerun of ``output_dir`` resumes from, or None (start clean).
+def resumable_checkpoint(output_dir: Path, key: str, log=lambda _line: None) -> tuple[Path | None, bool]:
+    """The Trainer checkpoint a rerun of ``output_dir`` resumes from (or None), and whether to keep the folder.
 
     Only a folder the pipeline created (``STAGE_MARKER``), unfinished (no manifest), started with this cache key
-    (``ATTEMPT_KEY_FILE``), holding a complete checkpoint (:func:`rlhf.resume.last_complete_checkpoint`).
+    (``ATTEMPT_KEY_FILE``) is considered. Its newest checkpoint that passes every check (files of its layout,
+    trainer state, sha256 of every file: :func:`rlhf.resume.select_checkpoint`) is resumed from; newer ones that
+    fail are set aside as ``refused-checkpoint-<step>`` with the reason (:func:`rlhf.resume.set_aside`), and the
+    stage's manifest lists them. A folder holding a set-aside checkpoint is kept even when nothing is resumable (the
+    stage starts over in it), so a checkpoint the pipeline marked complete is never deleted by a rerun.
+    ``log`` gets one line per refused checkpoint: its name, the reason, where it is kept.
     """
-    from rlhf.resume import last_complete_checkpoint
+    from rlhf.resume import refused_checkpoints, select_checkpoint, set_aside
 
     output_dir = Path(output_dir)
     attempt = output_dir / ATTEMPT_KEY_FILE
@@ -282,8 +296,11 @@ def resumable_checkpoint(output_dir: Path, key: str) -> Path | None:
         or not attempt.is_file()
         or attempt.read_text().strip() != key
     ):
-        return None
-    return last_complete_checkpoint(output_dir)
+        return None, False
+    found, refused = select_checkpoint(output_dir)
+    for rec in set_aside(refused):
+        log(f"refused {Path(rec['checkpoint']).name}: {rec['reason']} (kept as {Path(rec['kept_at']).name})")
+    return found, found is not None or bool(refused_checkpoints(output_dir))
 
 
 def first_run_seconds(output_dir: Path) -> float | None:

@@ -54,7 +54,9 @@ class TrainerDefaults:
     Trainer checkpoints by wall time (``save_minutes``, 30, and at epoch ends; ``save_strategy`` "no" turns off the
     Trainer's every-N-steps saving, which a recipe can set back with ``save_strategy: steps``), 2 kept, so a killed
     stage resumes (rlhf/resume.py); the stage removes them once its own final checkpoint and manifest are written. report_to ["wandb"]: offline unless a key is set
-    (rlhf/tracking.py). bf16 is not here: :class:`PipelineArguments` resolves it per device.
+    (rlhf/tracking.py). ``logging_nan_inf_filter`` off: transformers replaces a NaN or inf step loss by the mean of
+    the logged ones, which would hide a diverged run from the save-time check. bf16 is not here:
+    :class:`PipelineArguments` resolves it per device.
     """
 
     gradient_checkpointing: bool | None = field(
@@ -71,6 +73,11 @@ class TrainerDefaults:
         default=2, metadata={"help": "Trainer checkpoints kept (oldest removed); 2 survive a kill during a save."}
     )
     report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})
+    logging_nan_inf_filter: bool = field(
+        default=False,
+        metadata={"help": "True hides a NaN/inf step loss behind the mean of the logged ones (transformers' "
+                  "default); False logs it, so a diverged run is refused at its next save (rlhf/training_health.py)."},
+    )
 
 
 @dataclass

@@ -2,15 +2,20 @@
 Trainer checkpoint, and says so truthfully.
 
 The machinery is transformers' own: the Trainer saves ``<output_dir>/checkpoint-<step>`` every ``save_steps``
-(weights, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``, ``trainer_state.json``; ``save_total_limit`` are
-kept) and ``Trainer.train(resume_from_checkpoint=path)`` restores weights, optimizer, scheduler, RNG state and the
+(weights, optimizer and scheduler state, ``rng_state.pth``, ``trainer_state.json``, in the layout of one process,
+DeepSpeed or FSDP: :mod:`rlhf.checkpoint_integrity`; ``save_total_limit`` are kept) and ``Trainer.train(resume_from_checkpoint=path)`` restores weights, optimizer, scheduler, RNG state and the
 data position. This module adds what the Trainer leaves out:
 
-* **Which checkpoint is complete.** The Trainer writes ``checkpoint-<step>`` in place, so a kill during a save
-  leaves a folder that looks like a checkpoint. :class:`ResumeCallback` writes ``COMPLETE_MARKER`` into it after
-  the Trainer's ``on_save`` (all files written); :func:`check_trainer_checkpoint` also checks the files themselves
-  (state, optimizer, scheduler, RNG, weights against the live model's shapes). :func:`last_complete_checkpoint`
-  skips incomplete ones, newest first, and says why.
+* **Which checkpoint is complete, and unaltered.** The Trainer writes ``checkpoint-<step>`` in place, so a kill
+  during a save leaves a folder that looks like a checkpoint. :class:`ResumeCallback` writes ``COMPLETE_MARKER``
+  into it after the Trainer's ``on_save`` (all files written, on every rank), recording every file's sha256;
+  :func:`check_trainer_checkpoint` checks the files of its layout, loads ``trainer_state.json`` with transformers'
+  own loader, checks the weights against the live model's shapes, and re-hashes every file.
+  :func:`select_checkpoint` skips failing ones, newest first, and says why; :func:`set_aside` keeps each refused
+  one as ``refused-checkpoint-<step>`` with its reason (never deleted), and the manifest lists them
+  (``training.refused_checkpoints``).
+* **No save of a diverged run** (:mod:`rlhf.training_health`): a non-finite or exploded loss or weight at a save
+  point fails the stage naming the step.
 * **An explicit resume from a missing or corrupt checkpoint is an error** (:func:`resolve_resume`): before, the
   stage configs accepted ``--resume_from_checkpoint`` and ignored it (the run restarted at step 1 while the manifest
   recorded a resume). ``--resume_from_checkpoint last`` takes the newest complete one in ``output_dir``.
@@ -21,7 +26,9 @@ data position. This module adds what the Trainer leaves out:
 
 Fault injection for the resume tests: ``RLHF_FAULT_SIGKILL_AFTER_STEP=N`` makes :class:`ResumeCallback` send
 SIGKILL to its own process when optimizer step ``N`` is done (logged and saved), at the start of step ``N + 1``.
-It is a real kill (no cleanup, no exception handler runs); nothing sets it outside tests.
+It is a real kill (no cleanup, no exception handler runs); nothing sets it outside tests. ``RLHF_FAULT_NAN_AT_STEP=N``
+multiplies the model's output (every floating tensor of it) by NaN during optimizer step ``N``, as an overflow in the
+forward pass would: the NaN flows through the Trainer's own loss logging, backward and optimizer step.
 """
 
 from __future__ import annotations
@@ -33,21 +40,32 @@ import re
 import shutil
 import signal
 import time
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
+from .checkpoint_integrity import (
+    WEIGHT_FILES,
+    CheckpointDamaged,
+    check_layout,
+    check_trainer_state,
+    detect_layout,
+    marker_record,
+    verify_marker,
+)
+from .training_health import check_loss, check_weights, local_tensors
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 COMPLETE_MARKER = ".rlhf-complete"
 FAULT_ENV = "RLHF_FAULT_SIGKILL_AFTER_STEP"
+NAN_FAULT_ENV = "RLHF_FAULT_NAN_AT_STEP"
 # files a Trainer checkpoint needs to resume everything (rng: one file, or one per process)
-STATE_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
+REFUSED_PREFIX = "refused-"  # a checkpoint that failed its checks is renamed refused-checkpoint-<step>, kept
+REFUSED_MARKER = ".rlhf-refused"  # in it: why it was refused, and when
 
 
 class ResumeError(RuntimeError):
@@ -64,53 +82,46 @@ def trainer_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 
 
 def check_trainer_checkpoint(
-    path: str | os.PathLike, expected_shapes: Mapping[str, tuple[int, ...]] | None = None, *, require_marker: bool = True
+    path: str | os.PathLike, expected_shapes: Mapping[str, tuple[int, ...]] | None = None, *,
+    require_marker: bool = True, world_size: int | None = None,
 ) -> int:
-    """Check that a Trainer checkpoint folder holds everything a resume restores; return its global step.
+    """Check that a Trainer checkpoint folder holds everything a resume restores, unaltered; return its step.
+
+    In order: the folder and its completion marker; the files of its layout (``plain``, ``deepspeed`` or ``fsdp``,
+    :mod:`rlhf.checkpoint_integrity`); ``trainer_state.json`` through transformers' ``TrainerState.load_from_json``;
+    the saved weights against the live model's shapes; last, every file's sha256 against the marker's record.
 
     Args:
         expected_shapes: tensor name -> shape of the model being trained (its ``state_dict``); the saved weights
             must hold every one of them (tied names count once via ``tied``) with that shape.
-        require_marker: the checkpoint must carry ``COMPLETE_MARKER`` (written after the Trainer finished saving).
+        require_marker: the checkpoint must carry ``COMPLETE_MARKER`` with its file hashes (written after the
+            Trainer finished saving). False: a checkpoint of another tool, checked without hashes.
+        world_size: processes of the run about to resume; one saved by another number is refused (None: unchecked).
 
     Raises:
-        ResumeError: naming the folder or file: no such folder, no marker (killed mid-save), unreadable or
-            inconsistent ``trainer_state.json``, a missing or zero-byte or truncated state file, missing weights,
-            a missing tensor, a tensor of the wrong shape.
+        ResumeError: naming the folder or file: no such folder, no marker (killed mid-save), a missing, zero-byte,
+            truncated or altered file (sha256), malformed ``trainer_state.json``, missing weights, a missing tensor,
+            a tensor of the wrong shape, another world size.
     """
     path = Path(path)
     if not path.is_dir():
         raise ResumeError(f"--resume_from_checkpoint {path}: no such checkpoint folder")
     if require_marker and not (path / COMPLETE_MARKER).is_file():
         raise ResumeError(f"{path}: not marked complete ({COMPLETE_MARKER} missing): the save was interrupted")
-    state_file = path / "trainer_state.json"
-    for name in STATE_FILES:
-        f = path / name
-        if not f.is_file():
-            raise ResumeError(f"{f}: missing; {path} cannot restore the optimizer, scheduler and step")
-        if f.stat().st_size == 0:
-            raise ResumeError(f"{f}: zero-byte file (a partial save)")
-        if f.suffix == ".pt" and not zipfile.is_zipfile(f):  # torch.save writes a zip; a truncated one has no index
-            raise ResumeError(f"{f}: truncated or corrupt (not a complete torch.save archive)")
-    rng = sorted(path.glob("rng_state*.pth"))
-    if not rng:
-        raise ResumeError(f"{path}: no rng_state.pth; the RNG state (dropout, data order) cannot be restored")
-    for f in rng:
-        if not zipfile.is_zipfile(f):
-            raise ResumeError(f"{f}: truncated or corrupt (not a complete torch.save archive)")
-    try:
-        state = json.loads(state_file.read_text())
-        step = int(state["global_step"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ResumeError(f"{state_file}: unreadable trainer state ({type(err).__name__}: {err})") from None
     m = CHECKPOINT_RE.match(path.name)
-    if m and int(m.group(1)) != step:
-        raise ResumeError(f"{state_file}: global_step {step} but the folder is {path.name}")
-    if step <= 0:
-        raise ResumeError(f"{state_file}: global_step {step}; nothing to resume")
-    if not any((path / w).is_file() for w in WEIGHT_FILES):
-        raise ResumeError(f"{path}: no model weights ({' / '.join(WEIGHT_FILES)})")
-    _check_weights(path, expected_shapes)
+    try:
+        layout = detect_layout(path)
+        check_layout(path, layout)
+        step = int(check_trainer_state(path, int(m.group(1)) if m else None).global_step)
+    except CheckpointDamaged as err:
+        raise ResumeError(str(err)) from None
+    if layout == "plain" or any((path / w).is_file() for w in WEIGHT_FILES):
+        _check_weights(path, expected_shapes)  # DeepSpeed ZeRO-3 without a 16-bit gather writes no weight file
+    if require_marker:
+        try:
+            verify_marker(path, COMPLETE_MARKER, world_size)
+        except CheckpointDamaged as err:
+            raise ResumeError(str(err)) from None
     return step
 
 
@@ -161,54 +172,103 @@ def model_shapes(model) -> ModelShapes:
     return shapes
 
 
+def select_checkpoint(
+    output_dir: str | os.PathLike, expected_shapes=None, world_size: int | None = None
+) -> tuple[Path | None, list[dict[str, Any]]]:
+    """The newest ``checkpoint-<step>`` in ``output_dir`` that passes :func:`check_trainer_checkpoint`, and the
+    newer ones that did not: ``[{"checkpoint", "step", "marked_complete", "reason"}]``, newest first.
+
+    Each refusal is logged with its reason. Nothing is moved or removed (:func:`set_aside` does that).
+    """
+    refused: list[dict[str, Any]] = []
+    for p in trainer_checkpoints(output_dir):
+        try:
+            check_trainer_checkpoint(p, expected_shapes, world_size=world_size)
+            return p, refused
+        except ResumeError as err:
+            logger.warning("skipping %s: %s", p, err)
+            refused.append({"checkpoint": str(p), "step": int(CHECKPOINT_RE.match(p.name).group(1)),
+                            "marked_complete": (p / COMPLETE_MARKER).is_file(), "reason": str(err)})
+    return None, refused
+
+
 def last_complete_checkpoint(output_dir: str | os.PathLike, expected_shapes=None) -> Path | None:
     """The newest ``checkpoint-<step>`` in ``output_dir`` that passes :func:`check_trainer_checkpoint`, or None.
 
-    Incomplete ones (killed mid-save, truncated files) are skipped with a warning naming why.
+    Incomplete or damaged ones are skipped with a warning naming why (:func:`select_checkpoint`).
     """
-    for p in trainer_checkpoints(output_dir):
+    return select_checkpoint(output_dir, expected_shapes)[0]
+
+
+def set_aside(refused: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rename each refused ``checkpoint-<step>`` to ``refused-checkpoint-<step>`` next to it, with its reason in
+    ``REFUSED_MARKER``; returns the records with ``kept_at`` added.
+
+    Never deleted: a checkpoint the pipeline marked complete may hold hours of training, and what went wrong with
+    it is evidence. Renamed so that the Trainer neither saves into it (a resumed run reaches its step again) nor
+    rotates it away (``save_total_limit`` counts ``checkpoint-*`` only).
+    """
+    kept = []
+    for rec in refused:
+        src = Path(rec["checkpoint"])
+        if not src.is_dir():
+            continue
+        dst, n = src.with_name(REFUSED_PREFIX + src.name), 1
+        while dst.exists():
+            n += 1
+            dst = src.with_name(f"{REFUSED_PREFIX}{src.name}.{n}")
+        os.replace(src, dst)
+        rec = {**rec, "kept_at": str(dst), "refused_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        (dst / REFUSED_MARKER).write_text(json.dumps(rec, indent=1) + "\n")
+        logger.warning("%s refused and kept as %s: %s", src.name, dst.name, rec["reason"])
+        kept.append(rec)
+    return kept
+
+
+def refused_checkpoints(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of every checkpoint set aside in ``output_dir`` (:func:`set_aside`), oldest refusal first."""
+    out = Path(output_dir)
+    found = []
+    for f in sorted(out.glob(f"{REFUSED_PREFIX}checkpoint-*/{REFUSED_MARKER}")) if out.is_dir() else []:
         try:
-            check_trainer_checkpoint(p, expected_shapes)
-            return p
-        except ResumeError as err:
-            logger.warning("skipping %s: %s", p, err)
-    return None
+            found.append(json.loads(f.read_text()))
+        except ValueError:
+            found.append({"kept_at": str(f.parent), "reason": f"{f}: unreadable refusal record"})
+    return sorted(found, key=lambda r: (r.get("refused_at", ""), r.get("kept_at", "")))
 
 
 def resolve_resume(args, model=None) -> str | None:
     """The checkpoint ``args.resume_from_checkpoint`` asks for, checked; sets the field to that path (or None).
 
-    ``None``/empty: a fresh run. ``last``: the newest complete checkpoint in ``args.output_dir`` (error if none).
-    A path: that checkpoint, which must be complete (a checkpoint without ``COMPLETE_MARKER``, e.g. from another
-    tool, is accepted with a warning when its files pass every check).
+    ``None``/empty: a fresh run. ``last``: the newest complete checkpoint in ``args.output_dir`` (error if none);
+    newer ones that fail a check are set aside (:func:`set_aside`) with their reasons. A path: that checkpoint,
+    which must be complete (a checkpoint without ``COMPLETE_MARKER``, e.g. from another tool, is accepted with a
+    warning when its files pass every check but the hashes). In a multi-process run rank 0 checks (and hashes)
+    once and every rank takes its answer.
 
     Args:
         model: the model being trained; its tensor shapes are checked against the checkpoint's.
 
     Raises:
-        ResumeError: the checkpoint is missing or incomplete (named, with the reason), or already at or past
-            ``args.max_steps``.
+        ResumeError: the checkpoint is missing, incomplete or damaged (named, with the reason), was saved by another
+            number of processes, or is already at or past ``args.max_steps``.
     """
     value = args.resume_from_checkpoint
     if value in (None, "", False):
         args.resume_from_checkpoint = None
         return None
     expected = model_shapes(model) if model is not None else None
-    if str(value) == "last":
-        found = last_complete_checkpoint(args.output_dir, expected)
-        if found is None:
-            raise ResumeError(f"--resume_from_checkpoint last: no complete Trainer checkpoint in {args.output_dir}")
-        path = found
-    else:
-        path = Path(value)
+    world_size = getattr(args, "world_size", None)
+
+    def decide() -> tuple[str | None, str | None]:
         try:
-            check_trainer_checkpoint(path, expected)
+            return str(_resolve(args, value, expected, world_size)), None
         except ResumeError as err:
-            if COMPLETE_MARKER not in str(err):
-                raise
-            check_trainer_checkpoint(path, expected, require_marker=False)
-            logger.warning("%s carries no %s (not written by this pipeline); its files pass every check", path,
-                           COMPLETE_MARKER)
+            return None, str(err)
+
+    path, error = _rank0_decides(decide)
+    if error is not None:
+        raise ResumeError(error)
     step, max_steps = checkpoint_step(path), getattr(args, "max_steps", -1)
     if max_steps is not None and max_steps > 0 and step >= max_steps:
         raise ResumeError(
@@ -218,6 +278,37 @@ def resolve_resume(args, model=None) -> str | None:
     args.resume_from_checkpoint = str(Path(path).resolve())
     logger.info("resuming from %s (step %d)", args.resume_from_checkpoint, step)
     return args.resume_from_checkpoint
+
+
+def _resolve(args, value, expected, world_size) -> Path:
+    if str(value) == "last":
+        found, refused = select_checkpoint(args.output_dir, expected, world_size)
+        set_aside(refused)
+        if found is None:
+            raise ResumeError(f"--resume_from_checkpoint last: no complete Trainer checkpoint in {args.output_dir}"
+                              + "".join(f"; {r['checkpoint']}: {r['reason']}" for r in refused))
+        return found
+    path = Path(value)
+    try:
+        check_trainer_checkpoint(path, expected, world_size=world_size)
+    except ResumeError as err:
+        if not str(err).endswith(f"({COMPLETE_MARKER} missing): the save was interrupted"):
+            raise
+        check_trainer_checkpoint(path, expected, require_marker=False)
+        logger.warning("%s carries no %s (not written by this pipeline); its files pass every check but the "
+                       "hashes", path, COMPLETE_MARKER)
+    return path
+
+
+def _rank0_decides(fn):
+    """``fn()`` on rank 0 of an initialised process group, its (picklable) result on every rank; else ``fn()``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return fn()
+    box = [fn() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def checkpoint_step(path: str | os.PathLike) -> int:
@@ -236,13 +327,22 @@ class ResumeCallback(TrainerCallback):
     the stage's time, every 30 minutes it is noise, and a kill still loses at most ``save_minutes`` of training. In a
     multi-process run rank 0's clock decides for every rank (a broadcast per step), since a save is collective under
     DeepSpeed and FSDP.
+
+    Before every save the loss of the step is logged and checked, and the weights are checked
+    (:mod:`rlhf.training_health`: non-finite, or a loss above ``max(10 x the first logged loss, 1)``, or a weight
+    beyond 1e4): a diverged run fails with :class:`rlhf.training_health.TrainingDiverged` naming the step, and
+    writes no checkpoint of the diverged weights.
     """
 
     def __init__(self):
         raw = os.environ.get(FAULT_ENV)
         self.kill_after = int(raw) if raw else None
+        raw = os.environ.get(NAN_FAULT_ENV)
+        self.nan_at = int(raw) if raw else None
+        self._nan_hook = None
         self.start_step: int | None = None  # the global step training began at (the resumed checkpoint's)
         self._last_save = time.monotonic()
+        self._logged: tuple[int | None, float | None] = (None, None)  # (step, loss) of the last logged loss
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start_step = int(state.global_step)  # after the Trainer restored the checkpoint's state
@@ -256,7 +356,7 @@ class ResumeCallback(TrainerCallback):
             if due:
                 logger.info("checkpoint at step %d: %.0f minutes since the last one", state.global_step, minutes)
                 control.should_save = True
-        return control
+        return self._before_save(control)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         # A resume point at an epoch boundary, unless epochs are short (many epochs of a few rows would save every
@@ -264,15 +364,43 @@ class ResumeCallback(TrainerCallback):
         if (float(getattr(args, "save_minutes", 0) or 0) > 0 and state.global_step < state.max_steps
                 and not control.should_save and _same_on_every_rank(time.monotonic() - self._last_save >= 60)):
             control.should_save = True
+        if control.should_save and self._logged[0] == state.global_step:  # logged already: no new log will come
+            self._check(state, kwargs.get("model"))
+        return self._before_save(control)
+
+    @staticmethod
+    def _before_save(control):
+        # A save is due: log this step's loss first. The Trainer logs before it saves, so on_log checks the loss
+        # and the weights before anything is written.
+        if control.should_save:
+            control.should_log = True
         return control
 
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self._logged = (state.global_step, logs["loss"])
+            if control.should_save:
+                self._check(state, kwargs.get("model"))
+        return control
+
+    def _check(self, state, model) -> None:
+        """Refuse a diverged loss, then non-finite or exploded weights (every rank: the check is agreed)."""
+        check_loss(self._logged[1], state.global_step, state.log_history)
+        if model is not None:
+            check_weights(local_tensors(model), state.global_step)
+
     def on_save(self, args, state, control, **kwargs):
+        """Mark the checkpoint complete, with every file's size and sha256 (:mod:`rlhf.checkpoint_integrity`),
+        once every rank has written its files (a barrier: DeepSpeed and FSDP shards, per-rank RNG states)."""
         self._last_save = time.monotonic()
+        _barrier()
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
+                record = marker_record(folder, COMPLETE_MARKER, global_step=state.global_step, epoch=state.epoch,
+                                       world_size=getattr(args, "world_size", 1))
                 tmp = folder / f"{COMPLETE_MARKER}.tmp"
-                tmp.write_text(json.dumps({"global_step": state.global_step, "epoch": state.epoch}) + "\n")
+                tmp.write_text(json.dumps(record) + "\n")
                 os.replace(tmp, folder / COMPLETE_MARKER)
         return control
 
@@ -280,7 +408,28 @@ class ResumeCallback(TrainerCallback):
         if self.kill_after is not None and state.global_step == self.kill_after:
             logger.warning("%s=%d: sending SIGKILL to this process (pid %d)", FAULT_ENV, self.kill_after, os.getpid())
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.nan_at is not None and state.global_step + 1 == self.nan_at and kwargs.get("model") is not None:
+            logger.warning("%s=%d: the model's output is NaN during this step", NAN_FAULT_ENV, self.nan_at)
+            self._nan_hook = kwargs["model"].register_forward_hook(_poison_output)
+        elif self._nan_hook is not None:
+            self._nan_hook.remove()
+            self._nan_hook = None
         return control
+
+
+def _poison_output(module, inputs, output):
+    # every floating tensor of the output: TRL's SFT reads fused log-probabilities, DPO and the reward model logits
+    for key, value in list(output.items()):
+        if hasattr(value, "is_floating_point") and value.is_floating_point():
+            output[key] = value * float("nan")
+    return output
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def _same_on_every_rank(flag: bool) -> bool:
@@ -349,13 +498,19 @@ def training_record(trainer, resumed_from: str | None, result) -> dict[str, Any]
         "save_steps": args.save_steps,
         "save_total_limit": args.save_total_limit,
         "wandb_run_id": wandb_run_id(),
+        # checkpoints that failed their checks (damaged, altered, malformed state) and were kept aside, with why
+        "refused_checkpoints": refused_checkpoints(args.output_dir),
     }
 
 
 def prune_trainer_checkpoints(output_dir: str | os.PathLike) -> int:
-    """Remove ``checkpoint-<step>`` folders (resume state only) once the stage's own outputs are written; returns
-    how many. Call after the manifest: a kill before it leaves them for the rerun."""
+    """Remove ``checkpoint-<step>`` folders (resume state only) once the stage's own outputs are written, and the
+    set-aside ones that were never marked complete (interrupted saves); returns how many. Refused checkpoints the
+    pipeline had marked complete are kept (:func:`set_aside`). Call after the manifest: a kill before it leaves
+    them for the rerun."""
     found = trainer_checkpoints(output_dir)
+    found += [Path(r["kept_at"]) for r in refused_checkpoints(output_dir)
+              if r.get("marked_complete") is False and Path(r.get("kept_at", "")).is_dir()]
     for p in found:
         shutil.rmtree(p)
     return len(found)

@@ -36,8 +36,22 @@ from .manifest import precision_name, stage_manifest
 from .resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
 from .rundir import install_failure_hook
 from .tracking import log_summary
+from .training_health import check_loss, check_weights
 
 logger = logging.getLogger(__name__)
+
+
+def check_healthy(state, weights: dict[str, Any]) -> None:
+    """Refuse to save the stage's model when the last logged loss or any weight is non-finite or exploded (the
+    bounds of :mod:`rlhf.training_health`), naming the step.
+
+    Raises:
+        rlhf.training_health.TrainingDiverged
+    """
+    losses = [e["loss"] for e in state.log_history if "loss" in e]
+    check_loss(losses[-1] if losses else None, state.global_step, state.log_history, what="trained model")
+    check_weights(((k, v.detach()) for k, v in weights.items() if v.numel()), state.global_step,
+                  what="trained model", collective=False)
 
 
 @dataclass
@@ -160,6 +174,7 @@ class TrainerStage:
         # (a reward model's held-out scores) runs without it, in fp32, as every later reader of the checkpoint.
         model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
         model = model.merge_and_unload() if args.use_peft else model
+        check_healthy(trainer.state, full_weights or dict(model.named_parameters()))
         checkpoint = save_checkpoint(model, tokenizer, self.out / "checkpoint", state_dict=full_weights)
         published = publish(model, checkpoint) if publish is not None else Published()
         efficiency = {**trained.efficiency, **published.efficiency}

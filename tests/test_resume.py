@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from flows.stages import StageFailed, run_stage
+from flows.stages import ATTEMPT_KEY_FILE, StageFailed, resumable_checkpoint, run_stage
 from rlhf.registry import STAGES
-from rlhf.resume import COMPLETE_MARKER, FAULT_ENV, ResumeError, check_trainer_checkpoint, trainer_checkpoints
+from rlhf.resume import (
+    COMPLETE_MARKER,
+    FAULT_ENV,
+    REFUSED_MARKER,
+    ResumeError,
+    check_trainer_checkpoint,
+    refused_checkpoints,
+    trainer_checkpoints,
+)
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "smoke"
 TOL = 1e-6
@@ -212,6 +221,11 @@ def test_an_explicit_resume_from_a_missing_or_corrupt_checkpoint_is_an_error(run
         r"model\.safetensors: zero-byte weight file": lambda d: (d / "model.safetensors").write_bytes(b""),
         r"model\.safetensors: unreadable weight file": lambda d: truncate(d / "model.safetensors"),
         r"trainer_state\.json: unreadable trainer state": lambda d: (d / "trainer_state.json").write_text("{"),
+        # parses, but transformers' TrainerState.load_from_json refuses an unknown field
+        r"trainer_state\.json: unreadable trainer state \(TypeError": lambda d: _edit_state(d, extra_field=1),
+        # parses and loads, but a resume would iterate a dict as its log
+        r"trainer_state\.json: malformed trainer state: log_history is not a list": lambda d: _edit_state(
+            d, log_history={"loss": 1.0}),
         r"no rng_state\.pth": lambda d: (d / "rng_state.pth").unlink(),
         r"tensor model\.norm\.weight saved with shape \[3\], the model has \[64\]": reshape,
         r"1 tensor\(s\) of the model missing from the checkpoint: model\.layers\.1\.mlp\.down_proj\.weight": drop,
@@ -228,6 +242,91 @@ def test_an_explicit_resume_from_a_missing_or_corrupt_checkpoint_is_an_error(run
     # other inputs than the killed run's: its checkpoints are not resumed, the stage starts over
     run = _run("sft", out, [*SFT_ARGS, "--learning_rate", "5e-4"], runs)
     assert run.manifest["training"]["resumed_from"] is None and run.manifest["training"]["global_step"] == 8
+
+
+def _edit_state(ckpt: Path, **fields) -> None:
+    f = ckpt / "trainer_state.json"
+    f.write_text(json.dumps({**json.loads(f.read_text()), **fields}))
+
+
+def _flip_4kib(f: Path) -> None:
+    """Bit-flip 4 KiB in the middle of ``f`` (tensor data); the zip directory at its end stays intact."""
+    data = bytearray(f.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 4096] = bytes(b ^ 0xFF for b in data[mid:mid + 4096])
+    f.write_bytes(bytes(data))
+    assert zipfile.is_zipfile(f)  # what the old check looked at: it passed
+
+
+def test_damaged_checkpoints_are_refused_kept_aside_and_the_next_older_one_resumed(runs, sft_reference):
+    """4 KiB flipped inside the newest checkpoint's optimizer.pt, a trainer_state.json that parses and loads but is
+    malformed in the next one: both refused with the reason (their sha256 / the field), kept as
+    refused-checkpoint-<step>, and the rerun resumes from the oldest, ending where the uninterrupted run ends."""
+    out = runs / "sft-damaged"
+    _killed("sft", out, SFT_ARGS, runs, kill_after=7)
+    assert [p.name for p in trainer_checkpoints(out)] == ["checkpoint-6", "checkpoint-4", "checkpoint-2"]
+
+    # a copy with every checkpoint damaged: nothing to resume, yet the folder is kept with them set aside
+    every = runs / "sft-damaged-every"
+    shutil.copytree(out, every)
+    for p in trainer_checkpoints(every):
+        _flip_4kib(p / "optimizer.pt")
+    assert resumable_checkpoint(every, (every / ATTEMPT_KEY_FILE).read_text().strip()) == (None, True)
+    assert trainer_checkpoints(every) == []
+    assert sorted(r["step"] for r in refused_checkpoints(every)) == [2, 4, 6]
+    assert all("optimizer.pt: sha256" in r["reason"] and r["marked_complete"] for r in refused_checkpoints(every))
+
+    _flip_4kib(out / "checkpoint-6" / "optimizer.pt")
+    _edit_state(out / "checkpoint-4", global_step="4")  # the old check took int("4"); the Trainer compares ints
+    rerun = _run("sft", out, SFT_ARGS, runs)
+    _assert_same_run(out, sft_reference, resumed_from_step=2, epochs=2.0)
+    refused = {r["step"]: r for r in rerun.manifest["training"]["refused_checkpoints"]}
+    assert sorted(refused) == [4, 6]
+    assert "checkpoint-6/optimizer.pt: sha256" in refused[6]["reason"]
+    assert "checkpoint-4/trainer_state.json: malformed trainer state: global_step is '4'" in refused[4]["reason"]
+    for step in (4, 6):  # kept, marker and all, with the reason next to it
+        kept = out / f"refused-checkpoint-{step}"
+        assert refused[step]["kept_at"] == str(kept) and (kept / COMPLETE_MARKER).is_file()
+        assert json.loads((kept / REFUSED_MARKER).read_text())["reason"] == refused[step]["reason"]
+    assert "refused checkpoint-6: " in (out / "stage.log").read_text()  # the reason is logged too
+
+
+def test_a_nan_loss_refuses_the_save_naming_the_step(tmp_path, monkeypatch):
+    """The model's output is NaN during step 2 (``RLHF_FAULT_NAN_AT_STEP``, as a forward overflow would make it): the
+    NaN loss is logged (transformers would have hidden it behind the mean of the earlier ones) and the save due at
+    step 2 is refused before anything is written; the stage fails naming the step."""
+    from rlhf.resume import NAN_FAULT_ENV
+    from rlhf.training_health import TrainingDiverged
+    from sft.train import main
+
+    monkeypatch.setenv(NAN_FAULT_ENV, "2")
+    out = tmp_path / "nan"
+    with pytest.raises(TrainingDiverged, match=r"refusing to save the checkpoint at step 2: the training loss is nan"):
+        main(["--config", str(RECIPES / "sft.yaml"), "--report_to", "none", "--output_dir", str(out),
+              "--max_train_samples", "8", "--max_steps", "4", "--save_steps", "2", "--save_minutes", "0"])
+    assert trainer_checkpoints(out) == [] and not (out / "checkpoint").exists()
+    assert not (out / "manifest.json").exists()
+
+
+def test_loss_and_weight_bounds_by_hand():
+    """The bounds of rlhf.training_health on hand-worked values: max(10 x first logged loss, 1.0); |w| <= 1e4."""
+    from rlhf.training_health import TrainingDiverged, check_loss, weights_problem
+
+    log = [{"loss": 2.0, "step": 1}, {"loss": 1.5, "step": 2}]
+    check_loss(19.99, 3, log)  # under 10 x 2.0
+    with pytest.raises(TrainingDiverged, match=r"step 3: the training loss 20\.5 exceeds 20 \(max\(10 x the first"):
+        check_loss(20.5, 3, log)
+    with pytest.raises(TrainingDiverged, match="step 7: the training loss is inf"):
+        check_loss(float("inf"), 7, log)
+    check_loss(0.9, 3, [{"loss": 0.05}])  # the floor: 10 x 0.05 = 0.5 < 1.0
+    with pytest.raises(TrainingDiverged, match="exceeds 1 "):
+        check_loss(1.1, 3, [{"loss": 0.05}])
+    check_loss(None, 1, [])  # nothing logged yet
+    ok = torch.ones(3)
+    assert weights_problem([("a", ok), ("b", torch.tensor([-9999.0]))]) is None
+    assert weights_problem([("a", ok), ("b", torch.tensor([0.0, -2e4]))]) == \
+        "weight b has an entry of magnitude 20000 > 10000"
+    assert weights_problem([("a", torch.tensor([1.0, float("nan")]))]) == "weight a has non-finite entries"
 
 
 def test_length_grouped_order_is_a_function_of_seed_and_epoch_only():
