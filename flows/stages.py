@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from data.fingerprint import data_fingerprint
+from rlhf.config import check_renamed_keys
 from rlhf.lineage import code_version, content_hash, json_hash, stage_code_modules
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
 from rlhf.registry import STAGES, stage as registry_stage
@@ -297,8 +298,8 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
     """Parse a stage's recipe plus the user's overrides the way the stage will, before any stage runs.
 
     Raises:
-        ValueError: an unknown key (with the closest known keys) or a value the config rejects, naming the
-            stage and the recipe; FileNotFoundError: a local data file the recipe or an override names is missing.
+        ValueError: a renamed key (naming its new name, ``rlhf.config.RENAMED_KEYS``), an unknown key (with the
+            closest known keys) or a value the config rejects, naming the stage and the recipe; FileNotFoundError: a local data file the recipe or an override names is missing.
     """
     import contextlib
     import dataclasses
@@ -311,6 +312,8 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
     config_classes = registry_stage(stage).config_classes()
     known = {f.name for c in config_classes for f in dataclasses.fields(c)}
     cfg = yaml.safe_load(recipe.read_text()) or {}
+    check_renamed_keys(cfg, f"{stage} ({recipe})")
+    check_renamed_keys(overrides[::2], f"{stage} overrides")
     given = [*cfg, *(a[2:] for a in overrides[::2] if a.startswith("--"))]
     unknown = [k for k in given if k not in known]
     if unknown:

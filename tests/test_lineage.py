@@ -94,8 +94,8 @@ def test_every_recipe_file_has_a_strict_parser():
     every = {p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.y*ml")}
     covered = {*STAGE_RECIPES, *(f"accelerate_configs/{n}" for n in ACCELERATE_CONFIGS), "flywheel/simulator.yaml"}
     assert every == covered
-    assert {"8b/full/sft.yaml", "8b/full/dpo.yaml", "8b/full/reward.yaml", "8b/lora/sft.yaml", "8b/lora/dpo.yaml",
-            "8b/lora/reward.yaml"} <= covered
+    assert {"8b/full/sft.yaml", "8b/full/dpo.yaml", "8b/full/reward_model.yaml", "8b/lora/sft.yaml", "8b/lora/dpo.yaml",
+            "8b/lora/reward_model.yaml"} <= covered
 
 
 @pytest.mark.parametrize("recipe", STAGE_RECIPES)
@@ -103,9 +103,9 @@ def test_every_recipe_parses_strictly(recipe):
     from trl import TrlParser
 
     from flows.stages import check_stage_config
-    from rlhf.registry import by_recipe
+    from rlhf.registry import stage
 
-    entry = by_recipe(Path(recipe).stem)  # the registry says which config(s) parse this file
+    entry = stage(Path(recipe).stem)  # a recipe is named after its stage; the registry says which config(s) parse it
     parsed = TrlParser(entry.config_classes()).parse_args_and_config(
         ["--config", str(RECIPES / recipe), "--output_dir", "/tmp/x"]
     )
@@ -388,3 +388,49 @@ def test_recipes_and_overrides_are_checked_before_anything_trains():
         check_stage_config("dpo", dpo, ["--beta", "abc"])
     with pytest.raises(FileNotFoundError, match="dpo.train_data = /nope.jsonl: no such file"):
         check_stage_config("dpo", dpo, ["--train_data", "/nope.jsonl"])
+
+
+def test_a_renamed_key_is_an_error_naming_its_new_name(tmp_path):
+    """The prompt-length limit has one name, TRL's (``max_prompt_length``); the old one is refused, never accepted
+    beside it, in a recipe, on a stage's command line and in the round's overrides."""
+    from flows.stages import check_stage_config
+    from gates.config import GateStageConfig
+    from rlhf.config import parse_stage_config
+
+    good = RECIPES / "smoke" / "gates.yaml"
+    old = tmp_path / "gates.yaml"
+    old.write_text(good.read_text() + "max_prompt_tokens: 256\n")
+    (args,) = parse_stage_config((GateStageConfig,), ["--config", str(good), "--output_dir", str(tmp_path / "o"),
+                                                      "--max_prompt_length", "256"])
+    assert args.max_prompt_length == 256
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(old))}: max_prompt_tokens was renamed max_prompt_length$"):
+        parse_stage_config((GateStageConfig,), ["--config", str(old), "--output_dir", str(tmp_path / "o")])
+    with pytest.raises(ValueError, match=r"^command line: max_prompt_tokens was renamed max_prompt_length$"):
+        parse_stage_config((GateStageConfig,), ["--config", str(good), "--max_prompt_tokens", "9"])
+    with pytest.raises(ValueError, match=r"^gates \(.*gates.yaml\): max_prompt_tokens was renamed max_prompt_length$"):
+        check_stage_config("gates", old, [])
+    with pytest.raises(ValueError, match=r"^gates overrides: max_prompt_tokens was renamed max_prompt_length$"):
+        check_stage_config("gates", good, ["--max_prompt_tokens", "9"])
+
+
+def test_recipes_are_named_after_their_stage(tmp_path):
+    """One name per stage: registry key = package = output folder = recipe file stem = CLI command."""
+    from typer.main import get_command
+
+    from flows.cli import app
+    from flows.round import RoundParameters, _recipe
+    from rlhf.registry import STAGES
+
+    commands = set(get_command(app).commands)
+    for name, entry in STAGES.items():
+        assert entry.package == name and entry.module.split(".")[0] == name
+        assert name in commands
+        for preset in ("smoke", "demo", "8b/full", "8b/lora"):
+            recipe = _recipe(RoundParameters(preset=preset), name)
+            assert recipe == RECIPES / preset / f"{name}.yaml" and recipe.is_file()
+    assert (RECIPES / "demo" / "reward_model.yaml").is_file() and not (RECIPES / "demo" / "reward.yaml").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "reward.yaml").write_text((RECIPES / "demo" / "reward_model.yaml").read_text())
+    with pytest.raises(FileNotFoundError, match=r"mine/reward.yaml: rename it reward_model.yaml"):
+        _recipe(RoundParameters(preset=str(mine)), "reward_model")

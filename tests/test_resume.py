@@ -51,7 +51,7 @@ def _run(stage: str, out: Path, extra: list[str], runs: Path, kill_after: int | 
     if kill_after is not None:
         mp.setenv(FAULT_ENV, str(kill_after))
     try:
-        return run_stage(stage, STAGES[stage].module, RECIPES / f"{STAGES[stage].recipe}.yaml", out,
+        return run_stage(stage, STAGES[stage].module, RECIPES / f"{stage}.yaml", out,
                          extra_args=extra, runs_dir=runs, log=lines.append)
     finally:
         mp.undo()
