@@ -3,9 +3,11 @@
 This is orchestration only: which command, which directory, whether a cached result still holds. The cache key
 is a content hash of everything a stage's result depends on (DESIGN.md principle 8): the stage name, the recipe
 file's bytes, the extra arguments, the hashes of the data files the recipe names (``*_data``) and of the JSON
-inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, and
-the version of the code the stage runs (exactly the modules it imports, ``rlhf.lineage.stage_code_modules``). A
-matching key next to a finished manifest means the stage is skipped.
+inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, the version of the
+code the stage runs (exactly the modules it imports, ``rlhf.lineage.stage_code_modules``), and how it is launched:
+the accelerate config it runs under (content hash) and its world size (:func:`launch_key`), so a result or a
+checkpoint made on one process layout is never reused or resumed under another. A matching key next to a finished
+manifest means the stage is skipped.
 
 Resume: the key is also written at a stage's start (``ATTEMPT_KEY_FILE``). A rerun that finds an
 unfinished folder (no manifest) started with the same key and holding a complete Trainer checkpoint keeps the
@@ -63,8 +65,43 @@ def _result_hash(run: StageRun) -> str:
     return run.manifest.get("outputs", {}).get("checkpoint_hash") or run.cache_key
 
 
-def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: list[StageRun]) -> str:
-    """Content hash of a stage's inputs (see module docstring)."""
+def accelerate_default_config() -> Path:
+    """The file ``accelerate launch`` reads when given no ``--config_file`` (path rule of
+    ``accelerate/commands/config/config_args.py``: ``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
+    ``~/.cache/huggingface``, then ``accelerate/default_config.yaml``)."""
+    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    return Path(home).expanduser() / "accelerate" / "default_config.yaml"
+
+
+def launch_key(accelerate_config: str | os.PathLike | None, launcher=None) -> dict:
+    """How a stage's processes are laid out, for its cache key: ``{"accelerate_config": sha256 of the config file
+    accelerate reads (None when it reads none), "world_size": processes in all}``.
+
+    The file is ``accelerate_config``, else the launcher's ``default_accelerate_config`` (the Slurm launcher's
+    ZeRO-3 one), else accelerate's own default file where one exists (the local launch then puts its one-process
+    flags over it). World size: the launcher's ``world_size`` (Slurm: nodes x processes a node, passed over the
+    file's), else the local launch's: the file's ``num_processes`` (accelerate's total over all machines), 1
+    without a file.
+
+    Raises:
+        FileNotFoundError: ``accelerate_config`` names no file.
+    """
+    explicit = accelerate_config or getattr(launcher, "default_accelerate_config", None)
+    if explicit and not Path(explicit).is_file():
+        raise FileNotFoundError(f"{explicit}: no such accelerate config")
+    config = Path(explicit) if explicit else accelerate_default_config()
+    world = getattr(launcher, "world_size", None)
+    if world is None:
+        cfg = (yaml.safe_load(config.read_text()) or {}) if explicit else {}
+        world = max(1, int(cfg.get("num_processes", 1)))
+    return {"accelerate_config": content_hash(config) if config.is_file() else None, "world_size": int(world)}
+
+
+def stage_cache_key(
+    stage: str, recipe: Path, extra_args: list[str], parents: list[StageRun], launch: dict | None = None
+) -> str:
+    """Content hash of a stage's inputs (see module docstring); ``launch`` is :func:`launch_key`'s (default: one
+    local process without an accelerate config file)."""
     cfg = yaml.safe_load(recipe.read_text()) or {}
     overrides = dict(zip(extra_args[::2], extra_args[1::2]))
     data, model = {}, None
@@ -85,6 +122,7 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
             "model": model,
             "parents": {p.stage: [p.cache_key, _result_hash(p)] for p in parents},
             "code": code_version(stage_code_modules(stage)),
+            "launch": launch if launch is not None else launch_key(None),
         }
     )
 
@@ -155,18 +193,20 @@ def run_stage(
     process group (flows/interrupt.py): an interrupt stops all of it, and nothing of it outlives the launcher.
     A stale ``output_dir`` is removed only if a stage created it (marker file) inside ``runs_dir`` (when given).
     ``launcher`` (same arguments as :func:`launch_command`, called once ``output_dir`` exists) gives the command
-    instead of the local ``accelerate launch``, e.g. :func:`flows.launch.slurm.slurm_launcher`'s submit-and-wait.
+    instead of the local ``accelerate launch``, e.g. :func:`flows.launch.slurm.slurm_launcher`'s submit-and-wait;
+    its ``world_size`` and ``default_accelerate_config`` attributes, where it has them, enter the cache key
+    (:func:`launch_key`).
 
     Raises:
         rlhf.rundir.RoundError: ``output_dir`` exists but was not created by a stage, or lies outside ``runs_dir``.
-        RuntimeError: the process failed (non-zero exit) or wrote no manifest; the message
-            holds the command, the exit code and the log's last lines.
+        StageFailed: the process failed (non-zero exit) or wrote no manifest; the message leads with the stage's
+            recorded failure, else the signal that killed it (:func:`killed_by`), else its own error line.
     """
     recipe, output_dir = Path(recipe), Path(output_dir)
     if not recipe.is_file():
         raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage}")
     t_check = time.perf_counter()
-    key = stage_cache_key(stage, recipe, list(extra_args), list(parents))
+    key = stage_cache_key(stage, recipe, list(extra_args), list(parents), launch_key(accelerate_config, launcher))
     key_file = output_dir / CACHE_KEY_FILE
     if (
         not force
@@ -211,7 +251,8 @@ def run_stage(
         rc = run_process_group(cmd, env=env, on_line=on_line)
     seconds = time.perf_counter() - t0
     if rc != 0 or not (output_dir / MANIFEST_NAME).is_file():
-        raise StageFailed(stage, rc, read_failure(output_dir) or root_cause(tail), output_dir / "stage.log")
+        cause = read_failure(output_dir) or killed_by(rc, tail) or root_cause(tail)
+        raise StageFailed(stage, rc, cause, output_dir / "stage.log")
     atomic_write_text(key_file, key)
     atomic_write_text(output_dir / TIMING_FILE, f"{seconds}\n")
     log(f"[{stage}] done in {seconds:.0f}s")
@@ -254,6 +295,34 @@ class StageFailed(RuntimeError):
         self.stage, self.returncode, self.cause, self.log_path = stage, returncode, cause, log_path
         note = " (rows are numbered from 0: row 0 is the first data row)" if " row " in cause else ""
         super().__init__(f"stage {stage} failed (exit {returncode}): {cause}{note}\nfull log: {log_path}")
+
+
+def killed_by(returncode: int, lines: list[str]) -> str | None:
+    """``"killed by signal 9 (SIGKILL)"`` when a signal ended the stage, else None.
+
+    A signal shows in one of three places: the launcher's own return code, negative when a signal killed it
+    (``subprocess`` on POSIX); or, when the trainer under ``accelerate launch`` was killed, the launcher exits 1
+    after reporting the child's negative return code, as Python's ``CalledProcessError`` text (one process:
+    ``... died with <Signals.SIGKILL: 9>.``) or as torch elastic's failure table (several processes: the first
+    ``exitcode : -9`` after ``Root Cause``, so a rank the agent stopped after another failed is not taken for it).
+    """
+    import re
+    import signal
+
+    number = -returncode if returncode < 0 else None
+    text = "".join(lines)
+    if number is None and (m := re.findall(r"died with <Signals\.\w+: (\d+)>", text)):
+        number = int(m[-1])
+    if number is None and "Root Cause" in text:
+        m = re.search(r"exitcode\s*:\s*(-?\d+)", text[text.rindex("Root Cause"):])
+        number = -int(m.group(1)) if m and int(m.group(1)) < 0 else None
+    if number is None:
+        return None
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = "unknown signal"
+    return f"killed by signal {number} ({name})"
 
 
 def root_cause(lines: list[str]) -> str:

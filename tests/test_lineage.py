@@ -182,6 +182,76 @@ def test_stage_cache_key_changes_with_any_input(tmp_path):
     assert key != stage_cache_key("dpo", recipe, [], [parent])
 
 
+def test_the_launch_layout_is_part_of_the_stage_cache_key(tmp_path):
+    """A result or checkpoint made under one accelerate config or world size is never reused under another: the
+    config's content and the world size enter the key (same content elsewhere: same key)."""
+    from flows.launch.slurm import DEFAULT_ACCELERATE_CONFIG, SlurmJob, slurm_launcher
+    from flows.stages import launch_key, stage_cache_key
+
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("max_steps: 1\n")
+    cpu = RECIPES / "accelerate_configs" / "cpu.yaml"
+    copy, two, bf16 = tmp_path / "copy.yaml", tmp_path / "two.yaml", tmp_path / "bf16.yaml"
+    copy.write_text(cpu.read_text())
+    two.write_text(cpu.read_text().replace("num_processes: 1", "num_processes: 2"))
+    bf16.write_text(cpu.read_text().replace('mixed_precision: "no"', "mixed_precision: bf16"))
+
+    def key(config, launcher=None):
+        return stage_cache_key("sft", recipe, [], [], launch_key(config, launcher))
+
+    assert launch_key(str(cpu)) == {"accelerate_config": content_hash(cpu), "world_size": 1}
+    assert launch_key(str(two))["world_size"] == 2 and launch_key(str(bf16))["world_size"] == 1
+    assert key(str(cpu)) == key(str(cpu)) == key(str(copy))  # the file's content, not its path
+    assert len({key(str(cpu)), key(str(two)), key(str(bf16))}) == 3
+    assert launch_key(None)["world_size"] == 1 and stage_cache_key("sft", recipe, [], []) == key(None)
+
+    def slurm(per_node):
+        job = SlurmJob(nodes=2, gpus_per_node=0, processes_per_node=per_node, cpus_per_task=1)
+        return slurm_launcher(job, "sft", "r")
+
+    # the sbatch script passes --num_processes nodes x per node over the file's, and ZeRO-3 when the round names none
+    assert launch_key(None, slurm(1)) == {"accelerate_config": content_hash(DEFAULT_ACCELERATE_CONFIG), "world_size": 2}
+    assert launch_key(str(cpu), slurm(4)) == {"accelerate_config": content_hash(cpu), "world_size": 8}
+    assert key(None, slurm(1)) == key(None, slurm(1)) != key(None, slurm(2))
+    with pytest.raises(FileNotFoundError, match=r"nope.yaml: no such accelerate config"):
+        launch_key(str(tmp_path / "nope.yaml"))
+
+
+def test_a_stage_is_reused_only_under_the_launch_layout_it_ran_with(tmp_path):
+    """Through the flow's stage runner: the same config (even as another file) reuses the result; another world
+    size recomputes it, and the attempt it starts carries the new key (so no checkpoint of the old one resumes)."""
+    import sys
+
+    from flows.stages import ATTEMPT_KEY_FILE, launch_key, run_stage, stage_cache_key
+
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("max_steps: 1\n")
+    cpu = RECIPES / "accelerate_configs" / "cpu.yaml"
+    copy, two = tmp_path / "copy.yaml", tmp_path / "two.yaml"
+    copy.write_text(cpu.read_text())
+    two.write_text(cpu.read_text().replace("num_processes: 1", "num_processes: 2"))
+    launched = []
+
+    def launcher(module, recipe, output_dir, extra_args, accelerate_config):  # a stage that only writes its manifest
+        launched.append(accelerate_config)
+        manifest = Path(output_dir) / "manifest.json"
+        return [sys.executable, "-c", f"import json; json.dump({{'stage': 'sft'}}, open({str(manifest)!r}, 'w'))"]
+
+    runs, out = tmp_path / "runs", tmp_path / "runs" / "sft"
+
+    def run(config):
+        return run_stage("sft", "sft.train", recipe, out, accelerate_config=str(config), runs_dir=runs,
+                         launcher=launcher, log=lambda *_: None)
+
+    assert not run(cpu).cached
+    assert run(copy).cached and launched == [str(cpu)]
+    again = run(two)
+    assert not again.cached and launched == [str(cpu), str(two)]
+    want = stage_cache_key("sft", recipe, [], [], launch_key(str(two)))
+    assert again.cache_key == want == (out / ATTEMPT_KEY_FILE).read_text().strip()
+    assert not run(cpu).cached  # and back: recomputed again, nothing of the 2-process run passes for it
+
+
 def _copy_packages(dest: Path) -> None:
     """The project's package folders, .py files only (what the code version reads), under ``dest``."""
     from rlhf.registry import PROJECT_PACKAGES
