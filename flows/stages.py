@@ -18,7 +18,6 @@ starts clean as before.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -31,7 +30,7 @@ from data.fingerprint import data_fingerprint
 from rlhf.config import check_renamed_keys
 from rlhf.lineage import code_version, content_hash, json_hash, stage_code_modules
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
-from rlhf.registry import STAGES, stage as registry_stage
+from rlhf.registry import stage as registry_stage
 from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir
 
 from .interrupt import run_process_group
@@ -357,10 +356,6 @@ def summarize(runs: list[StageRun]) -> list[dict]:
 def dump(obj) -> str:
     """Strict JSON (no NaN/Infinity: null plus a ``<key>_null_reason``), sorted keys, for round.json."""
     return dumps_strict(obj, indent=2, sort_keys=True, default=str) + "\n"
-
-
-# Each stage's config parser(s), for checking recipes and overrides before anything trains (from the registry).
-STAGE_CONFIGS = {name: s.configs for name, s in STAGES.items()}
 
 
 def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
