@@ -127,11 +127,6 @@ class LoadedRows(list, Generic[T]):
         self.rejects = rejects or []
         self.rejects_path = rejects_path
 
-    @property
-    def reject_rate(self) -> float:
-        """``len(rejects) / n_read`` (0.0 for an empty read)."""
-        return len(self.rejects) / self.n_read if self.n_read else 0.0
-
 
 @dataclass
 class RawSource:

@@ -127,7 +127,7 @@ def _stage_help(name: str) -> str:
 
     entry = STAGES[name]
     lines = [
-        f"Usage: rlhf {entry.cli} --config recipes/<preset>/{entry.recipe}.yaml --output_dir DIR [--key value ...]",
+        f"Usage: rlhf {name} --config recipes/<preset>/{name}.yaml --output_dir DIR [--key value ...]",
         "",
         "Pipeline fields (plus every field of TRL's config, where the stage has one):",
     ]
@@ -158,7 +158,7 @@ def _stage(name: str):
 
 for _name, _entry in STAGES.items():
     if _name != "gates":  # `rlhf gates` has its own options (below): candidate, baseline, judge
-        app.command(_entry.cli, context_settings=_PASSTHROUGH)(_stage(_name))
+        app.command(_name, context_settings=_PASSTHROUGH)(_stage(_name))
 
 
 @app.command("gates", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -103,12 +103,23 @@ def default_round_id(preset: str) -> str:
     return check_round_id(f"{Path(preset).name}-{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}")
 
 
+#: Recipe file names from before each recipe was named after its stage (a preset folder of yours may still have one).
+OLD_RECIPE_NAMES = {"reward_model": "reward.yaml"}
+
+
 def _recipe(params: RoundParameters, stage: str) -> Path:
-    """``recipes/<preset>/<recipe>.yaml`` (the file stem is the registry's, e.g. ``reward`` for reward_model), or
-    the same file in a folder of yours."""
+    """``recipes/<preset>/<stage>.yaml``, or the same file in a folder of yours.
+
+    Raises:
+        FileNotFoundError: only the file's old name is there (``reward.yaml``, now ``reward_model.yaml``).
+    """
     p = Path(params.preset)
     folder = p if p.is_dir() else REPO_ROOT / "recipes" / params.preset
-    return folder / f"{STAGES[stage].recipe}.yaml"
+    recipe = folder / f"{STAGES[stage].name}.yaml"
+    old = OLD_RECIPE_NAMES.get(stage)
+    if old and not recipe.is_file() and (folder / old).is_file():
+        raise FileNotFoundError(f"{folder / old}: rename it {recipe.name} (recipe files are named after their stage)")
+    return recipe
 
 
 def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[str, str]) -> list[str]:

@@ -5,9 +5,11 @@ is a content hash of everything a stage's result depends on (DESIGN.md principle
 file's bytes, the extra arguments, the hashes of the data files the recipe names (``*_data``; a hub dataset by the
 commit it resolves to), the base model (content hash, or a hub id's resolved commit), the gate stage's endpoint
 judges as measured now (their server-reported identity and probe answers, ``judging.identity``), and of the JSON
-inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, and
-the version of the code the stage runs (exactly the modules it imports, ``rlhf.lineage.stage_code_modules``). A
-matching key next to a finished manifest means the stage is skipped.
+inputs the flow passes (``*_json``, e.g. the PPO unlock decision), the parent stages' keys, the version of the
+code the stage runs (exactly the modules it imports, ``rlhf.lineage.stage_code_modules``), and how it is launched:
+the accelerate config it runs under (content hash) and its world size (:func:`launch_key`), so a result or a
+checkpoint made on one process layout is never reused or resumed under another. A matching key next to a finished
+manifest means the stage is skipped.
 
 Resume: the key is also written at a stage's start (``ATTEMPT_KEY_FILE``). A rerun that finds an
 unfinished folder (no manifest) started with the same key and holding a complete Trainer checkpoint keeps the
@@ -19,7 +21,6 @@ checkpoints such as PPO) starts clean as before.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -29,9 +30,10 @@ from pathlib import Path
 import yaml
 
 from data.fingerprint import data_fingerprint
+from rlhf.config import check_renamed_keys
 from rlhf.lineage import code_version, content_hash, json_hash, source_key, stage_code_modules
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
-from rlhf.registry import STAGES, stage as registry_stage
+from rlhf.registry import stage as registry_stage
 from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir
 
 from .interrupt import run_process_group
@@ -105,8 +107,43 @@ def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: list[StageRun]) -> str:
-    """Content hash of a stage's inputs (see module docstring).
+def accelerate_default_config() -> Path:
+    """The file ``accelerate launch`` reads when given no ``--config_file`` (path rule of
+    ``accelerate/commands/config/config_args.py``: ``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
+    ``~/.cache/huggingface``, then ``accelerate/default_config.yaml``)."""
+    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    return Path(home).expanduser() / "accelerate" / "default_config.yaml"
+
+
+def launch_key(accelerate_config: str | os.PathLike | None, launcher=None) -> dict:
+    """How a stage's processes are laid out, for its cache key: ``{"accelerate_config": sha256 of the config file
+    accelerate reads (None when it reads none), "world_size": processes in all}``.
+
+    The file is ``accelerate_config``, else the launcher's ``default_accelerate_config`` (the Slurm launcher's
+    ZeRO-3 one), else accelerate's own default file where one exists (the local launch then puts its one-process
+    flags over it). World size: the launcher's ``world_size`` (Slurm: nodes x processes a node, passed over the
+    file's), else the local launch's: the file's ``num_processes`` (accelerate's total over all machines), 1
+    without a file.
+
+    Raises:
+        FileNotFoundError: ``accelerate_config`` names no file.
+    """
+    explicit = accelerate_config or getattr(launcher, "default_accelerate_config", None)
+    if explicit and not Path(explicit).is_file():
+        raise FileNotFoundError(f"{explicit}: no such accelerate config")
+    config = Path(explicit) if explicit else accelerate_default_config()
+    world = getattr(launcher, "world_size", None)
+    if world is None:
+        cfg = (yaml.safe_load(config.read_text()) or {}) if explicit else {}
+        world = max(1, int(cfg.get("num_processes", 1)))
+    return {"accelerate_config": content_hash(config) if config.is_file() else None, "world_size": int(world)}
+
+
+def stage_cache_key(
+    stage: str, recipe: Path, extra_args: list[str], parents: list[StageRun], launch: dict | None = None
+) -> str:
+    """Content hash of a stage's inputs (see module docstring); ``launch`` is :func:`launch_key`'s (default: one
+    local process without an accelerate config file).
 
     Raises:
         rlhf.lineage.UnresolvedRevision: a hub model or dataset whose commit cannot be resolved. RuntimeError: the
@@ -134,6 +171,7 @@ def stage_cache_key(stage: str, recipe: Path, extra_args: list[str], parents: li
             "parents": {p.stage: [p.cache_key, _result_hash(p)] for p in parents},
             "code": code_version(stage_code_modules(stage)),
             **({"judges": judges} if judges else {}),  # only the gates with endpoint judges: other keys unchanged
+            "launch": launch if launch is not None else launch_key(None),
         }
     )
 
@@ -204,18 +242,20 @@ def run_stage(
     process group (flows/interrupt.py): an interrupt stops all of it, and nothing of it outlives the launcher.
     A stale ``output_dir`` is removed only if a stage created it (marker file) inside ``runs_dir`` (when given).
     ``launcher`` (same arguments as :func:`launch_command`, called once ``output_dir`` exists) gives the command
-    instead of the local ``accelerate launch``, e.g. :func:`flows.launch.slurm.slurm_launcher`'s submit-and-wait.
+    instead of the local ``accelerate launch``, e.g. :func:`flows.launch.slurm.slurm_launcher`'s submit-and-wait;
+    its ``world_size`` and ``default_accelerate_config`` attributes, where it has them, enter the cache key
+    (:func:`launch_key`).
 
     Raises:
         rlhf.rundir.RoundError: ``output_dir`` exists but was not created by a stage, or lies outside ``runs_dir``.
-        RuntimeError: the process failed (non-zero exit) or wrote no manifest; the message
-            holds the command, the exit code and the log's last lines.
+        StageFailed: the process failed (non-zero exit) or wrote no manifest; the message leads with the stage's
+            recorded failure, else the signal that killed it (:func:`killed_by`), else its own error line.
     """
     recipe, output_dir = Path(recipe), Path(output_dir)
     if not recipe.is_file():
         raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage}")
     t_check = time.perf_counter()
-    key = stage_cache_key(stage, recipe, list(extra_args), list(parents))
+    key = stage_cache_key(stage, recipe, list(extra_args), list(parents), launch_key(accelerate_config, launcher))
     key_file = output_dir / CACHE_KEY_FILE
     if (
         not force
@@ -268,7 +308,8 @@ def run_stage(
         rc = run_process_group(cmd, env=env, on_line=on_line)
     seconds = time.perf_counter() - t0
     if rc != 0 or not (output_dir / MANIFEST_NAME).is_file():
-        raise StageFailed(stage, rc, read_failure(output_dir) or root_cause(tail), output_dir / "stage.log")
+        cause = read_failure(output_dir) or killed_by(rc, tail) or root_cause(tail)
+        raise StageFailed(stage, rc, cause, output_dir / "stage.log")
     atomic_write_text(key_file, key)
     atomic_write_text(output_dir / TIMING_FILE, f"{seconds}\n")
     log(f"[{stage}] done in {seconds:.0f}s")
@@ -321,6 +362,34 @@ class StageFailed(RuntimeError):
         super().__init__(f"stage {stage} failed (exit {returncode}): {cause}{note}\nfull log: {log_path}")
 
 
+def killed_by(returncode: int, lines: list[str]) -> str | None:
+    """``"killed by signal 9 (SIGKILL)"`` when a signal ended the stage, else None.
+
+    A signal shows in one of three places: the launcher's own return code, negative when a signal killed it
+    (``subprocess`` on POSIX); or, when the trainer under ``accelerate launch`` was killed, the launcher exits 1
+    after reporting the child's negative return code, as Python's ``CalledProcessError`` text (one process:
+    ``... died with <Signals.SIGKILL: 9>.``) or as torch elastic's failure table (several processes: the first
+    ``exitcode : -9`` after ``Root Cause``, so a rank the agent stopped after another failed is not taken for it).
+    """
+    import re
+    import signal
+
+    number = -returncode if returncode < 0 else None
+    text = "".join(lines)
+    if number is None and (m := re.findall(r"died with <Signals\.\w+: (\d+)>", text)):
+        number = int(m[-1])
+    if number is None and "Root Cause" in text:
+        m = re.search(r"exitcode\s*:\s*(-?\d+)", text[text.rindex("Root Cause"):])
+        number = -int(m.group(1)) if m and int(m.group(1)) < 0 else None
+    if number is None:
+        return None
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = "unknown signal"
+    return f"killed by signal {number} ({name})"
+
+
 def root_cause(lines: list[str]) -> str:
     """The stage's own exception line (``SomeError: ...``), not the launcher's wrapper around it."""
     text = "".join(lines)
@@ -355,16 +424,12 @@ def dump(obj) -> str:
     return dumps_strict(obj, indent=2, sort_keys=True, default=str) + "\n"
 
 
-# Each stage's config parser(s), for checking recipes and overrides before anything trains (from the registry).
-STAGE_CONFIGS = {name: s.configs for name, s in STAGES.items()}
-
-
 def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
     """Parse a stage's recipe plus the user's overrides the way the stage will, before any stage runs.
 
     Raises:
-        ValueError: an unknown key (with the closest known keys) or a value the config rejects, naming the
-            stage and the recipe; FileNotFoundError: a local data file the recipe or an override names is missing.
+        ValueError: a renamed key (naming its new name, ``rlhf.config.RENAMED_KEYS``), an unknown key (with the
+            closest known keys) or a value the config rejects, naming the stage and the recipe; FileNotFoundError: a local data file the recipe or an override names is missing.
     """
     import contextlib
     import dataclasses
@@ -377,6 +442,8 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
     config_classes = registry_stage(stage).config_classes()
     known = {f.name for c in config_classes for f in dataclasses.fields(c)}
     cfg = yaml.safe_load(recipe.read_text()) or {}
+    check_renamed_keys(cfg, f"{stage} ({recipe})")
+    check_renamed_keys(overrides[::2], f"{stage} overrides")
     given = [*cfg, *(a[2:] for a in overrides[::2] if a.startswith("--"))]
     unknown = [k for k in given if k not in known]
     if unknown:

@@ -587,16 +587,6 @@ class SignalStore:
             return [{"turn_id": t, "prompt": a, "response": b, "intent": i} for t, a, b, i in conn.execute(q).all()]
 
     # ---- judge cache -----------------------------------------------------------------------------------------------
-    def cached_scores(self, judge: str) -> dict[tuple[str, str], float]:
-        """``{(prompt_hash, response_hash): score}`` already stored for ``judge``."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(judge_scores.c.prompt_hash, judge_scores.c.response_hash, judge_scores.c.score).where(
-                    judge_scores.c.judge == judge
-                )
-            ).all()
-        return {(a, b): float(s) for a, b, s in rows}
-
     def put_scores(self, judge: str, scores: dict[tuple[str, str], float] | pa.Table) -> None:
         """Store judge scores in one transaction (bulk staged like events; a score already stored is kept).
 

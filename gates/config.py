@@ -85,7 +85,7 @@ class GateStageConfig:
                   "(unparsed answers are left out and reported, never counted wrong)."},
     )
     max_new_tokens: int = field(default=96, metadata={"help": "Generation cap per free-form response (tokens)."})
-    max_prompt_tokens: int = field(
+    max_prompt_length: int = field(
         default=512,
         metadata={"help": "Prompt budget per rendered prompt (tokens). Longer prompts have their content cut in the "
                   "middle (template, headers and the end of the instruction kept); counted per suite in the report."},

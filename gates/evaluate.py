@@ -162,7 +162,7 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
         "judge": models["judge"], "judge_info": m.judge_info, "drift_previous": drift_label,
         "intent_classifier": intent_classifier,
         "ppo_unlock": ppo_unlock, "plots": {k: str(v) for k, v in plots.items()},
-        "prompts_truncated": truncation_counts(answers), "max_prompt_tokens": args.max_prompt_tokens,
+        "prompts_truncated": truncation_counts(answers), "max_prompt_length": args.max_prompt_length,
     }
     reports = write_reports(results, out, stem="report", metadata=metadata)
     context = compared_context(args, models, m, answers, drift_label=drift_label,

@@ -101,7 +101,7 @@ def chat_of(p) -> list[dict] | str:
 def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateStageConfig, desc: str,
                    prompt_cache=None) -> dict:
     """One suite's answers: ``{"text", "n_tokens", "truncated"}`` (per item; truncated = prompt content was cut to fit
-    ``args.max_prompt_tokens``, the chat template never is).
+    ``args.max_prompt_length``, the chat template never is).
 
     ``model``: a transformers causal LM, or a ``rlhf.vllm_engine.VLLMGenerator`` (``engine: vllm``). In a
     multi-process launch the prompts are sharded over the processes and every process gets all answers in order.
@@ -111,15 +111,15 @@ def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateSta
 
     if isinstance(model, VLLMGenerator):
         text, n, cut = model.generate_report(prompts, max_new_tokens=max_new_tokens,
-                                             max_prompt_tokens=args.max_prompt_tokens, desc=desc)
+                                             max_prompt_length=args.max_prompt_length, desc=desc)
     else:
         text, n, cut = generate_report(
             model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=args.batch_size,
-            max_prompt_tokens=args.max_prompt_tokens, desc=desc, shard=True, prompt_cache=prompt_cache,
+            max_prompt_length=args.max_prompt_length, desc=desc, shard=True, prompt_cache=prompt_cache,
         )
     if any(cut):
-        logger.warning("%s: %d of %d prompts longer than max_prompt_tokens=%d had their content cut (template kept)",
-                       desc, sum(cut), len(cut), args.max_prompt_tokens)
+        logger.warning("%s: %d of %d prompts longer than max_prompt_length=%d had their content cut (template kept)",
+                       desc, sum(cut), len(cut), args.max_prompt_length)
     return {"text": text, "n_tokens": n, "truncated": cut}
 
 

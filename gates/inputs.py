@@ -66,7 +66,7 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
         ValueError: naming the config key and the reason.
     """
     for key in ("n_winrate", "n_safe", "n_redteam", "n_capability", "n_sycophancy", "intent_min_items",
-                "capability_min_parsed", "max_prompt_tokens", "min_decisive", "sycophancy_min_eligible"):
+                "capability_min_parsed", "max_prompt_length", "min_decisive", "sycophancy_min_eligible"):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key} must be at least 1, got {getattr(args, key)}")
     for key, lo, hi in (

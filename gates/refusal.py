@@ -12,7 +12,7 @@ Safety Behaviours in Large Language Models", NAACL): ``full_compliance``, ``full
 
 The gate lives here; its parts live by job: ``gates.refusal_rules`` (rule-based classifier, label convention),
 ``gates.refusal_prompt`` (the LLM grader's prompt and answer parser), ``gates.refusal_stats`` (agreement with
-humans, rates, the classifier's error, traffic impact). Their names are re-exported so callers keep one import.
+humans, rates, the classifier's error). Their names are re-exported so callers keep one import.
 """
 
 from __future__ import annotations
@@ -39,12 +39,10 @@ from gates.refusal_rules import (  # noqa: F401  (re-exported)
 from gates.refusal_stats import (  # noqa: F401  (re-exported)
     RefusalClassifierQuality,
     RefusalRates,
-    WronglyRefusedTurns,
     classifier_agreement,
     corrected_rate,
     label_agreement,
     refusal_rates,
-    wrongly_refused_turns_per_day,
 )
 from gates.result import Finding, GateResult, Metric, Verdict
 from judging.intervals import Rate, rate_diff  # noqa: F401  (Rate re-exported: the refusal rates are Rates)

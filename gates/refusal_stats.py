@@ -1,5 +1,5 @@
-"""Refusal statistics: a classifier's agreement with XSTest's human labels, the two refusal rates of a model,
-the classifier's measured error carried into a rate, and what a false-refusal rate costs in traffic."""
+"""Refusal statistics: a classifier's agreement with XSTest's human labels, the two refusal rates of a model and
+the classifier's measured error carried into a rate."""
 
 from __future__ import annotations
 
@@ -205,60 +205,3 @@ def corrected_rate(rate: Rate, fpr: float, fnr: float) -> tuple[float, float, fl
     youden = 1.0 - fpr - fnr
     point = min(1.0, max(0.0, (rate.rate - fpr) / youden)) if youden > 0 else math.nan
     return (point, max(0.0, rate.ci_low - fpr), min(1.0, rate.ci_high + fnr))
-
-
-# --------------------------------------------------------------------------------------------
-# traffic impact
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WronglyRefusedTurns:
-    """Turns per day wrongly refused.
-
-    Fields:
-        total: candidate false-refusal rate * benign-but-scary share * turns per day.
-        new: (candidate - baseline) false-refusal rate * share * turns per day (negative = fewer).
-    """
-
-    total: float
-    new: float
-
-
-def wrongly_refused_turns_per_day(
-    false_refusal_rate_candidate: float,
-    false_refusal_rate_baseline: float,
-    *,
-    benign_scary_share: float = 0.04,
-    turns_per_day: float = 360e6,
-) -> WronglyRefusedTurns:
-    """Scale false-refusal rates to production traffic (DESIGN.md seed figure).
-
-    Seed: 0.112 * 0.04 * 360e6 = 1.61M turns/day wrongly refused, of which
-    (0.112 - 0.034) * 0.04 * 360e6 = 1.12M are new.
-
-    Args:
-        false_refusal_rate_candidate, false_refusal_rate_baseline: fractions in [0, 1].
-        benign_scary_share: fraction of traffic that is benign but sounds unsafe, in [0, 1].
-        turns_per_day: turns per day, >= 0.
-
-    Returns:
-        ``WronglyRefusedTurns`` (turns/day).
-
-    Raises:
-        ValueError: a rate or the share outside [0, 1], or negative traffic.
-    """
-    for nm, v in (
-        ("false_refusal_rate_candidate", false_refusal_rate_candidate),
-        ("false_refusal_rate_baseline", false_refusal_rate_baseline),
-        ("benign_scary_share", benign_scary_share),
-    ):
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"{nm} must be a fraction in [0, 1], got {v}")
-    if turns_per_day < 0:
-        raise ValueError(f"turns_per_day must be >= 0, got {turns_per_day}")
-    scale = benign_scary_share * turns_per_day
-    return WronglyRefusedTurns(
-        total=false_refusal_rate_candidate * scale,
-        new=(false_refusal_rate_candidate - false_refusal_rate_baseline) * scale,
-    )

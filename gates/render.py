@@ -125,7 +125,7 @@ def compared_context(
         *refusal_classifier_line(m, args),
         f"- intents: {intents}",
         f"- empty win-rate answers: candidate {empty['candidate']}, baseline {empty['baseline']} of {n}",
-        f"- prompts over max_prompt_tokens={args.max_prompt_tokens} (content cut in the middle, chat template kept), "
+        f"- prompts over max_prompt_length={args.max_prompt_length} (content cut in the middle, chat template kept), "
         "candidate per suite: "
         + ", ".join(f"{k} {c['candidate']}/{c['n']} (baseline {c['baseline']})" for k, c in cut.items()),
         "- data: " + ", ".join(f"{k} = `{getattr(args, k)}`" for k in DATA_FIELDS),

@@ -73,11 +73,6 @@ def write_json_report(
     return atomic_write_text(path, text + "\n")
 
 
-def read_json_report(path: str | Path) -> dict[str, Any]:
-    """Read a JSON report back (for CI and the flow)."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
 # --------------------------------------------------------------------------------------------
 # Markdown
 # --------------------------------------------------------------------------------------------
@@ -194,9 +189,6 @@ def render_junit_xml(results: Sequence[GateResult], *, suite_name: str = "releas
 def write_junit_xml(results: Sequence[GateResult], path: str | Path, *, suite_name: str = "release-gates") -> Path:
     """Write ``render_junit_xml`` atomically."""
     return atomic_write_text(path, render_junit_xml(results, suite_name=suite_name))
-
-
-write_junit = write_junit_xml  # short name used by gates.evaluate
 
 
 def write_reports(

@@ -147,11 +147,6 @@ class GateResult(BaseModel):
         }
 
 
-def mark_inconclusive(result: GateResult, why: str) -> GateResult:
-    """The same measurements, marked "inconclusive" with ``why`` first in the reason."""
-    return result.model_copy(update={"verdict": "inconclusive", "reason": f"Inconclusive: {why} {result.reason}"})
-
-
 def release_verdict(results: Iterable[GateResult]) -> ReleaseVerdict:
     """Combine gate verdicts into the release verdict.
 

@@ -43,7 +43,6 @@ from gates.winrate_stats import (  # noqa: F401  (re-exported)
     normal_win_rate_ci,
     per_item_lengths,
     preferences_to_scores,
-    win_rate_ci,
 )
 
 GATE_NAME = "length_controlled_win_rate"

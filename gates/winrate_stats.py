@@ -105,16 +105,6 @@ def discrete_win_rate_of_scores(scores: np.ndarray) -> float:
     return float(np.where(s > 0.5, 1.0, np.where(s < 0.5, 0.0, 0.5)).mean() * 100)
 
 
-def win_rate_ci(preferences: Any, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
-    """Normal-approximation interval for ``win_rate``, in percent, clipped to [0, 100].
-
-    ``win_rate +/- z * standard_error`` with the same SE alpaca_eval reports (CLT on the mean of
-    per-item scores in [0, 1]). NaN bounds when fewer than 2 items.
-    """
-    row = describe(preferences_to_scores(preferences))
-    return normal_win_rate_ci(row["win_rate"], row["standard_error"], confidence)
-
-
 def normal_win_rate_ci(value: float, se: float, confidence: float) -> tuple[float, float]:
     """A win rate's normal interval in percent, clipped to [0, 100]."""
     return normal(value, se, confidence, low=0.0, high=100.0)

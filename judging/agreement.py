@@ -29,7 +29,6 @@ import json
 import typing
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
 
 from judging.intervals import ConfidenceInterval, bootstrap_ratio, percentile_bootstrap, wilson_interval
 from data.labels import FIRST, LABELS, NO_MAJORITY, SECOND, TIE, UNPARSED
-from judging.scoring import parse_judge_verdict, verdicts_from_scores
+from judging.scoring import verdicts_from_scores
 from rlhf.serialization import to_jsonable
 
 MISSING = -2  # padding of ragged label lists: this annotator did not label this item
@@ -509,67 +508,3 @@ def judge_agreement(
     if judge.shape != ex.shape:
         raise ValueError(f"judge_labels {judge.shape} and expert {ex.shape} differ in length")
     return _agreement(judge, ex, confidence)
-
-
-# --------------------------------------------------------------------------------------------
-# PandaLM files (../shared/datasets/pandalm, see its SOURCE.txt)
-# --------------------------------------------------------------------------------------------
-
-
-def load_pandalm_annotations(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read PandaLM ``testset-v1.json``.
-
-    Returns:
-        (idx, labels): idx int array (n_items,); labels int array (n_items, 3) from
-        annotator1..annotator3 (0 tie, 1 first better, 2 second better).
-
-    Raises:
-        ValueError: a row lacks an annotator field (names the row and field).
-    """
-    rows = json.loads(Path(path).read_text(encoding="utf-8"))
-    idx, labels = [], []
-    for r, row in enumerate(rows):
-        for f in ("idx", "annotator1", "annotator2", "annotator3"):
-            if f not in row:
-                raise ValueError(f"{path}: row {r} has no field {f!r}")
-        idx.append(int(row["idx"]))
-        labels.append([int(row["annotator1"]), int(row["annotator2"]), int(row["annotator3"])])
-    return np.asarray(idx, dtype=np.int64), _check_labels(labels)
-
-
-def load_pandalm_judge(
-    path: str | Path, field: str = "gpt_result"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Read a PandaLM judge file (e.g. ``gpt-3.5-turbo-testset-v1.json``).
-
-    Returns:
-        (idx, judge_labels): idx int array (n_items,); labels via ``parse_judge_verdict``.
-    """
-    rows = json.loads(Path(path).read_text(encoding="utf-8"))
-    for r, row in enumerate(rows):
-        for f in ("idx", field):
-            if f not in row:
-                raise ValueError(f"{path}: row {r} has no field {f!r}")
-    idx = np.asarray([int(row["idx"]) for row in rows], dtype=np.int64)
-    labels = np.asarray([parse_judge_verdict(row[field]) for row in rows], dtype=np.int64)
-    return idx, labels
-
-
-def align_by_idx(
-    idx_a: np.ndarray, values_a: np.ndarray, idx_b: np.ndarray, values_b: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Align two per-item arrays on their ``idx`` keys (inner join, sorted by idx).
-
-    Raises:
-        ValueError: duplicate idx in either input, or the idx sets differ (names the missing ones).
-    """
-    for name, ix in (("a", idx_a), ("b", idx_b)):
-        if len(np.unique(ix)) != len(ix):
-            raise ValueError(f"duplicate idx in input {name}")
-    sa, sb = set(idx_a.tolist()), set(idx_b.tolist())
-    if sa != sb:
-        raise ValueError(
-            f"idx sets differ: only in a {sorted(sa - sb)[:10]}, only in b {sorted(sb - sa)[:10]}"
-        )
-    oa, ob = np.argsort(idx_a), np.argsort(idx_b)
-    return idx_a[oa], np.asarray(values_a)[oa], np.asarray(values_b)[ob]

@@ -210,11 +210,6 @@ class JudgeConfig:
 
         return Path(self.cache_dir) if self.cache_dir else cache_root() / "judgments"
 
-    def with_model(self, model: str) -> "JudgeConfig":
-        from dataclasses import replace
-
-        return replace(self, model=model)
-
 
 class Judge(ABC):
     """A pairwise judge. Subclasses set ``backend`` and implement ``identity`` and ``judge``."""

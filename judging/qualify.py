@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -194,7 +193,3 @@ def format_qualification(q: JudgeQualification | None, *, floor: float = 0.85) -
     lines.append(f"requests sent: {q.requests_sent}" + (" (read from the cache)" if q.cached else ""))
     return "\n".join(lines)
 
-
-def qualification_path(config: JudgeConfig) -> Path:
-    """Where agreement measurements are cached."""
-    return config.resolved_cache_dir() / "agreement"

@@ -1,7 +1,7 @@
 """Reward-model stage: a Bradley-Terry reward model (TRL RewardTrainer) and its agreement with expert labels.
 
 Launch alone:
-    accelerate launch -m reward_model.train --config recipes/demo/reward.yaml --sft_dir runs/<round>/sft
+    accelerate launch -m reward_model.train --config recipes/demo/reward_model.yaml --sft_dir runs/<round>/sft
 
 The stage records its measurements only: the RM's agreement with the expert (majority) label on held-out pairs
 (``metrics.rm_agreement``) and the inter-annotator agreement on the same pairs

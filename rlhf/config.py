@@ -12,6 +12,7 @@ own fields, once for all three (it stands before the TRL config in the bases, so
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -171,23 +172,56 @@ def peft_config(args: PipelineArguments, task_type: str = "CAUSAL_LM", modules_t
     )
 
 
+#: Keys renamed since recipes were first written: old name -> new name. An old key is an error naming the new one
+#: (never accepted beside it), so a recipe cannot keep a setting under a name that no longer does anything.
+RENAMED_KEYS: dict[str, str] = {"max_prompt_tokens": "max_prompt_length"}
+
+
+def check_renamed_keys(keys, where: str) -> None:
+    """Refuse a renamed key (:data:`RENAMED_KEYS`) among ``keys`` (recipe keys or ``--key`` names).
+
+    Raises:
+        ValueError: ``<where>: max_prompt_tokens was renamed max_prompt_length`` for the first old key found.
+    """
+    for key in keys:
+        name = str(key).removeprefix("--").split("=", 1)[0]
+        if name in RENAMED_KEYS:
+            raise ValueError(f"{where}: {name} was renamed {RENAMED_KEYS[name]}")
+
+
+def _given_keys(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
+    """The ``--config`` file of ``argv`` (None without one), the keys that file sets, and the ``--key`` names."""
+    import yaml
+
+    i = argv.index("--config") if "--config" in argv else -1
+    config = argv[i + 1] if 0 <= i < len(argv) - 1 else None
+    file_keys = []
+    if config is not None and os.path.isfile(config):
+        with open(config) as f:
+            cfg = yaml.safe_load(f) or {}
+        file_keys = list(cfg) if isinstance(cfg, dict) else []
+    return config, file_keys, [a for a in argv if a.startswith("--")]
+
+
 def parse_stage_config(config_classes: tuple[type, ...], argv: list[str] | None = None) -> tuple:
     """``TrlParser(config_classes).parse_args_and_config(argv)`` (``argv`` None: ``sys.argv[1:]``), with an
     unknown key in the ``--config`` YAML reported as a ValueError that names the file (TRL's own message does not).
 
     Raises:
-        ValueError: ``<recipe path>: Unknown arguments from config file: [...]``, or TRL's other errors unchanged.
+        ValueError: ``<recipe path>: Unknown arguments from config file: [...]``; ``<recipe path> (or ``command
+            line``): <old key> was renamed <new key>`` (:data:`RENAMED_KEYS`); or TRL's other errors unchanged.
     """
     import sys
 
     from trl import TrlParser
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    config, file_keys, cli_keys = _given_keys(args)
+    check_renamed_keys(file_keys, str(config))
+    check_renamed_keys(cli_keys, "command line")
     try:
         return TrlParser(config_classes).parse_args_and_config(argv)
     except ValueError as err:
-        args = list(sys.argv[1:] if argv is None else argv)
-        i = args.index("--config") if "--config" in args else -1
-        config = args[i + 1] if 0 <= i < len(args) - 1 else None
         if config is None or "config file" not in str(err):
             raise
         raise ValueError(f"{config}: {err}") from None

@@ -13,7 +13,7 @@ def chat_prompt(tokenizer, prompt: list[dict] | str) -> str:
 
 
 TRUNCATION_MARKER = "\n[...]\n"
-DEFAULT_MAX_PROMPT_TOKENS = 512
+DEFAULT_MAX_PROMPT_LENGTH = 512
 _MIN_KEPT_CONTENT_TOKENS = 8
 
 
@@ -34,8 +34,8 @@ def _cut_middle(tokenizer, content: str, keep: int) -> str:
     return start + TRUNCATION_MARKER + tokenizer.decode(ids[-tail:])
 
 
-def fit_prompt(tokenizer, prompt: list[dict] | str, max_prompt_tokens: int) -> tuple[str, bool]:
-    """The rendered chat prompt, within ``max_prompt_tokens`` tokens, with its template intact.
+def fit_prompt(tokenizer, prompt: list[dict] | str, max_prompt_length: int) -> tuple[str, bool]:
+    """The rendered chat prompt, within ``max_prompt_length`` tokens, with its template intact.
 
     The chat template (system / user headers, the assistant generation prompt) is never cut (TRL #3644:
     cutting a rendered prompt from the left drops the headers and the instruction). When the render is too
@@ -44,7 +44,7 @@ def fit_prompt(tokenizer, prompt: list[dict] | str, max_prompt_tokens: int) -> t
 
     Args:
         prompt: chat messages or a user string.
-        max_prompt_tokens: budget for the rendered prompt, in tokens (no special tokens added beyond the template's).
+        max_prompt_length: budget for the rendered prompt, in tokens (no special tokens added beyond the template's).
 
     Returns:
         ``(rendered text, truncated?)``.
@@ -55,25 +55,25 @@ def fit_prompt(tokenizer, prompt: list[dict] | str, max_prompt_tokens: int) -> t
     msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     text = chat_prompt(tokenizer, msgs)
     n = _n_tokens(tokenizer, text)
-    if n <= max_prompt_tokens:
+    if n <= max_prompt_length:
         return text, False
     for _ in range(4 * len(msgs) + 8):
         lengths = [_n_tokens(tokenizer, m["content"]) if isinstance(m.get("content"), str) else 0 for m in msgs]
         i = max(range(len(msgs)), key=lambda j: lengths[j])
         marker = _n_tokens(tokenizer, TRUNCATION_MARKER)
-        keep = lengths[i] - (n - max_prompt_tokens) - marker - 2  # 2: slack for re-tokenization at the seams
+        keep = lengths[i] - (n - max_prompt_length) - marker - 2  # 2: slack for re-tokenization at the seams
         if keep < _MIN_KEPT_CONTENT_TOKENS:
             template = _n_tokens(tokenizer, chat_prompt(tokenizer, [{**m, "content": ""} for m in msgs]))
             raise ValueError(
-                f"max_prompt_tokens={max_prompt_tokens} cannot hold this prompt's chat template ({template} tokens "
+                f"max_prompt_length={max_prompt_length} cannot hold this prompt's chat template ({template} tokens "
                 f"with empty messages) plus {_MIN_KEPT_CONTENT_TOKENS} tokens of content; raise the budget"
             )
         msgs[i] = {**msgs[i], "content": _cut_middle(tokenizer, msgs[i]["content"], keep)}
         text = chat_prompt(tokenizer, msgs)
         n = _n_tokens(tokenizer, text)
-        if n <= max_prompt_tokens:
+        if n <= max_prompt_length:
             return text, True
-    raise ValueError(f"could not fit the prompt into max_prompt_tokens={max_prompt_tokens} (still {n} tokens)")
+    raise ValueError(f"could not fit the prompt into max_prompt_length={max_prompt_length} (still {n} tokens)")
 
 
 @torch.no_grad()
@@ -84,7 +84,7 @@ def generate(
     *,
     max_new_tokens: int = 128,
     batch_size: int | str = 16,
-    max_prompt_length: int = DEFAULT_MAX_PROMPT_TOKENS,
+    max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH,
     desc: str = "generating",
 ) -> tuple[list[str], list[int]]:
     """Greedy completions for chat prompts: :func:`generate_report` without the truncation flags.
@@ -94,7 +94,7 @@ def generate(
     """
     texts, n, _ = generate_report(
         model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-        max_prompt_tokens=max_prompt_length, desc=desc,
+        max_prompt_length=max_prompt_length, desc=desc,
     )
     return texts, n
 
@@ -107,7 +107,7 @@ def generate_report(
     *,
     max_new_tokens: int = 128,
     batch_size: int | str = 16,
-    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH,
     desc: str = "generating",
     shard: bool = False,
     prompt_cache=None,
@@ -125,7 +125,7 @@ def generate_report(
             ``rlhf.machine.auto_batch_size`` (64 on CPU unless memory says otherwise), split where padding would
             cost more than another forward pass (``rlhf.batching.plan_batches``). The progress bar shows generated
             tokens/s.
-        max_prompt_tokens: budget per rendered prompt; longer ones have their content cut by :func:`fit_prompt`
+        max_prompt_length: budget per rendered prompt; longer ones have their content cut by :func:`fit_prompt`
             (the chat template and the end of the instruction are kept), never the template.
         shard: in a multi-process launch (torchrun / accelerate launch), each process generates a contiguous share
             of the length-sorted prompts (``rlhf.distributed.map_sharded``) and every process gets all outputs, in
@@ -141,7 +141,7 @@ def generate_report(
         ``len(prompts)``.
 
     Raises:
-        ValueError: ``max_prompt_tokens`` cannot hold a prompt's template (see :func:`fit_prompt`).
+        ValueError: ``max_prompt_length`` cannot hold a prompt's template (see :func:`fit_prompt`).
     """
     import time
 
@@ -151,7 +151,7 @@ def generate_report(
     from .prefix_cache import batch_inputs
 
     model.eval()
-    fitted = [fit_prompt(tokenizer, p, max_prompt_tokens) for p in prompts]
+    fitted = [fit_prompt(tokenizer, p, max_prompt_length) for p in prompts]
     texts = [t for t, _ in fitted]
     token_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     n_prompt = [len(t) for t in token_ids]

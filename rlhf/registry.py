@@ -5,12 +5,11 @@ Entries are plain strings (module paths), so ``rlhf`` never imports a stage: a s
 when it runs, and the code it depends on is read from its source (:func:`rlhf.lineage.stage_code_modules`).
 :data:`LAYERS` places every package of the project, stages included, in the import order the layer tests enforce.
 
-    name          key in the flow, the round manifest and ``--set <name>.key=value``; the stage's output folder
+    name          the stage's one name: key in the flow, the round manifest and ``--set <name>.key=value``, its
+                  output folder, its recipe ``recipes/<preset>/<name>.yaml`` and its command ``rlhf <name>``
     package       the stage's own package
     module        what ``accelerate launch -m <module>`` runs (it has a ``main(argv)``)
     configs       ``"module:Class"`` of the dataclass(es) its parser reads, in parser order
-    recipe        file stem under ``recipes/<preset>/``
-    cli           the ``rlhf <cli>`` command
 """
 
 from __future__ import annotations
@@ -27,8 +26,6 @@ class Stage:
     package: str
     module: str
     configs: tuple[str, ...]
-    recipe: str
-    cli: str
 
     def config_classes(self) -> tuple[type, ...]:
         """Import and return the config dataclasses (imports the stage's config module, not its training code)."""
@@ -42,18 +39,11 @@ class Stage:
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in (
-        Stage("sft", "sft", "sft.train", ("sft.config:SFTStageConfig",), "sft", "sft"),
-        Stage("dpo", "dpo", "dpo.train", ("dpo.config:DPOStageConfig",), "dpo", "dpo"),
-        Stage(
-            "reward_model",
-            "reward_model",
-            "reward_model.train",
-            ("reward_model.config:RewardStageConfig",),
-            "reward",
-            "reward-model",
-        ),
-        Stage("ppo", "ppo", "ppo.train", ("ppo.config:PPOScriptArguments", "ppo.config:PPOConfig"), "ppo", "ppo"),
-        Stage("gates", "gates", "gates.evaluate", ("gates.config:GateStageConfig",), "gates", "gates"),
+        Stage("sft", "sft", "sft.train", ("sft.config:SFTStageConfig",)),
+        Stage("dpo", "dpo", "dpo.train", ("dpo.config:DPOStageConfig",)),
+        Stage("reward_model", "reward_model", "reward_model.train", ("reward_model.config:RewardStageConfig",)),
+        Stage("ppo", "ppo", "ppo.train", ("ppo.config:PPOScriptArguments", "ppo.config:PPOConfig")),
+        Stage("gates", "gates", "gates.evaluate", ("gates.config:GateStageConfig",)),
     )
 }
 
@@ -85,10 +75,3 @@ def stage(name: str) -> Stage:
         raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
     return STAGES[name]
 
-
-def by_recipe(recipe_stem: str) -> Stage:
-    """The stage whose recipe file is ``<recipe_stem>.yaml`` (e.g. ``reward`` -> reward_model)."""
-    for s in STAGES.values():
-        if s.recipe == recipe_stem:
-            return s
-    raise ValueError(f"no stage reads recipes named {recipe_stem}.yaml; stages: {', '.join(STAGES)}")

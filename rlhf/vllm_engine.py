@@ -66,7 +66,7 @@ class VLLMGenerator:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.llm = LLM(model=path, tensor_parallel_size=tp, dtype=dtype, seed=seed)
 
-    def generate_report(self, prompts: list, *, max_new_tokens: int, max_prompt_tokens: int, desc: str = "",
+    def generate_report(self, prompts: list, *, max_new_tokens: int, max_prompt_length: int, desc: str = "",
                         shard: bool = True) -> tuple[list[str], list[int], list[bool]]:
         """``rlhf.generation.generate_report``'s contract through vLLM: ``(texts, n_tokens, truncated)`` in input
         order; prompts fitted by ``fit_prompt`` and sent as token ids (no second tokenization); n_tokens up to and
@@ -76,7 +76,7 @@ class VLLMGenerator:
         from .distributed import map_sharded
         from .generation import fit_prompt
 
-        fitted = [fit_prompt(self.tokenizer, p, max_prompt_tokens) for p in prompts]
+        fitted = [fit_prompt(self.tokenizer, p, max_prompt_length) for p in prompts]
         ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t, _ in fitted]
         params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, seed=0)
 

@@ -304,7 +304,7 @@ def test_only_rank_0_writes_the_checkpoint_and_manifest(tmp_path, sft_runs):
     _train("dpo", ["--sft_dir", str(sft_runs[1]), "--max_steps", "1"], tmp_path / "dpo", 2)
     assert_rank_0_alone_writes(tmp_path / "dpo.log", {"checkpoint", "manifest.json"})
     out, log = tmp_path / "rm", tmp_path / "rm.log"
-    rc = launch("reward_model.train", ["--config", str(SMOKE / "reward.yaml"), "--output_dir", str(out),
+    rc = launch("reward_model.train", ["--config", str(SMOKE / "reward_model.yaml"), "--output_dir", str(out),
                                        "--report_to", "none", "--per_device_train_batch_size", "1", "--max_steps", "1",
                                        "--sft_dir", str(sft_runs[1]), "--max_agreement_pairs", "4"],
                 2, log, RLHF_EXPECTED_WORLD_SIZE="2")

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--n_winrate", "2", "--n_safe", "2", "--n_redteam", "2", "--n_capability", "2", "--n_sycophancy", "2",
          "--capability_min_parsed", "1", "--intent_min_items", "1", "--max_new_tokens", "2",
-         "--mc_max_new_tokens", "2", "--max_prompt_tokens", "96", "--report_to", "none",
+         "--mc_max_new_tokens", "2", "--max_prompt_length", "96", "--report_to", "none",
          "--allow_same_model", "true"]  # baseline and candidate are the tiny model on purpose (refused unless allowed)
 
 

@@ -15,7 +15,6 @@ from gates.refusal import (
     classify_refusal,
     refusal_rates,
     two_sided_refusal_gate,
-    wrongly_refused_turns_per_day,
     xstest_strmatch_label,
 )
 
@@ -194,12 +193,3 @@ def test_gate_passes_within_thresholds_and_flags_noise():
     assert noisy.verdict == "block" and noisy.finding("axis_regressed").values["on_evidence"] is False  # +2.4 on n=250
     empty = two_sided_refusal_gate(RefusalRates(Rate.from_counts(0, 0), Rate.from_counts(1, 10)), a)
     assert empty.verdict == "inconclusive"
-
-
-def test_seed_wrongly_refused_turns_per_day():
-    w = wrongly_refused_turns_per_day(0.112, 0.034, benign_scary_share=0.04, turns_per_day=360e6)
-    assert w.total == pytest.approx(1_612_800, abs=1e-6)  # 0.112 * 0.04 * 360e6
-    assert w.new == pytest.approx(1_123_200, abs=1e-6)  # (0.112 - 0.034) * 0.04 * 360e6
-    assert (half_up(w.total / 1e6), half_up(w.new / 1e6)) == (1.6, 1.1)
-    with pytest.raises(ValueError):
-        wrongly_refused_turns_per_day(11.2, 3.4)  # percents, not fractions

@@ -87,4 +87,3 @@ def test_caller_cannot_write_a_verdict_the_gates_did_not_reach(tmp_path):
     assert json.loads(p.read_text())["verdict"] == "block"
     md = report.write_markdown_report(results(), tmp_path / "r.md", verdict="block", title="Round 7").read_text()
     assert md.startswith("# Round 7")
-    assert report.write_junit is report.write_junit_xml

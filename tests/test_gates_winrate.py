@@ -15,9 +15,9 @@ from gates.winrate import (
     length_bucketed_win_rate,
     per_item_lengths,
     win_rate,
-    win_rate_ci,
     win_rate_gate,
 )
+from gates.winrate_stats import describe, normal_win_rate_ci, preferences_to_scores
 from judging.agreement import judge_agreement
 
 
@@ -242,7 +242,8 @@ def test_alpaca_eval_simplified_glm(alpaca, model):
 
 
 def test_win_rate_ci_normal():
-    lo, hi = win_rate_ci([2, 1, 1.5, 2])
+    row = describe(preferences_to_scores([2, 1, 1.5, 2]))
+    lo, hi = normal_win_rate_ci(row["win_rate"], row["standard_error"], 0.95)
     se = math.sqrt(0.6875 / 3) / 2 * 100
     assert lo == pytest.approx(max(0, 62.5 - 1.959963984540054 * se))
     assert hi == pytest.approx(min(100, 62.5 + 1.959963984540054 * se))

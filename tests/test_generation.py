@@ -70,7 +70,7 @@ def test_generate_reports_which_prompts_were_cut(tiny_model_dir, tokenizer):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     prompts = [_prompt_of(tokenizer, 1253), "What is 2 + 2?"]
-    texts, n, cut = generate_report(model, tokenizer, prompts, max_new_tokens=3, batch_size=2, max_prompt_tokens=512)
+    texts, n, cut = generate_report(model, tokenizer, prompts, max_new_tokens=3, batch_size=2, max_prompt_length=512)
     assert cut == [True, False] and len(texts) == 2 and all(1 <= k <= 3 for k in n)
     # the plain wrapper gives the same answers; one at a time equals batched (left padding)
     assert generate(model, tokenizer, prompts, max_new_tokens=3, batch_size=2) == (texts, n)

@@ -44,7 +44,7 @@ def test_reward_stage_checks_agreement_labels_before_training(tmp_path, tiny_mod
     held_out = _jsonl(tmp_path / "heldout.jsonl", [_pair(i) for i in range(4)])
     out = tmp_path / "rm"
     with pytest.raises(RejectRateExceeded) as err:  # lenient by default: all 4 rows rejected, reason named
-        main(["--config", str(Path(__file__).parent.parent / "recipes/smoke/reward.yaml"), "--report_to", "none",
+        main(["--config", str(Path(__file__).parent.parent / "recipes/smoke/reward_model.yaml"), "--report_to", "none",
               "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--agreement_data", str(held_out)])
     assert str(held_out) in str(err.value) and "4 of 4 rows rejected" in str(err.value)
     assert "agreement data needs at least 2" in str(err.value) and "row 0 field 'labels'" in str(err.value)

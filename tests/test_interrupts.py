@@ -111,3 +111,49 @@ def test_ctrl_c_on_a_round_stops_the_stage_and_exits_130(tmp_path):
     assert not (sft_dir / "manifest.json").exists() and not (runs / "intr" / "round.json").exists()
     time.sleep(1)
     assert _processes_mentioning(str(sft_dir)) == []  # neither the launcher nor the trainer runs on
+
+
+# A trainer whose last words are a progress bar, then SIGKILL (what the OOM killer or `kill -9` does to it).
+KILLED_TRAINER = ('import os, signal\nprint(" 10%|#         | 1/10 [00:00<00:01,  9.00it/s]", flush=True)\n'
+                  "os.kill(os.getpid(), signal.SIGKILL)\n")
+
+
+@pytest.mark.parametrize("how", ["launcher", "accelerate", "torchrun"])
+def test_a_stage_killed_by_a_signal_says_which(tmp_path, monkeypatch, how):
+    """Through the flow's stage runner (flows.stages.run_stage): the failure names the signal, not the last log
+    line. launcher: the launched process itself is killed (return code -9); accelerate: the trainer under
+    ``accelerate launch`` (one process; the launcher exits 1 and reports the child's death); torchrun: two
+    processes under torch elastic (the root cause is the killed rank; the other is stopped with SIGTERM)."""
+    from flows.stages import StageFailed, launch_command, run_stage
+
+    (tmp_path / "killed_trainer.py").write_text(KILLED_TRAINER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("max_steps: 1\n")
+
+    def launcher(module, recipe, output_dir, extra_args, accelerate_config):
+        if how == "launcher":
+            return [sys.executable, "-m", module]
+        if how == "torchrun":
+            return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", module]
+        return launch_command(module, recipe, output_dir, extra_args, accelerate_config)  # the local launch
+
+    out = tmp_path / "runs" / "sft"
+    with pytest.raises(StageFailed) as err:
+        run_stage("sft", "killed_trainer", recipe, out, runs_dir=tmp_path / "runs", launcher=launcher,
+                  log=lambda *_: None)
+    assert err.value.cause == "killed by signal 9 (SIGKILL)"
+    assert err.value.returncode == (-signal.SIGKILL if how == "launcher" else 1)
+    assert str(err.value).startswith("stage sft failed (exit ") and "killed by signal 9 (SIGKILL)" in str(err.value)
+    assert "1/10 [00:00<00:01" in (out / "stage.log").read_text()  # the progress bar was there, and is not the reason
+
+
+def test_a_stage_that_failed_on_its_own_is_not_reported_as_killed():
+    from flows.stages import killed_by
+
+    assert killed_by(1, ["ValueError: p.jsonl row 2 field 'chosen': missing\n"]) is None
+    # torch elastic: the root cause exited 1 by itself; the SIGTERM of the rank stopped after it is not the reason
+    table = ["Failures:\n", "[1]:\n", "  exitcode  : -15 (pid: 2)  (SIGTERM)\n", "Root Cause (first observed failure):\n",
+             "[0]:\n", "  exitcode  : 1 (pid: 1)\n"]
+    assert killed_by(1, table) is None
+    assert killed_by(-signal.SIGTERM, []) == "killed by signal 15 (SIGTERM)"

@@ -94,8 +94,8 @@ def test_every_recipe_file_has_a_strict_parser():
     every = {p.relative_to(RECIPES).as_posix() for p in RECIPES.rglob("*.y*ml")}
     covered = {*STAGE_RECIPES, *(f"accelerate_configs/{n}" for n in ACCELERATE_CONFIGS), "flywheel/simulator.yaml"}
     assert every == covered
-    assert {"8b/full/sft.yaml", "8b/full/dpo.yaml", "8b/full/reward.yaml", "8b/lora/sft.yaml", "8b/lora/dpo.yaml",
-            "8b/lora/reward.yaml"} <= covered
+    assert {"8b/full/sft.yaml", "8b/full/dpo.yaml", "8b/full/reward_model.yaml", "8b/lora/sft.yaml", "8b/lora/dpo.yaml",
+            "8b/lora/reward_model.yaml"} <= covered
 
 
 @pytest.mark.parametrize("recipe", STAGE_RECIPES)
@@ -103,9 +103,9 @@ def test_every_recipe_parses_strictly(recipe):
     from trl import TrlParser
 
     from flows.stages import check_stage_config
-    from rlhf.registry import by_recipe
+    from rlhf.registry import stage
 
-    entry = by_recipe(Path(recipe).stem)  # the registry says which config(s) parse this file
+    entry = stage(Path(recipe).stem)  # a recipe is named after its stage; the registry says which config(s) parse it
     parsed = TrlParser(entry.config_classes()).parse_args_and_config(
         ["--config", str(RECIPES / recipe), "--output_dir", "/tmp/x"]
     )
@@ -227,6 +227,76 @@ def test_hub_models_and_datasets_are_keyed_by_the_commit_they_resolve_to(tmp_pat
     recipe.write_text("model_name_or_path: org/absent\n")
     with pytest.raises(UnresolvedRevision, match="org/absent"):
         stage_cache_key("sft", recipe, [], [])
+
+
+def test_the_launch_layout_is_part_of_the_stage_cache_key(tmp_path):
+    """A result or checkpoint made under one accelerate config or world size is never reused under another: the
+    config's content and the world size enter the key (same content elsewhere: same key)."""
+    from flows.launch.slurm import DEFAULT_ACCELERATE_CONFIG, SlurmJob, slurm_launcher
+    from flows.stages import launch_key, stage_cache_key
+
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("max_steps: 1\n")
+    cpu = RECIPES / "accelerate_configs" / "cpu.yaml"
+    copy, two, bf16 = tmp_path / "copy.yaml", tmp_path / "two.yaml", tmp_path / "bf16.yaml"
+    copy.write_text(cpu.read_text())
+    two.write_text(cpu.read_text().replace("num_processes: 1", "num_processes: 2"))
+    bf16.write_text(cpu.read_text().replace('mixed_precision: "no"', "mixed_precision: bf16"))
+
+    def key(config, launcher=None):
+        return stage_cache_key("sft", recipe, [], [], launch_key(config, launcher))
+
+    assert launch_key(str(cpu)) == {"accelerate_config": content_hash(cpu), "world_size": 1}
+    assert launch_key(str(two))["world_size"] == 2 and launch_key(str(bf16))["world_size"] == 1
+    assert key(str(cpu)) == key(str(cpu)) == key(str(copy))  # the file's content, not its path
+    assert len({key(str(cpu)), key(str(two)), key(str(bf16))}) == 3
+    assert launch_key(None)["world_size"] == 1 and stage_cache_key("sft", recipe, [], []) == key(None)
+
+    def slurm(per_node):
+        job = SlurmJob(nodes=2, gpus_per_node=0, processes_per_node=per_node, cpus_per_task=1)
+        return slurm_launcher(job, "sft", "r")
+
+    # the sbatch script passes --num_processes nodes x per node over the file's, and ZeRO-3 when the round names none
+    assert launch_key(None, slurm(1)) == {"accelerate_config": content_hash(DEFAULT_ACCELERATE_CONFIG), "world_size": 2}
+    assert launch_key(str(cpu), slurm(4)) == {"accelerate_config": content_hash(cpu), "world_size": 8}
+    assert key(None, slurm(1)) == key(None, slurm(1)) != key(None, slurm(2))
+    with pytest.raises(FileNotFoundError, match=r"nope.yaml: no such accelerate config"):
+        launch_key(str(tmp_path / "nope.yaml"))
+
+
+def test_a_stage_is_reused_only_under_the_launch_layout_it_ran_with(tmp_path):
+    """Through the flow's stage runner: the same config (even as another file) reuses the result; another world
+    size recomputes it, and the attempt it starts carries the new key (so no checkpoint of the old one resumes)."""
+    import sys
+
+    from flows.stages import ATTEMPT_KEY_FILE, launch_key, run_stage, stage_cache_key
+
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("max_steps: 1\n")
+    cpu = RECIPES / "accelerate_configs" / "cpu.yaml"
+    copy, two = tmp_path / "copy.yaml", tmp_path / "two.yaml"
+    copy.write_text(cpu.read_text())
+    two.write_text(cpu.read_text().replace("num_processes: 1", "num_processes: 2"))
+    launched = []
+
+    def launcher(module, recipe, output_dir, extra_args, accelerate_config):  # a stage that only writes its manifest
+        launched.append(accelerate_config)
+        manifest = Path(output_dir) / "manifest.json"
+        return [sys.executable, "-c", f"import json; json.dump({{'stage': 'sft'}}, open({str(manifest)!r}, 'w'))"]
+
+    runs, out = tmp_path / "runs", tmp_path / "runs" / "sft"
+
+    def run(config):
+        return run_stage("sft", "sft.train", recipe, out, accelerate_config=str(config), runs_dir=runs,
+                         launcher=launcher, log=lambda *_: None)
+
+    assert not run(cpu).cached
+    assert run(copy).cached and launched == [str(cpu)]
+    again = run(two)
+    assert not again.cached and launched == [str(cpu), str(two)]
+    want = stage_cache_key("sft", recipe, [], [], launch_key(str(two)))
+    assert again.cache_key == want == (out / ATTEMPT_KEY_FILE).read_text().strip()
+    assert not run(cpu).cached  # and back: recomputed again, nothing of the 2-process run passes for it
 
 
 def _copy_packages(dest: Path) -> None:
@@ -435,3 +505,49 @@ def test_recipes_and_overrides_are_checked_before_anything_trains():
         check_stage_config("dpo", dpo, ["--beta", "abc"])
     with pytest.raises(FileNotFoundError, match="dpo.train_data = /nope.jsonl: no such file"):
         check_stage_config("dpo", dpo, ["--train_data", "/nope.jsonl"])
+
+
+def test_a_renamed_key_is_an_error_naming_its_new_name(tmp_path):
+    """The prompt-length limit has one name, TRL's (``max_prompt_length``); the old one is refused, never accepted
+    beside it, in a recipe, on a stage's command line and in the round's overrides."""
+    from flows.stages import check_stage_config
+    from gates.config import GateStageConfig
+    from rlhf.config import parse_stage_config
+
+    good = RECIPES / "smoke" / "gates.yaml"
+    old = tmp_path / "gates.yaml"
+    old.write_text(good.read_text() + "max_prompt_tokens: 256\n")
+    (args,) = parse_stage_config((GateStageConfig,), ["--config", str(good), "--output_dir", str(tmp_path / "o"),
+                                                      "--max_prompt_length", "256"])
+    assert args.max_prompt_length == 256
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(old))}: max_prompt_tokens was renamed max_prompt_length$"):
+        parse_stage_config((GateStageConfig,), ["--config", str(old), "--output_dir", str(tmp_path / "o")])
+    with pytest.raises(ValueError, match=r"^command line: max_prompt_tokens was renamed max_prompt_length$"):
+        parse_stage_config((GateStageConfig,), ["--config", str(good), "--max_prompt_tokens", "9"])
+    with pytest.raises(ValueError, match=r"^gates \(.*gates.yaml\): max_prompt_tokens was renamed max_prompt_length$"):
+        check_stage_config("gates", old, [])
+    with pytest.raises(ValueError, match=r"^gates overrides: max_prompt_tokens was renamed max_prompt_length$"):
+        check_stage_config("gates", good, ["--max_prompt_tokens", "9"])
+
+
+def test_recipes_are_named_after_their_stage(tmp_path):
+    """One name per stage: registry key = package = output folder = recipe file stem = CLI command."""
+    from typer.main import get_command
+
+    from flows.cli import app
+    from flows.round import RoundParameters, _recipe
+    from rlhf.registry import STAGES
+
+    commands = set(get_command(app).commands)
+    for name, entry in STAGES.items():
+        assert entry.package == name and entry.module.split(".")[0] == name
+        assert name in commands
+        for preset in ("smoke", "demo", "8b/full", "8b/lora"):
+            recipe = _recipe(RoundParameters(preset=preset), name)
+            assert recipe == RECIPES / preset / f"{name}.yaml" and recipe.is_file()
+    assert (RECIPES / "demo" / "reward_model.yaml").is_file() and not (RECIPES / "demo" / "reward.yaml").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "reward.yaml").write_text((RECIPES / "demo" / "reward_model.yaml").read_text())
+    with pytest.raises(FileNotFoundError, match=r"mine/reward.yaml: rename it reward_model.yaml"):
+        _recipe(RoundParameters(preset=str(mine)), "reward_model")

@@ -211,7 +211,7 @@ def test_suites_generated_together_at_auto_batch_equal_one_at_a_time(tiny_model_
         "capability": ["Q: 2 + 2? A) 3 B) 4", "Q: capital of France? A) Paris B) Rome"],
     }
     caps = {"winrate": 12, "safe": 12, "capability": 4}
-    args = GateStageConfig(batch_size="auto", max_prompt_tokens=512)
+    args = GateStageConfig(batch_size="auto", max_prompt_length=512)
     together = generate_suites(model, tokenizer, suites, caps, args, "test")
     assert list(together) == list(suites)
     for name, prompts in suites.items():

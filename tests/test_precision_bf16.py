@@ -122,7 +122,7 @@ def test_reward_stage_under_bf16_scores_held_out_pairs_as_its_reloaded_checkpoin
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("RLHF_NATIVE_BF16", "1")  # the native-bf16 path, on any CPU
     out = tmp_path / "rm"
-    metrics = main(["--config", str(RECIPES / "reward.yaml"), "--report_to", "none", "--output_dir", str(out),
+    metrics = main(["--config", str(RECIPES / "reward_model.yaml"), "--report_to", "none", "--output_dir", str(out),
                     "--model_name_or_path", tiny_model_dir, "--precision", "bf16", "--max_steps", "1",
                     "--max_agreement_pairs", "8"])
     manifest = json.loads((out / "manifest.json").read_text())

@@ -60,7 +60,7 @@ def _run(stage: str, out: Path, extra: list[str], runs: Path, kill_after: int | 
     if kill_after is not None:
         mp.setenv(FAULT_ENV, str(kill_after))
     try:
-        return run_stage(stage, STAGES[stage].module, RECIPES / f"{STAGES[stage].recipe}.yaml", out,
+        return run_stage(stage, STAGES[stage].module, RECIPES / f"{stage}.yaml", out,
                          extra_args=extra, runs_dir=runs, log=lines.append)
     finally:
         mp.undo()
@@ -69,7 +69,7 @@ def _run(stage: str, out: Path, extra: list[str], runs: Path, kill_after: int | 
 def _killed(stage: str, out: Path, extra: list[str], runs: Path, kill_after: int) -> None:
     with pytest.raises(StageFailed) as err:
         _run(stage, out, extra, runs, kill_after=kill_after)
-    assert err.value.returncode != 0
+    assert err.value.returncode != 0 and err.value.cause == "killed by signal 9 (SIGKILL)"
     assert not (out / "manifest.json").exists() and not (out / "checkpoint").exists()
     assert "SIGKILL" in (out / "stage.log").read_text()
 

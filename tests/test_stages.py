@@ -89,7 +89,7 @@ def test_reward_model_with_lora_saves_its_score_head_and_records_the_unlock_rule
     from reward_model.train import main
 
     out = tmp_path / "rm"
-    metrics = main(["--config", str(RECIPES / "reward.yaml"), "--report_to", "none", "--output_dir", str(out),
+    metrics = main(["--config", str(RECIPES / "reward_model.yaml"), "--report_to", "none", "--output_dir", str(out),
                     "--sft_dir", str(sft_dir), "--use_peft", "true", "--lora_r", "4", "--max_agreement_pairs", "8"])
     assert metrics["reload_max_abs_diff"] < 1e-5  # the reloaded checkpoint reproduces the held-out scores
     # the stage records the two measurements; the rule (applied by the flow) reads them from the manifest
@@ -104,7 +104,7 @@ def test_ppo_override_needs_a_reason_and_is_recorded(sft_dir, tmp_path):
     from judging.unlock import decide_from_metrics
     from reward_model.train import main
 
-    base = ["--config", str(RECIPES / "reward.yaml"), "--report_to", "none", "--sft_dir", str(sft_dir),
+    base = ["--config", str(RECIPES / "reward_model.yaml"), "--report_to", "none", "--sft_dir", str(sft_dir),
             "--max_agreement_pairs", "4", "--max_steps", "1"]
     main(base + ["--output_dir", str(tmp_path / "b")])
     measured = json.loads((tmp_path / "b" / "manifest.json").read_text())["metrics"]

@@ -91,7 +91,7 @@ def test_the_reward_model_is_reproducible(tiny_model_dir, tmp_path, monkeypatch)
     hashes, agreements = [], []
     for run in ("a", "b"):
         out = tmp_path / run
-        metrics = main(["--config", str(RECIPES / "reward.yaml"), "--report_to", "none", "--max_steps", "2",
+        metrics = main(["--config", str(RECIPES / "reward_model.yaml"), "--report_to", "none", "--max_steps", "2",
                         "--model_name_or_path", tiny_model_dir, "--output_dir", str(out),
                         "--agreement_data", str(held_out), "--agreement_data_mode", "strict"])
         hashes.append(content_hash(out / "checkpoint"))

@@ -132,7 +132,7 @@ def render_manifests(
         "rlhf/stage": stage.replace("_", "-"),
     }
     output_dir = PurePosixPath(job.runs_mount) / round_id / stage
-    recipe = PurePosixPath("recipes") / preset / f"{entry.recipe}.yaml"
+    recipe = PurePosixPath("recipes") / preset / f"{entry.name}.yaml"
     launch = [
         job.python, "-m", "accelerate.commands.launch",
         "--config_file", job.accelerate_config,
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         job = KubernetesJob(**args)
     except (ValueError, ValidationError) as err:
         ap.error(str(err))
-    recipe = REPO_ROOT / "recipes" / preset / f"{registry_stage(stage).recipe}.yaml"
+    recipe = REPO_ROOT / "recipes" / preset / f"{registry_stage(stage).name}.yaml"
     if not recipe.is_file():
         ap.error(f"--preset {preset!r}: no recipe {recipe.relative_to(REPO_ROOT)} for stage {stage} in this checkout "
                  "(the image runs the same recipes folder)")

@@ -239,6 +239,10 @@ def slurm_launcher(job: SlurmJob, stage: str, round_id: str):
         )
         return [sys.executable, "-m", "flows.launch.slurm", "run", str(script), "--poll-s", str(job.poll_s)]
 
+    # What the job runs under, for the stage's cache key (flows.stages.launch_key): the sbatch script passes
+    # --num_processes world_size over the config file's, and uses the ZeRO-3 config when the round names none.
+    launch.world_size = job.world_size
+    launch.default_accelerate_config = DEFAULT_ACCELERATE_CONFIG
     return launch
 
 
