@@ -117,12 +117,14 @@ def main(argv: list[str] | None = None) -> dict:
     handle_rejects(prepared.rejects, len(pairs), args, "truncation")
 
     # The policy starts as a copy of pi_ref (it is the SFT model); pi_ref itself is a separate frozen instance.
-    trainer = FP32LogProbDPOTrainer(  # log-probs from an fp32 LM head, under bf16 autocast too
-        model=load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO policy (pi_ref)"),
-        ref_model=load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO reference (pi_ref)"),
+    # attach: fp32 master weights checked, W&B at the trainer's step (before the step-0 evaluation logs)
+    trainer = stage.attach(FP32LogProbDPOTrainer(  # log-probs from an fp32 LM head, under bf16 autocast too
+        model=load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO policy (pi_ref)", dtype=stage.weights_dtype),
+        ref_model=load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO reference (pi_ref)",
+                               dtype=stage.weights_dtype),
         train_dataset=Dataset.from_list([pair_to_trl(p) for p in prepared.pairs]),
         **stage.trainer_kwargs(tokenizer),
-    )
+    ))
     n_step0 = min(args.step0_pairs, len(prepared.pairs))  # the step-0 invariant, before the first update
     step0 = step0_check(trainer, trainer.train_dataset.select(range(n_step0)), args.step0_tolerance) if n_step0 else {}
 

@@ -109,11 +109,13 @@ def score(
     return out
 
 
-def load_reward_model(path: str, new_head: bool = False):
+def load_reward_model(path: str, new_head: bool = False, dtype=None):
     """Load a reward model (sequence classifier, 1 label) with its pad token set (pad == eos on SmolLM2).
 
     ``new_head``: the checkpoint is a causal LM and the ``score`` head is created here (seed it first); any other
     missing weight is refused (``rlhf.weights.load_checked``), and so is a missing head when ``new_head`` is off.
+    ``dtype``: the weights' dtype; default ``torch.float32`` whatever the checkpoint was saved in (scores decide
+    ties and agreement; the training stage passes its master-weight dtype).
 
     Returns:
         (model, tokenizer).
@@ -121,6 +123,7 @@ def load_reward_model(path: str, new_head: bool = False):
     Raises:
         rlhf.weights.IncompleteCheckpoint: weights missing from the checkpoint, named.
     """
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from rlhf.weights import load_checked
@@ -132,6 +135,7 @@ def load_reward_model(path: str, new_head: bool = False):
         what="reward model start" if new_head else "reward model",
         new_heads=["score"] if new_head else [],
         num_labels=1,
+        dtype=torch.float32 if dtype is None else dtype,
     )
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer

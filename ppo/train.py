@@ -59,9 +59,16 @@ from rlhf.config import parse_stage_config
 from rlhf.entrypoint import setup_stage, setup_tracking
 from rlhf.lineage import content_hash
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
-from rlhf.precision import accelerate_mixed_precision, stage_accelerator
+from rlhf.precision import (
+    AutocastProbe,
+    accelerate_mixed_precision,
+    check_precision,
+    precision_record,
+    stage_accelerator,
+    weight_dtypes,
+)
 from rlhf.rundir import install_failure_hook
-from rlhf.tracking import log_summary, wandb_mode
+from rlhf.tracking import init_run, log_summary
 
 logger = logging.getLogger("ppo.train")
 
@@ -264,15 +271,7 @@ class WandbCallback:
         import wandb
 
         if self.run is None:
-            self.run = wandb.run or wandb.init(
-                project=os.environ.get("WANDB_PROJECT"),
-                group=os.environ.get("WANDB_RUN_GROUP"),
-                name=os.environ.get("WANDB_NAME"),
-                dir=os.environ.get("WANDB_DIR"),
-                mode=wandb_mode(),
-                job_type="ppo",
-                config=self.config,
-            )
+            self.run = wandb.run or init_run(job_type="ppo", config=self.config)
         self.run.log(metrics, step=step)
 
     def close(self) -> None:
@@ -344,6 +343,13 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
             accelerator=accelerator,
             callbacks=all_callbacks,
         )
+        precision = {"no": "fp32"}.get(trainer.mixed_precision, trainer.mixed_precision)
+        # fp32 master weights for all four models (bf16/fp16 are autocast), and the autocast the accelerator applies
+        weighed = {"policy": models["policy"], "ref_model": models["ref"], "reward_model": models["reward"],
+                   "value_model": models["value"]}
+        check_precision("ppo", precision, weighed, trainer.mixed_precision)
+        loaded = {what: weight_dtypes(m) for what, m in weighed.items()}
+        probe = AutocastProbe(models["policy"])  # the autocast of the first training-mode forward of the policy
         train_started = time.time()
         history = trainer.train()  # raises if pi_ref or the reward model moved in memory
         train_seconds = time.time() - train_started
@@ -353,7 +359,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         _close(all_callbacks)
         raise
 
-    precision = {"no": "fp32"}.get(trainer.mixed_precision, trainer.mixed_precision)
+    precision_dtypes = precision_record("ppo", precision, loaded, weighed, probe)
     final = history[-1] if history else {}
     metrics: dict[str, Any] = {
         **final,
@@ -375,7 +381,8 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     if accelerator.is_main_process:
         outputs["checkpoint_hash"] = content_hash(checkpoint)
         path = stage_manifest("ppo", SimpleNamespace(**run_config), inputs=inputs, outputs=outputs, metrics=metrics,
-                              precision=precision, extra={"versions": _versions()})
+                              precision=precision,
+                              extra={"versions": _versions(), "precision_dtypes": precision_dtypes})
         manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
         if use_wandb:

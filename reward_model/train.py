@@ -94,17 +94,17 @@ def main(argv: list[str] | None = None) -> dict:
         rejects_path=stage.out / "rejects-agreement.jsonl", min_labels=2,
     )
     scored = held_out[: args.max_agreement_pairs] if args.max_agreement_pairs else held_out
-    model, tokenizer = load_reward_model(start, new_head=True)
+    model, tokenizer = load_reward_model(start, new_head=True, dtype=stage.weights_dtype)
     keep_in_fp32(model.score)  # scores in fp32 under bf16 autocast too: they decide ties and agreement
     prepared = prepare_pairs(pairs, tokenizer, args.max_length, file=args.train_data, require_fit=True,
                              special_tokens=args.special_tokens_in_text)
     handle_rejects(prepared.rejects, len(pairs), args, "truncation")
 
-    trainer = RewardTrainer(
+    trainer = stage.attach(RewardTrainer(  # attach: fp32 master weights checked, W&B at the trainer's step
         model=model,
         train_dataset=Dataset.from_list([pair_to_trl(p) for p in prepared.pairs]),
         **stage.trainer_kwargs(tokenizer, task_type="SEQ_CLS", modules_to_save=["score"]),
-    )
+    ))
     if len(trainer.train_dataset) != len(prepared.pairs):  # TRL filters over-long pairs without naming them
         raise RuntimeError(f"RewardTrainer kept {len(trainer.train_dataset)} of {len(prepared.pairs)} checked pairs")
 

@@ -18,12 +18,20 @@ and 3 of 24 comparisons flipped. An update smaller than bf16's resolution (8 man
 bf16-rounded policy equal to the reference, so early DPO margins would be rounded away. SFT's loss matched (2.868
 bf16 vs 2.871 fp32), so SFT takes bf16 where native. Held-out reward-model scores are always taken in fp32 (the
 stage drops accelerate's autocast wrapper before scoring), so the reload check holds under either precision.
+
+Whatever the precision, a stage trains fp32 master weights: ``bf16`` and ``fp16`` are autocast (mixed precision),
+never weights cast to 16 bits. transformers 5 loads a checkpoint in the dtype its ``config.json`` names when no
+``dtype`` is given, so a base saved in bf16 would train in pure bf16 (one SFT step of the tiny model at lr 1e-5
+changed 15% of its weights in pure bf16: updates below bf16's resolution round away). Every stage therefore loads
+in :func:`weights_dtype`, checks what it loaded and what autocast the trainer applies (:func:`check_precision`),
+measures the autocast of a real training forward (:class:`AutocastProbe`) and records both in its manifest
+(:func:`precision_record`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -177,3 +185,150 @@ def generation_precision(requested: str = "auto") -> Literal["fp32", "bf16"]:
         "generation precision: %s (requested %s; %s)", chosen, requested, evidence
     )
     return chosen
+
+
+#: The torch autocast dtype each resolved precision trains under (fp32: none, the forward runs in fp32).
+AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
+class PrecisionMismatch(RuntimeError):
+    """What a stage loaded or ran in is not what its resolved precision implies (one line, naming the model)."""
+
+
+def weights_dtype(precision: str):
+    """The dtype a stage loads and trains its models' weights in under the resolved ``precision``
+    (``fp32`` | ``bf16`` | ``fp16``): ``torch.float32`` for all three (master weights; bf16 and fp16 are autocast).
+
+    Raises:
+        ValueError: ``precision`` is not a resolved precision (``auto`` is resolved first by
+            :func:`resolve_precision`).
+    """
+    import torch
+
+    if precision not in AUTOCAST_DTYPE:
+        raise ValueError(f"resolved precision must be fp32, bf16 or fp16, got {precision!r}")
+    return torch.float32
+
+
+def weight_dtypes(model) -> dict[str, int]:
+    """Floating-point parameters of ``model`` counted per dtype name (``{"float32": 24}``); integer (quantized)
+    tensors are not master weights and are left out."""
+    counts: dict[str, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            name = str(p.dtype).removeprefix("torch.")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _autocast_name(mixed_precision: str) -> str | None:
+    """accelerate's ``mixed_precision`` (``no`` | ``bf16`` | ``fp16``) as the autocast dtype name it applies."""
+    return {"no": None, "bf16": "bfloat16", "fp16": "float16"}[str(mixed_precision)]
+
+
+def check_precision(stage: str, precision: str, models: dict[str, Any], mixed_precision: str) -> None:
+    """Refuse models or an accelerator that do not train as ``precision`` says.
+
+    Args:
+        stage: the stage's name, for the error.
+        precision: the resolved precision the manifest will record (``fp32`` | ``bf16`` | ``fp16``).
+        models: what each model is (``"policy"``, ``"reference"``) -> the model (loaded or trained).
+        mixed_precision: the accelerator's (``trainer.accelerator.mixed_precision``): ``no`` | ``bf16`` | ``fp16``.
+
+    Raises:
+        PrecisionMismatch: a model holds a floating-point parameter in another dtype than :func:`weights_dtype`, or
+            the accelerator's autocast is not ``precision``'s, naming the model, the dtypes and the counts.
+    """
+    want = str(weights_dtype(precision)).removeprefix("torch.")
+    for what, model in models.items():
+        counts = weight_dtypes(model)
+        wrong = {k: v for k, v in counts.items() if k != want}
+        if wrong:
+            found = ", ".join(f"{n} {k}" for k, n in sorted(wrong.items()))
+            raise PrecisionMismatch(
+                f"{stage}: precision {precision} trains {want} master weights, but the {what} holds {found} of "
+                f"{sum(counts.values())} floating-point tensors; load it with dtype={want}"
+            )
+    got = _autocast_name(mixed_precision)
+    if got != AUTOCAST_DTYPE[precision]:
+        raise PrecisionMismatch(
+            f"{stage}: precision {precision} implies autocast {AUTOCAST_DTYPE[precision] or 'off'}, but the "
+            f"accelerator runs mixed_precision={mixed_precision!r} (autocast {got or 'off'})"
+        )
+
+
+class AutocastProbe:
+    """Records the autocast a real training forward of ``model`` ran under: a forward pre-hook on its first
+    ``torch.nn.Linear`` (inside the model, so inside the autocast accelerate wraps the model's forward in) reads
+    ``torch.is_autocast_enabled`` / ``torch.get_autocast_dtype`` for the input's device at the first forward in
+    training mode, then removes itself.
+
+    ``dtype``: ``"bfloat16"`` | ``"float16"`` | None (autocast off) once measured; ``measured``: whether a training
+    forward ran. Raises ValueError at construction when ``model`` has no Linear layer.
+    """
+
+    def __init__(self, model):
+        import torch
+
+        self.measured, self.dtype = False, None
+        linear = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+        if linear is None:
+            raise ValueError(f"{type(model).__name__} has no Linear layer to measure autocast on")
+        self._handle = linear.register_forward_pre_hook(self._record)
+
+    def _record(self, module, args):
+        import torch
+
+        if not module.training or self.measured:
+            return
+        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        device = x.device.type if x is not None else "cpu"
+        self.measured = True
+        on = torch.is_autocast_enabled(device)
+        self.dtype = str(torch.get_autocast_dtype(device)).removeprefix("torch.") if on else None
+        self.remove()
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+def precision_record(
+    stage: str, precision: str, loaded: dict[str, dict[str, int]], models: dict[str, Any], probe: AutocastProbe | None
+) -> dict:
+    """The manifest's ``precision_dtypes``, after checking the trained models and the measured autocast against
+    ``precision``.
+
+    Args:
+        loaded: model -> :func:`weight_dtypes` of it as loaded (before training; checked then by
+            :func:`check_precision`).
+        models: model -> the trained model.
+        probe: the :class:`AutocastProbe` of the training run (None: not measured).
+
+    Returns:
+        ``{"weights_loaded", "weights_trained"}`` (model -> dtype name -> count of floating-point tensors),
+        ``"autocast"`` (what ``precision`` implies: ``bfloat16`` | ``float16`` | ``off``) and
+        ``"autocast_measured"`` (what a training forward ran under, the same vocabulary; null with
+        ``autocast_measured_null_reason`` when no training forward ran in this process).
+
+    Raises:
+        PrecisionMismatch: a trained model's weights or the measured autocast differ from ``precision``'s.
+    """
+    check_precision(stage, precision, models, "no" if precision == "fp32" else precision)
+    implied = AUTOCAST_DTYPE[precision] or "off"
+    record: dict[str, Any] = {
+        "weights_loaded": loaded,
+        "weights_trained": {what: weight_dtypes(m) for what, m in models.items()},
+        "autocast": implied,
+    }
+    if probe is None or not probe.measured:
+        return {**record, "autocast_measured": None,
+                "autocast_measured_null_reason": "no training forward ran in this process"}
+    measured = probe.dtype or "off"
+    if measured != implied:
+        raise PrecisionMismatch(
+            f"{stage}: precision {precision} implies autocast {implied}, but the training forward ran with "
+            f"autocast {measured}"
+        )
+    return {**record, "autocast_measured": measured}

@@ -3,7 +3,8 @@ only what the stage does differently, and reads like TRL's own scripts (``trl/sc
 
     stage = TrainerStage.start("dpo", DPOStageConfig, argv)     # parse, failure hook, logging, launch, W&B, seed
     rows = load_pairs(stage.args.train_data, **stage.load_options())   # the stage's data, its own loader
-    trainer = DPOTrainer(model=..., train_dataset=..., **stage.trainer_kwargs(tokenizer))
+    model = load_checked(AutoModelForCausalLM, path, what=..., dtype=stage.weights_dtype)  # fp32 master weights
+    trainer = stage.attach(DPOTrainer(model=model, train_dataset=..., **stage.trainer_kwargs(tokenizer)))
     trained = stage.train(trainer, length_of=...)                # resume, train, check finished, efficiency
     return stage.finish(trained, tokenizer, data=TrainingData(...), inputs=..., metrics=...)
 
@@ -11,6 +12,12 @@ only what the stage does differently, and reads like TRL's own scripts (``trl/sc
 saves the checkpoint, runs the stage's ``publish`` step (SFT's frozen pi_ref, the reward model's held-out
 agreement), logs the summary, writes the manifest and prunes the Trainer checkpoints. The other ranks write
 nothing there.
+
+:meth:`TrainerStage.attach` makes the trainer train and log as the manifest will say: it refuses models whose
+weights are not the fp32 master weights the resolved precision implies, or an accelerator whose autocast differs
+(``rlhf.precision.check_precision``), measures the autocast of the first training forward, and logs to W&B at the
+trainer's global step (:class:`StepWandbCallback`), so a resumed stage's history continues at the step it resumed
+from.
 
 The return contract of every such stage's ``main()``: rank 0 returns the ``metrics`` it wrote to the manifest;
 every other rank returns ``{"train_loss", "train_steps", "rank"}``.
@@ -22,10 +29,14 @@ preparing rows, and the data fingerprints of the manifest's inputs, are the stag
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from transformers.integrations import WandbCallback
+from transformers.integrations.integration_utils import rewrite_logs
 
 from .checkpoint import gather_full_state_dict, save_checkpoint
 from .config import parse_stage_config, peft_config
@@ -33,9 +44,10 @@ from .efficiency import count_tokens, group_by_length, summary, train_efficiency
 from .entrypoint import setup_stage
 from .lineage import content_hash
 from .manifest import precision_name, stage_manifest
+from .precision import AutocastProbe, check_precision, precision_record, weight_dtypes, weights_dtype
 from .resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
 from .rundir import install_failure_hook
-from .tracking import log_summary
+from .tracking import TRANSACTION_LOG_FLUSH_S, init_run, log_summary
 from .training_health import check_loss, check_weights
 
 logger = logging.getLogger(__name__)
@@ -93,10 +105,19 @@ class TrainerStage:
 
     name: str
     args: Any
+    # set by attach(): the models' weight dtypes as loaded, and the probe measuring the training forward's autocast
+    loaded_dtypes: dict[str, dict[str, int]] | None = field(default=None, init=False, repr=False)
+    autocast_probe: AutocastProbe | None = field(default=None, init=False, repr=False)
 
     @property
     def out(self) -> Path:
         return Path(self.args.output_dir)
+
+    @property
+    def weights_dtype(self):
+        """The dtype every model of the stage is loaded in (``rlhf.precision.weights_dtype``: fp32 master weights,
+        whatever the precision; bf16/fp16 are autocast). Pass it to ``from_pretrained`` / ``load_checked``."""
+        return weights_dtype(precision_name(self.args))
 
     @classmethod
     def start(cls, name: str, config_class: type, argv: list[str] | None = None) -> TrainerStage:
@@ -125,10 +146,29 @@ class TrainerStage:
         return {"args": self.args, "processing_class": tokenizer, "peft_config": peft_config(self.args, **peft),
                 "callbacks": [ResumeCallback()]}
 
+    def attach(self, trainer):
+        """Check and instrument a just-built TRL trainer; call before anything runs it (DPO's step-0 evaluation).
+
+        Refuses (``rlhf.precision.PrecisionMismatch``, one line) a ``model`` or ``ref_model`` holding weights in
+        another dtype than :attr:`weights_dtype`, or an accelerator whose mixed precision is not the resolved
+        precision; records the loaded dtypes for the manifest; hooks an ``AutocastProbe`` on the model; replaces
+        transformers' W&B callback with :class:`StepWandbCallback`. Idempotent; :meth:`train` calls it if the stage
+        did not. Returns ``trainer``.
+        """
+        if self.loaded_dtypes is not None:
+            return trainer
+        models = _trained_models(trainer)
+        check_precision(self.name, precision_name(self.args), models, str(trainer.accelerator.mixed_precision))
+        self.loaded_dtypes = {what: weight_dtypes(m) for what, m in models.items()}
+        self.autocast_probe = AutocastProbe(trainer.model)
+        use_step_wandb_callback(trainer)
+        return trainer
+
     def train(self, trainer, length_of: Callable[[dict], int]) -> Trained:
         """Train on length-grouped batches (``length_of(row)``: a tokenized row's length), resuming from the
         checkpoint ``--resume_from_checkpoint`` names (checked: a missing or incomplete one is an error), and
         refuse a run that did not end at ``max_steps``. Every rank calls it."""
+        self.attach(trainer)
         group_by_length(trainer, length_of)
         tokens = count_tokens(trainer)  # only the training batches from here on
         resumed_from = resolve_resume(self.args, trainer.model)
@@ -173,6 +213,9 @@ class TrainerStage:
         # accelerate leaves its autocast wrapper on the model's forward; what is saved and scored after training
         # (a reward model's held-out scores) runs without it, in fp32, as every later reader of the checkpoint.
         model = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+        # the dtypes the trained state holds and the autocast it trained under, checked against the precision
+        precision_dtypes = precision_record(self.name, precision_name(args), self.loaded_dtypes or {},
+                                            {**_trained_models(trainer), "model": model}, self.autocast_probe)
         model = model.merge_and_unload() if args.use_peft else model
         check_healthy(trainer.state, full_weights or dict(model.named_parameters()))
         checkpoint = save_checkpoint(model, tokenizer, self.out / "checkpoint", state_dict=full_weights)
@@ -204,9 +247,75 @@ class TrainerStage:
             outputs={"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint),
                      "decontamination": data.decontamination, **published.outputs},
             metrics=metrics,
-            extra={"training": trained.training},
+            extra={"training": trained.training, "precision_dtypes": precision_dtypes},
         )
         prune_trainer_checkpoints(self.out)  # resume state only; after the manifest, so a kill before it keeps them
         logger.info("%s done: loss %.4f over %d steps, checkpoint %s", self.name, metrics["train_loss"],
                     result.global_step, checkpoint)
         return metrics
+
+
+def _trained_models(trainer) -> dict[str, Any]:
+    """The models a TRL trainer holds whose precision the manifest vouches for: ``model`` and, for DPO,
+    ``ref_model`` (its log-probabilities enter every loss)."""
+    ref = getattr(trainer, "ref_model", None)
+    return {"model": trainer.model, **({"ref_model": ref} if ref is not None else {})}
+
+
+def use_step_wandb_callback(trainer) -> bool:
+    """Replace transformers' ``WandbCallback`` (added by ``report_to: [wandb]``) on ``trainer`` with
+    :class:`StepWandbCallback`; returns whether there was one (no W&B asked: nothing changes)."""
+    found = [cb for cb in trainer.callback_handler.callbacks if type(cb) is WandbCallback]
+    for cb in found:
+        trainer.remove_callback(cb)
+    if found:
+        trainer.add_callback(StepWandbCallback())
+    return bool(found)
+
+
+class StepWandbCallback(WandbCallback):
+    """transformers' W&B callback, with the run opened by ``rlhf.tracking.init_run`` (the id kept in the stage
+    folder, ``resume="allow"``) and every record logged at ``step=state.global_step``.
+
+    transformers' own callback logs without a step, so W&B counts ``_step`` from 0 in every process: a resumed
+    stage's offline run started at 0 again, and its records did not line up with the killed attempt's. Here
+    ``_step`` is the optimizer step, so a stage resumed from ``checkpoint-N`` logs from step N+1 on, online and
+    offline. Online, W&B continues the kept run and drops records at steps it already holds (steps must increase),
+    so the killed attempt's steps after its last checkpoint stay as that attempt logged them.
+
+    At each checkpoint save it waits until two of wandb-core's write periods
+    (``rlhf.tracking.TRANSACTION_LOG_FLUSH_S``) have passed since the last record (a save usually takes longer, so
+    it rarely waits), so the steps a checkpoint covers are in the run's file before training goes on: a kill after
+    the save loses none of them.
+    """
+
+    _SINGLE_VALUE_SCALARS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss",
+                             "total_flos")
+
+    _last_log = 0.0  # time.monotonic() of the last record logged
+
+    def setup(self, args, state, model, **kwargs):
+        if self._wandb is not None and state.is_world_process_zero and self._wandb.run is None:
+            init_run()
+        super().setup(args, state, model, **kwargs)
+
+    def on_save(self, args, state, control, **kwargs):
+        super().on_save(args, state, control, **kwargs)
+        if self._initialized and state.is_world_process_zero:
+            wait = 2 * TRANSACTION_LOG_FLUSH_S - (time.monotonic() - self._last_log)  # two flushes: one full period
+            if wait > 0:
+                time.sleep(wait)
+
+    def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+        # transformers' WandbCallback.on_log (integration_utils), with the step given
+        if self._wandb is None:
+            return
+        if not self._initialized:
+            self.setup(args, state, model)
+        if state.is_world_process_zero:
+            for k, v in logs.items():
+                if k in self._SINGLE_VALUE_SCALARS:
+                    self._wandb.run.summary[k] = v
+            series = rewrite_logs({k: v for k, v in logs.items() if k not in self._SINGLE_VALUE_SCALARS})
+            self._wandb.log({**series, "train/global_step": state.global_step}, step=state.global_step)
+            self._last_log = time.monotonic()

@@ -36,13 +36,18 @@ def _is_new_head(key: str, heads: Iterable[str]) -> bool:
     return any(key == h or key.startswith(f"{h}.") or f".{h}." in f".{key}" for h in heads)
 
 
-def load_checked(cls: Any, path: str | os.PathLike, *, what: str, new_heads: Iterable[str] = (), **kwargs: Any):
-    """``cls.from_pretrained(path, **kwargs)``, refusing weights that would be newly initialised.
+def load_checked(
+    cls: Any, path: str | os.PathLike, *, what: str, dtype: Any, new_heads: Iterable[str] = (), **kwargs: Any
+):
+    """``cls.from_pretrained(path, dtype=dtype, **kwargs)``, refusing weights that would be newly initialised.
 
     Args:
         cls: a transformers auto class or model class (``AutoModelForCausalLM``, ...).
         path: a local checkpoint directory (or hub id).
         what: what the model is for, used in the error (``"SFT base model"``).
+        dtype: the weights' dtype (``torch.float32``, ...). Required: without one transformers 5 loads the dtype
+            the checkpoint's config names, so a base saved in bf16 would silently train in pure bf16
+            (``rlhf.precision.weights_dtype`` gives a stage's).
         new_heads: module names the stage creates on purpose (``["score"]`` for a reward model built from a
             causal LM); their weights may be missing.
 
@@ -56,7 +61,7 @@ def load_checked(cls: Any, path: str | os.PathLike, *, what: str, new_heads: Ite
     heads = tuple(new_heads)
     if Path(path).is_dir():
         check_weight_files(cls, path, what=what, new_heads=heads, **kwargs)
-    model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
+    model, info = cls.from_pretrained(path, output_loading_info=True, dtype=dtype, **kwargs)
     missing = sorted(k for k in info.get("missing_keys") or [] if not _is_new_head(k, heads))
     mismatched = sorted(str(m[0] if isinstance(m, (tuple, list)) else m) for m in info.get("mismatched_keys") or [])
     if missing or mismatched:

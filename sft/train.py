@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> dict:
         prepared.rows, max_opener_share=args.style_audit_max_opener_share, action=args.style_audit_action
     )
 
-    trainer = SFTTrainer(
-        model=load_checked(AutoModelForCausalLM, base, what="SFT base model"),
+    trainer = stage.attach(SFTTrainer(  # attach: fp32 master weights checked, W&B at the trainer's step
+        model=load_checked(AutoModelForCausalLM, base, what="SFT base model", dtype=stage.weights_dtype),
         train_dataset=Dataset.from_list(prepared.rows),
         **stage.trainer_kwargs(tokenizer),
-    )
+    ))
     check_fully_masked(trainer.train_dataset, prepared.rows, args.max_fully_masked_rate, file=args.train_data)
 
     trained = stage.train(trainer, length_of=lambda row: len(row["input_ids"]))

@@ -84,6 +84,7 @@ def fake_wandb(monkeypatch):
         return mod.run
 
     mod.init = init
+    mod.Settings = lambda **kwargs: kwargs  # rlhf.tracking.init_run passes wandb.Settings(...)
     monkeypatch.setitem(sys.modules, "wandb", mod)
     return mod
 
@@ -123,6 +124,12 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
     from rlhf.precision import resolve_precision
 
     assert m["precision"] == resolve_precision("auto")  # what this machine (or the forced detection) implies
+    # fp32 master weights for all four models, as loaded and as trained, and the autocast a training forward ran under
+    dtypes = m["precision_dtypes"]
+    assert dtypes["weights_loaded"] == dtypes["weights_trained"]
+    assert {w for counts in dtypes["weights_trained"].values() for w in counts} == {"float32"}
+    assert set(dtypes["weights_trained"]) == {"policy", "ref_model", "reward_model", "value_model"}
+    assert dtypes["autocast_measured"] == dtypes["autocast"] == {"fp32": "off", "bf16": "bfloat16"}[m["precision"]]
     metrics = m["metrics"]
     assert metrics["num_steps"] == 2 and len(metrics["history"]) == 2 and metrics["n_prompts"] == 8
     assert metrics["objective/kl_k3"] >= 0 and metrics["pi_ref_unchanged"] is True
@@ -131,6 +138,9 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
     # W&B: one run, named "ppo", grouped by the round, under output_dir, with every step's metrics and a summary
     (run,) = fake_wandb.runs
     assert run.init["env"] == {"WANDB_NAME": "ppo", "WANDB_RUN_GROUP": "r1", "WANDB_DIR": str(out.resolve())}
+    # the run id kept in the stage folder, resumable; the run's file written every quarter second
+    assert run.init["id"] == (out / "wandb_run_id").read_text().strip() and run.init["resume"] == "allow"
+    assert run.init["settings"] == {"x_transaction_log_flush_interval": 0.25}
     assert [step for step, _ in run.logs] == [1, 2] and "objective/score" in run.logs[0][1]
     assert run.summary["num_steps"] == 2 and "history" not in run.summary
     assert run.finished

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -42,7 +43,7 @@ def test_a_complete_checkpoint_passes_with_every_tensor_checked(sharded, tiny_mo
     shapes = check_weight_files(AutoModelForCausalLM, sharded, what="base")
     assert shapes["model.embed_tokens.weight"] == shapes["lm_head.weight"]  # tied: saved once, both checked
     assert len(shapes) == 21  # 2 layers x 9 tensors + embeddings + final norm + lm_head
-    load_checked(AutoModelForCausalLM, sharded, what="base")
+    load_checked(AutoModelForCausalLM, sharded, what="base", dtype=torch.float32)
     # a reward model from a causal LM: the unused lm_head is ignored, the new score head allowed by name only
     check_weight_files(AutoModelForSequenceClassification, tiny_model_dir, what="rm", new_heads=["score"], num_labels=1)
 
@@ -52,7 +53,7 @@ def test_a_missing_shard_is_refused_naming_the_shard(sharded, tmp_path):
     gone = _shards(bad)[1]
     gone.unlink()
     with pytest.raises(IncompleteCheckpoint, match=f"SFT base model {gone}: shard missing") as err:
-        load_checked(AutoModelForCausalLM, bad, what="SFT base model")
+        load_checked(AutoModelForCausalLM, bad, what="SFT base model", dtype=torch.float32)
     assert "model.safetensors.index.json" in str(err.value)
 
 
@@ -61,12 +62,12 @@ def test_a_zero_byte_or_truncated_file_is_refused_naming_it(sharded, tiny_model_
     empty = _shards(bad)[0]
     empty.write_bytes(b"")
     with pytest.raises(IncompleteCheckpoint, match=f"{empty}: zero-byte weight file"):
-        load_checked(AutoModelForCausalLM, bad, what="base")
+        load_checked(AutoModelForCausalLM, bad, what="base", dtype=torch.float32)
     bad = _copy(Path(tiny_model_dir), tmp_path / "t")
     f = bad / "model.safetensors"
     f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(IncompleteCheckpoint, match=f"{f}: unreadable weight file"):
-        load_checked(AutoModelForCausalLM, bad, what="base")
+        load_checked(AutoModelForCausalLM, bad, what="base", dtype=torch.float32)
 
 
 def test_an_empty_checkpoint_is_refused(tiny_model_dir, tmp_path):
@@ -74,7 +75,7 @@ def test_an_empty_checkpoint_is_refused(tiny_model_dir, tmp_path):
     bad.mkdir()
     shutil.copy(Path(tiny_model_dir) / "config.json", bad)
     with pytest.raises(IncompleteCheckpoint, match=f"{bad}: no .safetensors weights"):
-        load_checked(AutoModelForCausalLM, bad, what="base")
+        load_checked(AutoModelForCausalLM, bad, what="base", dtype=torch.float32)
 
 
 def test_a_tensor_the_index_names_but_the_shard_lacks_is_refused(sharded, tmp_path):
@@ -85,7 +86,7 @@ def test_a_tensor_the_index_names_but_the_shard_lacks_is_refused(sharded, tmp_pa
     del tensors[key]
     save_file(tensors, str(shard), metadata={"format": "pt"})
     with pytest.raises(IncompleteCheckpoint, match=f"{shard}: tensor {key} is named by model.safetensors.index.json"):
-        load_checked(AutoModelForCausalLM, bad, what="base")
+        load_checked(AutoModelForCausalLM, bad, what="base", dtype=torch.float32)
 
 
 def test_a_shape_that_differs_from_the_config_is_refused_naming_file_tensor_and_shapes(tiny_model_dir, tmp_path):

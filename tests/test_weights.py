@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlhf.lineage import content_hash
 from rlhf.weights import IncompleteCheckpoint, atomic_copytree, load_checked
@@ -46,12 +47,16 @@ def test_sft_refuses_a_partial_base_checkpoint_naming_file_and_tensors(partial_c
 def test_a_head_created_on_purpose_is_allowed_and_nothing_else(tiny_model_dir, partial_checkpoint):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    load_checked(AutoModelForSequenceClassification, tiny_model_dir, what="rm", new_heads=["score"], num_labels=1)
+    load_checked(AutoModelForSequenceClassification, tiny_model_dir, what="rm", dtype=torch.float32,
+                 new_heads=["score"], num_labels=1)
     with pytest.raises(IncompleteCheckpoint, match="score.weight"):  # a reward model without its head: refused
-        load_checked(AutoModelForSequenceClassification, tiny_model_dir, what="reward model", num_labels=1)
+        load_checked(AutoModelForSequenceClassification, tiny_model_dir, what="reward model", dtype=torch.float32,
+                     num_labels=1)
     with pytest.raises(IncompleteCheckpoint, match="model.norm.weight"):
-        load_checked(AutoModelForSequenceClassification, partial_checkpoint, what="rm", new_heads=["score"])
-    load_checked(AutoModelForCausalLM, tiny_model_dir, what="base")  # complete (tied lm_head): accepted
+        load_checked(AutoModelForSequenceClassification, partial_checkpoint, what="rm", dtype=torch.float32,
+                     new_heads=["score"])
+    # complete (tied lm_head): accepted
+    load_checked(AutoModelForCausalLM, tiny_model_dir, what="base", dtype=torch.float32)
 
 
 def test_pi_ref_copy_is_atomic(tmp_path):
