@@ -13,6 +13,7 @@ from flywheel.annotation import (
     AnnotationImportError,
     EmptyDatasetError,
     build_tasks,
+    turn_key,
     decontaminate_pairs,
     read_label_studio_export,
     read_label_studio_labels,
@@ -55,9 +56,12 @@ ALTERNATIVES = {
     ("c3", 0): ["Seven."],  # one response only: cannot be compared, reported as skipped
 }
 SELECTED = [
-    {"conversation_id": "c1", "turn_id": 1, "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
-    {"conversation_id": "c2", "turn_id": 0, "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
-    {"conversation_id": "c3", "turn_id": 0, "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.7},
+    {"user_id": "u1", "conversation_id": "c1", "turn_id": 1, "response_hash": "r-c1-1",
+     "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
+    {"user_id": "u1", "conversation_id": "c2", "turn_id": 0, "response_hash": "r-c2-0",
+     "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
+    {"user_id": "u1", "conversation_id": "c3", "turn_id": 0, "response_hash": "r-c3-0",
+     "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.7},
 ]
 
 
@@ -70,7 +74,7 @@ def scrubber():
 def exported(scrubber, tmp_path):
     export = build_tasks(
         SELECTED,
-        CONVERSATIONS.__getitem__,
+        lambda t: [x for x in CONVERSATIONS[t["conversation_id"]] if x["turn_id"] <= t["turn_id"]],
         lambda t: ALTERNATIVES[(t["conversation_id"], t["turn_id"])],
         k=3,
         scrub=scrubber.scrub,
@@ -102,8 +106,13 @@ def test_label_studio_task_format_and_config(exported):
     _, manifest, tmp = exported
     tasks = json.loads((tmp / "export" / "tasks.json").read_text())
     # k=3 for c1 -> C(3,2) = 3 tasks; c2 has 2 responses -> 1 task; c3 skipped (1 response), reported.
-    assert [t["data"]["task_key"] for t in tasks] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2", "c2:0:0-1"]
-    assert manifest["skipped"] == [{"conversation_id": "c3", "turn_id": 0, "reason": "1 distinct response(s)"}]
+    k1, k2, k3 = (turn_key(t) for t in SELECTED)  # 12 hex digits of (user, conversation, turn, reply)
+    assert [t["data"]["task_key"] for t in tasks] == [f"c1:1:{k1}:0-1", f"c1:1:{k1}:0-2", f"c1:1:{k1}:1-2",
+                                                      f"c2:0:{k2}:0-1"]
+    assert "u1" not in json.dumps(tasks)  # the user id never reaches annotators
+    assert manifest["skipped"] == [
+        {"conversation_id": "c3", "turn_id": 0, "turn_key": k3, "reason": "1 distinct response(s)"}
+    ]
     assert (manifest["tasks"], manifest["turns"]) == (4, 2)
     assert tasks[0]["data"]["messages"][0]["role"] == "user" and tasks[0]["data"]["messages"][-1]["role"] == "user"
     assert len(tasks[0]["data"]["messages"]) == 3  # user, assistant, user (the selected turn's prompt)

@@ -14,6 +14,7 @@ import pytest
 from flywheel.annotation import (
     LABEL_CONFIG,
     build_tasks,
+    turn_key,
     read_label_studio_export,
     simulate_annotations,
     write_dataset_version,
@@ -32,8 +33,10 @@ ALTERNATIVES = {
     ("c2", 1): ["Seven.", "Seven is prime: its only divisors are 1 and 7."],
 }
 SELECTED = [
-    {"conversation_id": "c1", "turn_id": 0, "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
-    {"conversation_id": "c2", "turn_id": 1, "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
+    {"user_id": "u1", "conversation_id": "c1", "turn_id": 0, "response_hash": "r-c1-0",
+     "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
+    {"user_id": "u1", "conversation_id": "c2", "turn_id": 1, "response_hash": "r-c2-1",
+     "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
 ]
 
 
@@ -53,14 +56,16 @@ def test_round_trip_through_the_label_studio_api(label_studio, tmp_path):
     url, token = label_studio
     export = build_tasks(
         SELECTED,
-        CONVERSATIONS.__getitem__,
+        lambda t: [x for x in CONVERSATIONS[t["conversation_id"]] if x["turn_id"] <= t["turn_id"]],
         lambda t: ALTERNATIVES[(t["conversation_id"], t["turn_id"])],
         k=3,
         scrub=lambda s: (s, Counter()),
     )
     manifest = write_export(export, tmp_path / "export", selection_hash="s" * 64)
     tasks = json.loads((tmp_path / "export" / "tasks.json").read_text())
-    assert [t["data"]["task_key"] for t in tasks] == ["c1:0:0-1", "c1:0:0-2", "c1:0:1-2", "c2:1:0-1"]
+    k1, k2 = (turn_key(t) for t in SELECTED)
+    assert [t["data"]["task_key"] for t in tasks] == [f"c1:0:{k1}:0-1", f"c1:0:{k1}:0-2", f"c1:0:{k1}:1-2",
+                                                      f"c2:1:{k2}:0-1"]
 
     with httpx.Client(base_url=url, headers={"Authorization": f"Token {token}"}, timeout=60) as api:
         r = api.post("/api/projects", json={"title": "flywheel round trip", "label_config": LABEL_CONFIG})
