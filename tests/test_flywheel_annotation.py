@@ -63,6 +63,8 @@ SELECTED = [
     {"user_id": "u1", "conversation_id": "c3", "turn_id": 0, "response_hash": "r-c3-0",
      "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.7},
 ]
+#: each selected turn's key in task keys (12 hex digits of user, conversation, turn, reply)
+TK = {(t["conversation_id"], t["turn_id"]): turn_key(t) for t in SELECTED}
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +145,8 @@ def test_import_several_annotators_into_pairs_and_agreement_with_lineage(exporte
     ]
     path = _export_file(tmp, ls)
     pairs, unlabelled = read_label_studio_export(path, tasks)
-    assert unlabelled == [{"task_key": "c1:1:0-2", "reason": "no annotation"}]
-    assert [p.id for p in pairs] == ["c1:1:0-1", "c1:1:1-2", "c2:0:0-1"]
+    assert unlabelled == [{"task_key": f"c1:1:{TK['c1', 1]}:0-2", "reason": "no annotation"}]
+    assert [p.id for p in pairs] == [f"c1:1:{TK['c1', 1]}:0-1", f"c1:1:{TK['c1', 1]}:1-2", f"c2:0:{TK['c2', 0]}:0-1"]
     assert [[(lab.annotator_id, lab.verdict) for lab in p.labels] for p in pairs] == [
         [("ls-user-101", 2), ("ls-user-102", 2), ("ls-user-103", 2)],
         [("ls-user-102", 1), ("ls-user-103", 1)],
@@ -161,12 +163,14 @@ def test_import_several_annotators_into_pairs_and_agreement_with_lineage(exporte
     assert (m["n_pairs"], m["n_agreement_rows"], m["agreement_annotators_per_row"]) == (0, 2, 3)
     agree = load_pairs(m["agreement"])
     assert [lab.preference for lab in agree[1].labels] == [2, 2, 0]
-    # The split is by task-id hash: training and agreement never share a task.
-    m = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.5)
+    # The split is by task-id hash: training and agreement never share a task (0.2 holds out 2 of these 3 tasks,
+    # whose id hashes read as 0.067, 0.103 and 0.255).
+    m = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.2)
     ids_train = {p.id for p in load_pairs(m["pairs"])}
     ids_agree = {p.id for p in load_pairs(m["agreement"])} if m["n_agreement_rows"] else set()
     assert not ids_train & ids_agree and m["n_train_tasks"] + m["n_heldout_tasks"] == 3
-    again = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.5)
+    assert (m["n_train_tasks"], m["n_heldout_tasks"]) == (1, 2)
+    again = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.2)
     assert again["version"] == m["version"] and again["pairs_hash"] == m["pairs_hash"]  # reproducible
 
 
@@ -213,9 +217,9 @@ def test_decontamination_removes_pairs_seen_in_a_gate_suite(exported):
     pairs, _ = read_label_studio_export(_export_file(tmp, ls), export.tasks)
     # the shared rule (data.decontamination): same text up to case and spacing, or a shared word 8-gram
     kept, report = decontaminate_pairs(pairs, {"winrate": ["how do I  boil an EGG?"], "safe": ["Unrelated prompt"]})
-    assert [p.id for p in kept] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2"]
+    assert [p.id for p in kept] == [f"c1:1:{TK['c1', 1]}:0-1", f"c1:1:{TK['c1', 1]}:0-2", f"c1:1:{TK['c1', 1]}:1-2"]
     assert (report["n_in"], report["n_removed"], report["per_suite"]) == (4, 1, {"winrate": 1, "safe": 0})
-    assert report["removed"] == ["c2:0:0-1"]
+    assert report["removed"] == [f"c2:0:{TK['c2', 0]}:0-1"]
 
 
 # ---- an empty export is refused; conflicting labels are errors or listed, never merged -----------------------------
