@@ -13,11 +13,11 @@ from flywheel.annotation import (
     AnnotationImportError,
     EmptyDatasetError,
     build_tasks,
-    turn_key,
     decontaminate_pairs,
     read_label_studio_export,
     read_label_studio_labels,
     simulate_annotations,
+    turn_key,
     write_dataset_version,
     write_export,
 )

@@ -14,9 +14,9 @@ import pytest
 from flywheel.annotation import (
     LABEL_CONFIG,
     build_tasks,
-    turn_key,
     read_label_studio_export,
     simulate_annotations,
+    turn_key,
     write_dataset_version,
     write_export,
 )

@@ -73,7 +73,7 @@ def test_a_second_duckdb_writer_waits_then_fails_naming_the_holder(tmp_path):
         t0 = time.monotonic()
         got = subprocess.run(
             [sys.executable, "-m", "flywheel.ingest", "--db", str(db), "--lock-timeout", "1.5", str(events)],
-            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120,
+            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120, check=False,
         )
         waited = time.monotonic() - t0
     finally:
@@ -88,7 +88,7 @@ def test_a_second_duckdb_writer_waits_then_fails_naming_the_holder(tmp_path):
     t0 = time.monotonic()
     got = subprocess.run(
         [sys.executable, "-m", "flywheel.ingest", "--db", str(db), "--lock-timeout", "60", str(events)],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120,
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120, check=False,
     )
     holder.wait()
     assert got.returncode == 0, got.stderr
@@ -108,7 +108,7 @@ def test_flywheel_ingest_command_prints_one_error_line_and_exits_1(tmp_path, con
     bad.write_text(json.dumps(_rows(1)[0]) + "\n" + content)
     got = subprocess.run(
         [sys.executable, "-m", "flows.cli", "flywheel", "ingest", "--db", str(tmp_path / "s.duckdb"), str(bad)],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False,
     )
     assert got.returncode == 1
     assert got.stderr.strip().splitlines() == [got.stderr.strip()] and got.stderr.startswith(f"error: {bad} {where}")
