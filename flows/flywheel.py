@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from rlhf.credentials import check_env_name, check_mapping, check_url, redact_url
 from rlhf.manifest import atomic_write_text
@@ -59,9 +59,13 @@ class FlywheelParameters(BaseModel):
     gates_recipe: str | None = Field(None, description="Take the judge from this gates recipe's judge: key.")
     judge_reference: str | None = Field(None, description="Reply A each turn is compared with (flywheel.judge).")
     traffic_data: str = Field("demo:traffic/alpaca_eval_clusters.csv", description="Traffic table (intent,share).")
-    budget_fraction: float = Field(0.005, description="Share of turns to label (default 0.5%).")
-    budget: int | None = Field(None, description="Number of turns to label (overrides budget_fraction).")
-    floor: int = Field(1, description="Turns each intent with candidates gets at least.")
+    budget_fraction: float = Field(0.005, ge=0.0, le=1.0, description="Share of turns to label (default 0.5%).")
+    budget: StrictInt | None = Field(
+        None, ge=0, description="Number of turns to label (overrides budget_fraction); never exceeded."
+    )
+    floor: StrictInt = Field(
+        1, ge=0, description="Turns each intent with candidates gets at least, as far as the budget holds them."
+    )
     k: int = Field(2, description="Responses per selected turn (C(k,2) pairwise tasks).")
     alternatives: str | None = Field(None, description="alternatives.jsonl: responses per turn (the simulator's).")
     policy_dir: str | None = Field(None, description="Sample the missing responses from this policy (on-policy).")
@@ -163,6 +167,7 @@ def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
     )
     store.close()
     cols = [
+        "user_id",
         "conversation_id",
         "turn_id",
         "intent",
@@ -185,6 +190,7 @@ def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
         "n_duplicates": sel.n_duplicates,
         "budget": sel.budget,
         "n_selected": len(rows),
+        "floors_not_met": sel.floors_not_met,
         "by_kind": sel.by_kind,
         "by_intent": sel.by_intent,
         "selection_hash": json_hash(rows),
@@ -222,22 +228,26 @@ def _responses_provider(db: str, params: FlywheelParameters):
         sampler = PolicySampler(params.policy_dir, max_new_tokens=params.max_new_tokens)
 
     def responses(turn: dict) -> list[str]:
-        conv = store.conversation(turn["conversation_id"])
-        own = next(x for x in conv if x["turn_id"] == int(turn["turn_id"]))
+        seen = history(turn)
+        if not seen:
+            return []
+        own = seen[-1]
         texts = [own["response"]] + [
             r for r in alts.get((turn["conversation_id"], int(turn["turn_id"])), []) if r != own["response"]
         ]
         if sampler is not None and len(texts) < params.k:
             messages = []
-            for x in conv:
+            for x in seen:  # the history the user saw, then this turn's prompt
                 messages.append({"role": "user", "content": x["prompt"]})
-                if x["turn_id"] == own["turn_id"]:
-                    break
-                messages.append({"role": "assistant", "content": x["response"]})
+                if x is not own:
+                    messages.append({"role": "assistant", "content": x["response"]})
             texts += sampler.sample(messages, params.k - len(texts))
         return texts
 
-    return store, responses
+    def history(turn: dict) -> list[dict]:
+        return store.history(turn["user_id"], turn["conversation_id"], int(turn["turn_id"]), turn["response_hash"])
+
+    return store, history, responses
 
 
 @task(cache_policy=NO_CACHE)
@@ -245,9 +255,9 @@ def export_task(db: str, rows: list[dict], params: FlywheelParameters, out: Path
     from flywheel.annotation import build_tasks, write_export
     from flywheel.scrub import Scrubber
 
-    store, responses = _responses_provider(db, params)
+    store, history, responses = _responses_provider(db, params)
     scrubber = Scrubber()
-    export = build_tasks(rows, store.conversation, responses, k=params.k, scrub=scrubber.scrub)
+    export = build_tasks(rows, history, responses, k=params.k, scrub=scrubber.scrub)
     store.close()
     export.scrub = scrubber.manifest()
     manifest = write_export(export, out / "export", selection_hash=selection_hash)

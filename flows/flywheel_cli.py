@@ -6,6 +6,10 @@ rlhf flywheel export --out-dir runs/fw --events runs/fw/sim/events.jsonl --rewar
 rlhf flywheel annotate-sim --export-dir runs/fw/export --alternatives runs/fw/sim/alternatives.jsonl --out labels.json
 rlhf flywheel import --export-dir runs/fw/export --labels labels.json --gate-generations runs/r1/gates/generations.jsonl
 rlhf round --preset demo --flywheel-data runs/flywheel/datasets/v-<hash>
+
+Exit codes of every command: 0 done; 1 an error, printed as one line on stderr (``error: FILE row N field 'F':
+reason`` for bad input); 2 a usage error (a bad option value: negative budget, fraction out of [0, 1], ...);
+130 interrupted (Ctrl-C / SIGTERM; ``ingest`` stops between batches and rolls back the file it was in).
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ def simulate_cmd(
     """Simulate production traffic with weak signals; prints the realised rates."""
     from flywheel.simulate import load_simulator_config, simulate
 
-    cfg = load_simulator_config(
-        config, generations=generations, n_conversations=n_conversations, seed=seed, model_version=model_version
-    )
-    typer.echo(json.dumps(simulate(cfg, out), indent=2))
+    def run(_):
+        cfg = load_simulator_config(
+            config, generations=generations, n_conversations=n_conversations, seed=seed, model_version=model_version
+        )
+        return simulate(cfg, out)
+
+    typer.echo(json.dumps(_run(run, None), indent=2))
 
 
 @app.command("ingest")
@@ -50,21 +57,37 @@ def ingest_cmd(
         str | None, typer.Option(help="NAME of the environment variable holding the database password (default: "
                                  "PGPASSWORD or ~/.pgpass, read by PostgreSQL's driver).")
     ] = None,
+    chunk_rows: Annotated[int | None, typer.Option(min=1, help="Rows per loaded batch (default by file type).")] = None,
+    lock_timeout: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to wait for another process holding a DuckDB store.")
+    ] = 60.0,
 ) -> None:
-    """Ingest event files into the store (each file one transaction); prints per-file reports and counts."""
+    """Ingest event files into the store (each file one transaction); prints per-file reports and counts. Exit 1
+    on a bad row (one line: file, row, field, reason; that file rolled back), 130 on Ctrl-C (stops between
+    batches, the current file rolled back)."""
     from flywheel.ingest import main
 
-    raise typer.Exit(main(["--db", db, *(["--db-password-env", db_password_env] if db_password_env else []), *files]))
+    extra = ["--chunk-rows", str(chunk_rows)] if chunk_rows else []
+    extra += ["--db-password-env", db_password_env] if db_password_env else []
+    raise typer.Exit(main(["--db", db, "--lock-timeout", str(lock_timeout), *extra, *files]))
 
 
 def _run(flow_fn, params):
+    """``flow_fn(params)``; a known error becomes one ``error:`` line and exit 1, an interrupt exit 130."""
     from data.validation import DataValidationError
     from flywheel.annotation import AnnotationImportError
+    from flywheel.store import FileChangedError, IngestInterrupted, StoreLockedError
 
     try:
         return flow_fn(params)
-    except (DataValidationError, AnnotationImportError, ValueError, FileNotFoundError) as err:
-        typer.echo(f"error: {err}", err=True)
+    except (KeyboardInterrupt, IngestInterrupted) as err:
+        typer.echo(f"error: interrupted ({err or 'SIGINT'})", err=True)
+        raise typer.Exit(130) from None
+    except (
+        DataValidationError, AnnotationImportError, FileChangedError, StoreLockedError, ValueError, OSError, KeyError
+    ) as err:
+        text = " ".join(str(err).split()) or type(err).__name__
+        typer.echo(f"error: {text}", err=True)
         raise typer.Exit(1) from None
 
 
@@ -101,8 +124,13 @@ def export_cmd(
                                  "PGPASSWORD or ~/.pgpass, read by PostgreSQL's driver).")
     ] = None,
     traffic_data: Annotated[str, typer.Option()] = "demo:traffic/alpaca_eval_clusters.csv",
-    budget_fraction: Annotated[float, typer.Option()] = 0.005,
-    budget: Annotated[int | None, typer.Option(help="Turns to label (overrides --budget-fraction).")] = None,
+    budget_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of turns to label.")] = 0.005,
+    budget: Annotated[
+        int | None, typer.Option(min=0, help="Turns to label (overrides --budget-fraction); never exceeded.")
+    ] = None,
+    floor: Annotated[
+        int, typer.Option(min=0, help="Turns each intent with candidates gets first, as far as the budget holds.")
+    ] = 1,
     k: Annotated[int, typer.Option(help="Responses per selected turn.")] = 2,
     alternatives: Annotated[str | None, typer.Option(help="alternatives.jsonl (simulator).")] = None,
     policy: Annotated[str | None, typer.Option(help="Sample missing responses from this policy.")] = None,
@@ -123,6 +151,7 @@ def export_cmd(
         traffic_data=traffic_data,
         budget_fraction=budget_fraction,
         budget=budget,
+        floor=floor,
         k=k,
         alternatives=alternatives,
         policy_dir=policy,
@@ -157,11 +186,15 @@ def annotate_sim_cmd(
     from flywheel.simulate import held_truth
     from rlhf.manifest import atomic_write_text
 
-    tasks = json.loads((Path(export_dir) / "tasks.json").read_text())
-    rows = simulate_annotations(
-        tasks, held_truth(alternatives), n_annotators=annotators, noise=noise, p_unlabelled=p_unlabelled, seed=seed
-    )
-    atomic_write_text(Path(out), json.dumps(rows, ensure_ascii=False))
+    def run(_):
+        tasks = json.loads((Path(export_dir) / "tasks.json").read_text())
+        rows = simulate_annotations(
+            tasks, held_truth(alternatives), n_annotators=annotators, noise=noise, p_unlabelled=p_unlabelled, seed=seed
+        )
+        atomic_write_text(Path(out), json.dumps(rows, ensure_ascii=False))
+        return rows
+
+    rows = _run(run, None)
     typer.echo(json.dumps({"tasks": len(rows), "labelled": sum(bool(r["annotations"]) for r in rows), "out": out}))
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "read_label_studio_export",
     "read_label_studio_labels",
     "simulate_annotations",
+    "turn_key",
     "write_dataset_version",
     "write_export",
 ]
@@ -117,9 +118,17 @@ class Export:
     scrub: dict | None = None
 
 
+def turn_key(turn: dict) -> str:
+    """12 hex digits naming one turn response (user, conversation, turn, reply) without showing the user id:
+    two users' turns under one conversation id, or two replies of one turn, get different task keys."""
+    from rlhf.lineage import json_hash
+
+    return json_hash([turn["user_id"], turn["conversation_id"], int(turn["turn_id"]), turn["response_hash"]])[:12]
+
+
 def build_tasks(
     selected: Sequence[dict],
-    conversation: Callable[[str], list[dict]],
+    history: Callable[[dict], list[dict]],
     responses: Callable[[dict], list[str]],
     *,
     k: int = 2,
@@ -128,9 +137,11 @@ def build_tasks(
     """Pairwise tasks for the selected turns.
 
     Args:
-        selected: selected turns (dicts with ``conversation_id``, ``turn_id``, ``intent``, ``kind``,
-            ``disagreement``).
-        conversation: ``conversation_id -> [{"turn_id", "prompt", "response"}, ...]`` (the store's).
+        selected: selected turns (dicts with ``user_id``, ``conversation_id``, ``turn_id``, ``response_hash``,
+            ``intent``, ``kind``, ``disagreement``).
+        history: ``turn -> [{"turn_id", "prompt", "response"}, ...]``: the conversation as that user saw it up to
+            and including this turn (:meth:`flywheel.store.SignalStore.history`); ``[]`` when not stored. The
+            task shows exactly these messages (the user id itself never leaves).
         responses: ``turn -> [response, ...]``: the turn's candidate responses, its own first (stored
             alternatives, gate generations or samples from the current policy); the first ``k`` are used.
         k: responses per turn (>= 2); C(k, 2) tasks per turn.
@@ -146,12 +157,13 @@ def build_tasks(
     out = Export(tasks=[])
     for turn in selected:
         conv, t = turn["conversation_id"], int(turn["turn_id"])
-        history = [x for x in conversation(conv) if x["turn_id"] <= t]
-        if not history or history[-1]["turn_id"] != t:
-            out.skipped.append({"conversation_id": conv, "turn_id": t, "reason": "turn not in the store"})
+        key = turn_key(turn)
+        seen = history(turn)
+        if not seen or seen[-1]["turn_id"] != t:
+            out.skipped.append({"conversation_id": conv, "turn_id": t, "turn_key": key, "reason": "turn not in the store"})
             continue
         messages = []
-        for x in history:
+        for x in seen:
             messages.append({"role": "user", "content": x["prompt"]})
             if x["turn_id"] < t:
                 messages.append({"role": "assistant", "content": x["response"]})
@@ -168,7 +180,8 @@ def build_tasks(
                 break
         if len(scrubbed) < 2:
             out.skipped.append(
-                {"conversation_id": conv, "turn_id": t, "reason": f"{len(scrubbed)} distinct response(s) after the scrub"}
+                {"conversation_id": conv, "turn_id": t, "turn_key": key,
+                 "reason": f"{len(scrubbed)} distinct response(s) after the scrub"}
             )
             continue
         clean_msgs = []
@@ -183,9 +196,10 @@ def build_tasks(
             out.tasks.append(
                 {
                     "data": {
-                        "task_key": f"{conv}:{t}:{i}-{j}",
+                        "task_key": f"{conv}:{t}:{key}:{i}-{j}",
                         "conversation_id": conv,
                         "turn_id": t,
+                        "turn_key": key,
                         "response_index_a": i,
                         "response_index_b": j,
                         "intent": turn.get("intent"),
@@ -215,7 +229,7 @@ def write_export(export: Export, out_dir: str | Path, *, selection_hash: str) ->
     atomic_write_text(out / "label_config.xml", LABEL_CONFIG)
     manifest = {
         "tasks": len(export.tasks),
-        "turns": len({(t["data"]["conversation_id"], t["data"]["turn_id"]) for t in export.tasks}),
+        "turns": len({t["data"]["turn_key"] for t in export.tasks}),
         "skipped": export.skipped,
         "pii_counts": dict(sorted(export.pii_counts.items())),
         "selection_hash": selection_hash,
@@ -229,20 +243,32 @@ def write_export(export: Export, out_dir: str | Path, *, selection_hash: str) ->
 
 
 def _annotator(value: Any, *, file: str, task: int, ann: int) -> str:
+    """``completed_by`` as ``"ls-user-<id>"``, keyed on the Label Studio user id in every form an export gives it:
+    an integer (``7``), a numeric string (``"7"``), or a user object with ``id`` (``{"id": 7, "email": ...}``). The
+    e-mail or name of a user object is never read (nothing personal is kept), so one user is one annotator.
+
+    Raises:
+        AnnotationImportError: no annotator, or a form without a user id (a user object without ``id``, a string
+            that is not a number: e.g. an e-mail, which the message does not repeat).
+    """
+    def bad(reason: str) -> AnnotationImportError:
+        return AnnotationImportError(reason, file=file, task=task, annotation=ann, field="completed_by")
+
     if isinstance(value, bool) or value is None:
-        raise AnnotationImportError(
-            "missing annotator (completed_by)", file=file, task=task, annotation=ann, field="completed_by"
-        )
-    if isinstance(value, int):
-        return f"ls-user-{value}"
-    if isinstance(value, str) and value.strip():
-        return value
+        raise bad("missing annotator (completed_by)")
     if isinstance(value, dict):
-        for key in ("email", "id", "username"):
-            if value.get(key) not in (None, ""):
-                return f"ls-user-{value[key]}" if key == "id" else str(value[key])
-    raise AnnotationImportError(
-        f"unreadable annotator {value!r}", file=file, task=task, annotation=ann, field="completed_by"
+        if "id" not in value:
+            raise bad("user object without 'id': the Label Studio user id is needed (e-mails are not used)")
+        value = value["id"]
+        if isinstance(value, bool) or value is None:
+            raise bad("user object with an empty 'id'")
+    if isinstance(value, int) and value >= 0:
+        return f"ls-user-{value}"
+    if isinstance(value, str) and value.strip().isdigit():
+        return f"ls-user-{int(value.strip())}"
+    raise bad(
+        f"not a Label Studio user id (a {type(value).__name__}; expected an integer, a numeric string or an object "
+        "with 'id'; the value is not repeated here, it may be personal)"
     )
 
 

@@ -6,6 +6,9 @@
   1970-01-01 00:28:20), a string column as ISO 8601 through the same pydantic parser as JSONL.
 - :func:`column_type_error`: when a batch cannot be cast to the store's Arrow schema, the error that names the
   file, the row (0-based row of the file), the column and the reason (its Arrow type and the value).
+- :func:`check_batch`: the value checks of :class:`EventRow` (non-empty strings without NUL, ``0 <= turn_id <=
+  2**31 - 1``, a known signal, a timestamp in years 1-9999), vectorised, run on every batch of BOTH formats (the
+  JSONL reader builds the same Arrow table and calls it too), so JSONL and Parquet accept and refuse the same values.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from data.validation import DataValidationError
 
-from .schema import EventRow, Timestamp
+from .schema import MAX_TURN_ID, SIGNALS, EventRow, Timestamp
 
-__all__ = ["column_type_error", "read_columns", "timestamp_column"]
+__all__ = ["check_batch", "column_type_error", "conflicting_ids_error", "read_columns", "timestamp_column"]
 
 #: Event fields that are strings (``StrictStr`` in :class:`EventRow`): a Parquet column of another type is refused,
 #: as JSONL refuses a number there, instead of Arrow's silent int -> string cast.
@@ -38,12 +41,12 @@ def _utc_naive(ts: dt.datetime) -> dt.datetime:
 
 def read_columns(table: pa.Table, *, file: str | Path, base: int = 0) -> pa.Table:
     """One Parquet batch with its columns checked as :class:`EventRow` checks a JSONL row, and ``timestamp`` read
-    by :func:`timestamp_column`. ``turn_id`` may be an integer column, or a float column of whole numbers (cast
-    later; a fraction is refused there).
+    by :func:`timestamp_column`. ``turn_id`` must be an integer column (JSONL refuses ``3.0``, ``"3"`` and
+    ``true`` there; so does this: a float, string or boolean column is refused, not cast).
 
     Raises:
-        data.validation.DataValidationError: a string field stored as another type (names file, the first
-            non-null row, the field, its Arrow type and value), or a bad timestamp.
+        data.validation.DataValidationError: a string field or ``turn_id`` stored as another type (names file, the
+            first non-null row, the field, its Arrow type and value), or a bad timestamp.
     """
     for name in STRING_FIELDS:
         if name not in table.column_names:
@@ -61,6 +64,18 @@ def read_columns(table: pa.Table, *, file: str | Path, base: int = 0) -> pa.Tabl
                 file=str(file),
                 row=base + row,
                 field=name,
+            )
+    if "turn_id" in table.column_names:
+        col = table["turn_id"]
+        t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+        if not (pa.types.is_integer(t) or pa.types.is_null(t)):
+            valid = pc.is_valid(col)
+            row = int(pc.index(valid, True).as_py()) if pc.any(valid).as_py() else 0
+            raise DataValidationError(
+                f"column type {col.type} is not an integer column (value {_value(col, row)!r}); write it as integers",
+                file=str(file),
+                row=base + row,
+                field="turn_id",
             )
     ts = timestamp_column(table["timestamp"], file=file, base=base)
     return table.set_column(table.column_names.index("timestamp"), "timestamp", ts)
@@ -85,7 +100,24 @@ def timestamp_column(col: pa.ChunkedArray | pa.Array, *, file: str | Path, base:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     t = arr.type
     if pa.types.is_timestamp(t):
-        out = pc.cast(arr, pa.timestamp("us", t.tz), safe=False)
+        # to microseconds: from a finer unit only truncation can happen (wanted); from a coarser one only
+        # overflow, which the checked cast refuses (an unchecked one would wrap around into a wrong year)
+        try:
+            out = pc.cast(arr, pa.timestamp("us", t.tz), safe=t.unit in ("s", "ms"))
+        except pa.ArrowInvalid:
+            out = None
+        if out is None or not _in_datetime_range(out.cast(pa.int64())):
+            ints = arr.cast(pa.int64()).to_numpy(zero_copy_only=False)
+            scale = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 1e-3}[t.unit]
+            bad = (ints * float(scale) < _MIN_US) | (ints * float(scale) > _MAX_US)
+            bad &= arr.is_valid().to_numpy(zero_copy_only=False)
+            i = int(np.argmax(bad))
+            raise DataValidationError(
+                f"timestamp {int(ints[i])} {t.unit} since 1970 is outside years 1-9999",
+                file=str(file),
+                row=base + i,
+                field="timestamp",
+            )
         return out.cast(_US) if t.tz is not None else out  # tz-aware values are stored as UTC: drop the zone
     if pa.types.is_null(t):
         return pa.nulls(len(arr), _US)
@@ -201,45 +233,143 @@ _CONTENT = (
 )
 
 
-def refuse_conflicting_ids(batch: pa.Table, *, file: str | Path, base: int = 0) -> None:
-    """Refuse two rows of one batch with the same ``event_id`` but different content: that is a conflict (two
-    events under one id), not a repeated event, so the store must not keep one and count the other as a
-    duplicate. Vectorised (Arrow ``group_by``), and only run when the batch repeats an id at all.
+def conflicting_ids_error(
+    batch: pa.Table, *, file: str | Path, base: int = 0, skip: pa.Array | None = None
+) -> DataValidationError | None:
+    """Two rows of one batch with the same ``event_id`` but different content: that is a conflict (two events
+    under one id), not a repeated event, so the store must not keep one and count the other as a duplicate.
+    Vectorised (Arrow ``group_by``), and only run when the batch repeats an id at all.
 
-    Scope: rows within one loaded batch (``chunk_rows``, 200,000 by default). A repeat across batches or files,
-    or of an event already stored, is still deduplicated by id (the first stored copy is kept) and counted in
-    ``IngestReport.duplicates``.
+    The error names the EARLIEST row (in file order) that conflicts with an earlier row of its id, and that
+    earlier (first) row: the same pair the store names when the two rows fall in different batches or files, so
+    the outcome does not depend on the batch size. ``skip``: event ids to leave out (ids already stored: the
+    store compares those with the stored row instead).
 
-    Raises:
-        data.validation.DataValidationError: names the file, the later row (0-based row of the file), the
-            ``event_id`` and the first field that differs, with both values and both rows.
+    Returns:
+        the error (names the file, the later row (0-based row of the file), the ``event_id``, the first field
+        that differs, both values and both rows), or ``None``.
     """
     if pc.count_distinct(batch["event_id"]).as_py() == batch.num_rows:
-        return
+        return None
     cols = [c for c in _CONTENT if c in batch.column_names]
-    grouped = (
-        batch.select(["event_id", *cols])
-        .group_by("event_id", use_threads=False)
-        .aggregate([(c, "count_distinct", pc.CountOptions(mode="all")) for c in cols])
+    idx = pa.array(np.arange(batch.num_rows, dtype=np.int64))
+    keyed = batch.select(["event_id", *cols]).append_column("_i", idx)
+    if skip is not None and len(skip):
+        keyed = keyed.filter(pc.invert(pc.is_in(keyed["event_id"], value_set=skip)))
+    grouped = keyed.group_by("event_id", use_threads=False).aggregate(
+        [(c, "count_distinct", pc.CountOptions(mode="all")) for c in cols]
     )
-    bad = None
+    mask = None
     for c in cols:
-        mask = pc.greater(grouped[f"{c}_count_distinct"], 1)
-        if pc.any(mask).as_py():
-            bad = grouped.filter(mask)["event_id"][0].as_py()
-            break
-    if bad is None:
+        m = pc.greater(grouped[f"{c}_count_distinct"], 1)
+        mask = m if mask is None else pc.or_(mask, m)
+    if mask is None or not pc.any(mask).as_py():
+        return None
+    bad_ids = grouped.filter(mask)["event_id"]
+    rows = keyed.filter(pc.is_in(keyed["event_id"], value_set=bad_ids))
+    # the earliest row that differs from the first row of its id
+    first: dict[str, dict] = {}
+    best = None
+    for r in rows.to_pylist():  # only the rows of conflicting ids: few
+        f = first.setdefault(r["event_id"], r)
+        if f is r:
+            continue
+        diff = next((c for c in cols if r[c] != f[c]), None)
+        if diff is not None and (best is None or r["_i"] < best[0]["_i"]):
+            best = (r, f, diff)
+    r, f, diff = best
+    # texts are never written into an error message (they may hold personal data)
+    detail = f"the {diff} text differs" if diff in ("prompt", "response") else (
+        f"{diff} {_short(r[diff])} here, {_short(f[diff])} there")
+    return DataValidationError(
+        f"event_id {r['event_id']!r} conflicts with row {base + f['_i']} of this file: {detail} (one id, two "
+        "different events; fix the ids or drop one row)",
+        file=str(file),
+        row=base + r["_i"],
+        field=diff,
+    )
+
+
+def refuse_conflicting_ids(batch: pa.Table, *, file: str | Path, base: int = 0) -> None:
+    """Raise :func:`conflicting_ids_error`'s error, if any.
+
+    Raises:
+        data.validation.DataValidationError: one id, two different events in ``batch``.
+    """
+    err = conflicting_ids_error(batch, file=file, base=base)
+    if err is not None:
+        raise err
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _value(col, row: int):
+    try:
+        return col[row].as_py() if len(col) else None
+    except (ValueError, OverflowError):  # e.g. a timestamp Python's datetime cannot hold
+        return str(col[row])
+
+
+_TEXT_FIELDS = ("event_id", "conversation_id", "user_id", "model_version", "prompt", "response")
+
+
+def check_batch(table: pa.Table, *, file: str | Path, base: int = 0) -> None:
+    """The value checks of :class:`EventRow` on a batch already in the store's Arrow schema (``event_id`` ...
+    ``response``, ``turn_id`` int64, ``timestamp`` naive UTC ``timestamp("us")``), vectorised. Both readers run it
+    on every batch (JSONL after its per-row pydantic validation, which refuses the same values), so what one
+    format accepts the other accepts too.
+
+    Raises:
+        data.validation.DataValidationError: the first failing row in file order and its first failing field in
+            schema order (pydantic's reason where it can read the row, as in JSONL; else the check's).
+    """
+    n = table.num_rows
+    if not n:
         return
-    rows = pc.indices_nonzero(pc.equal(batch["event_id"], bad)).to_pylist()
-    first = batch.slice(rows[0], 1).to_pylist()[0]
-    for r in rows[1:]:
-        other = batch.slice(r, 1).to_pylist()[0]
-        diff = next((c for c in cols if other[c] != first[c]), None)
-        if diff is not None:
-            raise DataValidationError(
-                f"event_id {bad!r} conflicts with row {base + rows[0]}: {diff} {other[diff]!r} here, "
-                f"{first[diff]!r} there (one id, two different events; fix the ids or drop one row)",
-                file=str(file),
-                row=base + r,
-                field=diff,
-            )
+    checks: list[tuple[str, pa.Array, str]] = []
+    for name in _TEXT_FIELDS:
+        col = table[name]
+        ok = pc.and_kleene(pc.greater(pc.utf8_length(col), 0), pc.invert(pc.match_substring(col, "\x00")))
+        checks.append((name, ok, "must be a non-empty string without NUL characters"))
+    intent = table["intent"]
+    checks.append(("intent", pc.invert(pc.match_substring(intent, "\x00")), "contains a NUL character"))
+    tid = table["turn_id"]
+    checks.append(
+        ("turn_id", pc.and_kleene(pc.greater_equal(tid, 0), pc.less_equal(tid, MAX_TURN_ID)),
+         f"must be an integer in [0, {MAX_TURN_ID}]")
+    )
+    checks.append(("signal", pc.is_in(table["signal"], value_set=pa.array(SIGNALS)), f"must be one of {SIGNALS}"))
+    micros = table["timestamp"].cast(pa.int64())
+    checks.append(
+        ("timestamp", pc.and_kleene(pc.greater_equal(micros, _MIN_US), pc.less_equal(micros, _MAX_US)),
+         "must be a time in years 1-9999")
+    )
+    first_bad = n
+    masks = {}
+    for name, ok, _ in checks:
+        if name == "intent":
+            ok = pc.fill_null(ok, True)  # intent may be null
+        ok = pc.fill_null(ok, False)
+        masks[name] = ok
+        if not pc.all(ok).as_py():
+            first_bad = min(first_bad, int(pc.index(ok, False).as_py()))
+    if first_bad == n:
+        return
+    field, reason = next((name, why) for name, _, why in checks if not masks[name][first_bad].as_py())
+    raw = {c: _value(table[c], first_bad) for c in table.column_names}
+    try:
+        EventRow.model_validate(raw)
+    except ValidationError as err:
+        got = DataValidationError.from_pydantic(err, file=str(file), row=base + first_bad)
+        if got.field == field:
+            return_err = got
+        else:
+            return_err = None
+    else:
+        return_err = None
+    raise return_err or DataValidationError(
+        f"{reason} (got {_short(raw[field])})", file=str(file), row=base + first_bad, field=field
+    )

@@ -15,11 +15,14 @@ kind                           fires when                                    str
 A turn's disagreement score is the largest strength among the rules that fire (its ``kind`` is that rule's); a turn
 no rule fires on is not a candidate. Turns without a judge score are not candidates either (reported).
 
-Budget: ``budget`` turns, default ``ceil(budget_fraction * n_turns)`` (0.5%). Each intent with candidates first
-gets ``floor`` turns (so small intents are seen); the rest of the budget is split by the traffic table's shares
+Budget: ``budget`` turns (an integer >= 0), default ``ceil(budget_fraction * n_turns)`` (0.5%; a fraction in
+[0, 1]); the selection never holds more than the budget (budget 0 selects nothing). Each intent with candidates
+first gets ``floor`` turns (so small intents are seen); when the floors do not all fit in the budget, they are
+given by traffic share, largest first (ties: intent name), until the budget is spent, and the intents left without
+one are listed in ``Selection.floors_not_met``. The rest of the budget is split by the traffic table's shares
 (largest remainder); turns whose intent is unknown or not in the table share what the table
 leaves unassigned (``1 - sum(shares)``, as intent ``"other"``). Within an intent, the strongest candidates are taken
-first (ties: conversation id, turn id). Candidates are deduplicated by normalised prompt first (the strongest turn
+first (ties: conversation id, turn id, user id, response hash). Candidates are deduplicated by normalised prompt first (the strongest turn
 of each prompt stays). Budget an intent cannot use (too few candidates) goes to the strongest remaining candidates
 of any intent.
 """
@@ -42,7 +45,12 @@ OTHER = "other"
 
 @dataclass(frozen=True)
 class SelectionConfig:
-    """Thresholds and budget of :func:`select_turns` (see the module docstring)."""
+    """Thresholds and budget of :func:`select_turns` (see the module docstring).
+
+    Raises:
+        ValueError: ``budget`` or ``floor`` not an integer >= 0 (a fraction, a negative number, a bool),
+            ``budget_fraction`` not a number in [0, 1], a threshold outside [0, 1].
+    """
 
     budget_fraction: float = 0.005
     budget: int | None = None
@@ -50,6 +58,19 @@ class SelectionConfig:
     good: float = 0.7
     excellent: float = 0.9
     poor: float = 0.3
+
+    def __post_init__(self):
+        def whole(name, v):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"selection {name} must be a whole number of turns >= 0, got {v!r}")
+
+        if self.budget is not None:
+            whole("budget", self.budget)
+        whole("floor", self.floor)
+        for name in ("budget_fraction", "good", "excellent", "poor"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"selection {name} must be a number in [0, 1], got {v!r}")
 
 
 @dataclass
@@ -62,6 +83,8 @@ class Selection:
         by_kind: ``{kind: {"candidates": n, "selected": n}}`` for every kind in :data:`KINDS`.
         by_intent: ``{intent: {"share", "quota", "candidates", "selected"}}``.
         n_turns, n_scored, n_candidates, n_duplicates, budget: totals.
+        floors_not_met: intents with candidates that got no floor turn because the budget could not hold every
+            floor (largest traffic shares are served first).
     """
 
     selected: pd.DataFrame
@@ -73,6 +96,7 @@ class Selection:
     n_duplicates: int
     budget: int
     config: SelectionConfig = field(default_factory=SelectionConfig)
+    floors_not_met: list[str] = field(default_factory=list)
 
     def table(self) -> list[dict]:
         """The report as rows (for a Prefect table artifact): one per intent, then one per kind."""
@@ -104,10 +128,15 @@ def _strengths(df: pd.DataFrame, cfg: SelectionConfig) -> pd.DataFrame:
 
 def _quotas(shares: Mapping[str, float], available: Mapping[str, int], budget: int, floor: int) -> dict[str, int]:
     """Each intent with candidates first gets ``floor`` turns (fewer if it has fewer); what is left of the budget
-    is split by share (largest remainder). No quota exceeds what is available. When the floors alone exceed the
-    budget they win (every intent with candidates is seen) and the total is the sum of the floors."""
-    base = {k: min(floor, available.get(k, 0)) for k in shares}
-    rest = max(budget - sum(base.values()), 0)
+    is split by share (largest remainder). No quota exceeds what is available, and the quotas never sum above the
+    budget: when the floors do not all fit, they are given by share, largest first (ties: name), until the budget
+    is spent."""
+    base = {}
+    left = budget
+    for k in sorted(shares, key=lambda k: (-shares[k], k)):
+        base[k] = min(floor, available.get(k, 0), left)
+        left -= base[k]
+    rest = left
     raw = {k: rest * s for k, s in shares.items()}
     extra = {k: math.floor(v) for k, v in raw.items()}
     for k in sorted(raw, key=lambda k: (-(raw[k] - extra[k]), k))[: rest - sum(extra.values())]:
@@ -168,9 +197,8 @@ def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: Sele
     by_kind = {k: {"candidates": int((cand["kind"] == k).sum()), "selected": 0} for k in KINDS}
     n_candidates = len(cand)
 
-    cand = cand.sort_values(
-        ["disagreement", "conversation_id", "turn_id"], ascending=[False, True, True], kind="stable"
-    )
+    ties = ["conversation_id", "turn_id", *[c for c in ("user_id", "response_hash") if c in cand.columns]]
+    cand = cand.sort_values(["disagreement", *ties], ascending=[False] + [True] * len(ties), kind="stable")
     deduped = cand.drop_duplicates("prompt_norm_hash", keep="first")
     n_dup = n_candidates - len(deduped)
     available = deduped["stratum"].value_counts().to_dict()
@@ -184,6 +212,8 @@ def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: Sele
     spare = budget - len(chosen)
     if spare > 0:  # budget an intent could not use goes to the strongest remaining candidates
         chosen = pd.concat([chosen, deduped.drop(chosen.index).head(spare)])
+    assert len(chosen) <= budget, (len(chosen), budget)  # the quotas sum to at most the budget
+    floors_not_met = sorted(s for s in shares if available.get(s, 0) and cfg.floor and not quota.get(s, 0))
     for k in KINDS:
         by_kind[k]["selected"] = int((chosen["kind"] == k).sum())
     by_intent = {
@@ -205,6 +235,7 @@ def select_turns(turns: pd.DataFrame, traffic: Mapping[str, float], config: Sele
         n_duplicates=n_dup,
         budget=budget,
         config=cfg,
+        floors_not_met=floors_not_met,
     )
 
 

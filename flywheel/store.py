@@ -13,31 +13,42 @@ Tables:
     texts(hash, text, norm_hash)         every prompt and response once, under its sha256; ``norm_hash`` is the hash
                                          of the normalised text (selection deduplicates prompts on it)
     events(event_id, conversation_id, turn_id, user_id, model_version, intent, signal, ts,
-           prompt_hash -> texts, response_hash -> texts)
-    turns(conversation_id, turn_id, intent, model_version, user_id, prompt_hash, response_hash, prompt_norm_hash,
-          one count per signal)          one row per turn, kept by the ingest in the same transaction as its events:
-                                         equal to a GROUP BY over all stored events (``min()`` of each metadata
-                                         column in byte order, exact counts), so selection reads 1 row per turn
-                                         instead of aggregating strings over every event
-    ingests(file_hash PK, path, rows, finished_at)   a file is listed only once all its rows are committed
+           prompt_hash -> texts, response_hash -> texts, source_file -> ingests.file_id, source_row)
+    turns(conversation_id, turn_id, user_id, prompt_hash, response_hash, intent, model_version, prompt_norm_hash,
+          first_ts, one count per signal)
+                                         one row per turn RESPONSE: (user, conversation, turn, prompt, response)
+                                         is its identity (conversations are scoped by user; a regenerated reply is
+                                         its own row with the signals given on it; one (user, conversation, turn)
+                                         with two prompts is refused at ingest, naming both rows); kept by the
+                                         ingest in the same transaction as its events: equal to a GROUP BY over all
+                                         stored events on that key (``min()`` of intent and model version in byte
+                                         order, never of a hash column; exact counts), so selection reads 1 row per
+                                         turn response instead of aggregating strings over every event
+    ingests(file_hash PK, path, rows, finished_at, file_id)   a file is listed only once all its rows are committed
     (``texts.hash``, ``events.event_id`` and the judge key are unique; primary keys on PostgreSQL only)
     judge_scores(judge, prompt_hash, response_hash, score)   the judge's score per turn, cached by content hash
 
 Ingestion (:func:`SignalStore.ingest`) reads JSONL or Parquet, validates every row against
 :class:`flywheel.schema.EventRow` (errors name file, row, field and reason; nothing is written then), and writes a
 file in ONE transaction: an ingest killed mid-file (even with SIGKILL) leaves nothing of that file, and a rerun
-ends with exact counts. The same event twice (same ``event_id``, in one file or across files) is stored once.
+ends with exact counts. The same event twice (same ``event_id`` and content, in one file or across files) is stored
+once and counted as a duplicate; the same ``event_id`` with different content is refused wherever the two rows are
+(same batch, other batch, other file, an earlier ingest), naming both, whatever ``chunk_rows`` is. Ctrl-C (a
+``stop`` event) ends an ingest between batches and rolls back the current file. A second process opening one
+DuckDB file waits for it (``lock_timeout_s``), then fails naming the holder.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import hashlib
 import io
 import json
 import logging
 import re
 import threading
+import time
 import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -53,11 +64,21 @@ from pydantic import ValidationError
 from data.validation import DataValidationError
 from rlhf.credentials import url_with_env_password
 
-from .arrow_events import column_type_error, read_columns, refuse_conflicting_ids
+from .arrow_events import check_batch, column_type_error, conflicting_ids_error, read_columns
 from .read_ahead import ReadAhead
-from .schema import SIGNALS, EventRow
+from .schema import MAX_LINE_BYTES, SIGNALS, EventRow, utc_naive
 
-__all__ = ["EVENT_COLUMNS", "TURN_COLUMNS", "IngestReport", "SignalStore", "normalise_prompt", "text_hash"]
+__all__ = [
+    "EVENT_COLUMNS",
+    "TURN_COLUMNS",
+    "TURN_KEY",
+    "IngestInterrupted",
+    "IngestReport",
+    "SignalStore",
+    "StoreLockedError",
+    "normalise_prompt",
+    "text_hash",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +104,10 @@ events = sa.Table(
     sa.Column("ts", sa.DateTime, nullable=False),  # UTC, naive
     sa.Column("prompt_hash", sa.String(64), nullable=False),
     sa.Column("response_hash", sa.String(64), nullable=False),
+    # where the event was read: ``ingests.file_id`` and its 0-based row (errors name the stored row of a conflict);
+    # NULL for events stored before these columns existed
+    sa.Column("source_file", sa.Integer, nullable=True),
+    sa.Column("source_row", sa.BigInteger, nullable=True),
     sa.PrimaryKeyConstraint("event_id").ddl_if(dialect="postgresql"),
 )
 ingests = sa.Table(
@@ -92,6 +117,7 @@ ingests = sa.Table(
     sa.Column("path", sa.String, nullable=False),
     sa.Column("rows", sa.BigInteger, nullable=False),
     sa.Column("finished_at", sa.DateTime, nullable=False),
+    sa.Column("file_id", sa.Integer, nullable=True),  # events.source_file; 1, 2, ... in ingest order
 )
 judge_scores = sa.Table(
     "judge_scores",
@@ -103,25 +129,34 @@ judge_scores = sa.Table(
     sa.PrimaryKeyConstraint("judge", "prompt_hash", "response_hash").ddl_if(dialect="postgresql"),
 )
 
-#: One row per (conversation, turn), kept at ingest in the same transaction as its events (so selection does not
-#: re-aggregate strings over every event): the turn's metadata as ``min()`` over its events (what the per-turn GROUP
-#: BY gave), the normal-form hash of its prompt, and one count column per signal (events stored once, so counts are
-#: exact). Rebuilt from ``events`` when a store written before this table existed is opened.
+#: One row per turn response: (user, conversation, turn, prompt, response). A conversation belongs to its user (two
+#: users reusing a conversation id are two conversations); a turn whose reply was regenerated has one row per reply,
+#: each with the signals given on that reply; one (user, conversation, turn) never has two prompts (refused at
+#: ingest). Kept at ingest in the same transaction as its events (so selection does not re-aggregate strings over
+#: every event): ``intent`` and ``model_version`` as ``min()`` over the row's events, ``first_ts`` the earliest
+#: event's time (which reply the user saw before the next turn), the prompt's normal-form hash, and one count column
+#: per signal (events stored once, so counts are exact). Rebuilt from ``events`` when a store written with another
+#: turns layout is opened.
 turn_table = sa.Table(
     "turns",
     metadata,
     sa.Column("conversation_id", sa.String, nullable=False),
     sa.Column("turn_id", sa.Integer, nullable=False),
-    sa.Column("intent", sa.String, nullable=True),
-    sa.Column("model_version", sa.String, nullable=False),
     sa.Column("user_id", sa.String, nullable=False),
     sa.Column("prompt_hash", sa.String(64), nullable=False),
     sa.Column("response_hash", sa.String(64), nullable=False),
+    sa.Column("intent", sa.String, nullable=True),
+    sa.Column("model_version", sa.String, nullable=False),
     sa.Column("prompt_norm_hash", sa.String(64), nullable=False),
+    sa.Column("first_ts", sa.DateTime, nullable=False),
     *[sa.Column(s, sa.BigInteger, nullable=False) for s in SIGNALS],
-    sa.PrimaryKeyConstraint("conversation_id", "turn_id").ddl_if(dialect="postgresql"),
+    sa.PrimaryKeyConstraint(
+        "user_id", "conversation_id", "turn_id", "prompt_hash", "response_hash"
+    ).ddl_if(dialect="postgresql"),
 )
-_TURN_META = ["intent", "model_version", "user_id", "prompt_hash", "response_hash"]
+#: What identifies a turn row (see ``turn_table``).
+TURN_KEY = ["user_id", "conversation_id", "turn_id", "prompt_hash", "response_hash"]
+_TURN_META = ["intent", "model_version"]
 
 #: Columns of the ``events`` table, in order (the staged batch has the same columns).
 EVENT_COLUMNS = [c.name for c in events.columns]
@@ -143,8 +178,9 @@ def normalise_prompt(text: str) -> str:
 
 @dataclass(frozen=True)
 class IngestReport:
-    """What one file's ingest did: ``rows`` read, ``inserted`` new events, ``duplicates`` (already stored or
-    repeated in the file), ``skipped_file`` True when the same file content was ingested before."""
+    """What one file's ingest did: ``rows`` read, ``inserted`` new events, ``duplicates`` (true duplicates: the
+    same event, already stored or repeated in the file, same content; an id with different content is a conflict
+    and refuses the file instead), ``skipped_file`` True when the same file content was ingested before."""
 
     path: str
     file_hash: str
@@ -152,6 +188,18 @@ class IngestReport:
     inserted: int
     duplicates: int
     skipped_file: bool = False
+
+
+class IngestInterrupted(Exception):
+    """The ingest was asked to stop (``stop`` event set, e.g. by Ctrl-C): raised between batches; the current
+    file's transaction is rolled back, files committed before it stay."""
+
+
+class StoreLockedError(RuntimeError):
+    """Another process holds the DuckDB file's write lock for longer than the wait allowed; names the holder."""
+
+
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
 
 
 _WRITE_LOCKS: dict[str, threading.Lock] = {}
@@ -180,10 +228,14 @@ class SignalStore:
             about twice the write speed, a larger file); ``None`` lets DuckDB choose per column.
         password_env: NAME of the environment variable holding the database password, read only into the engine
             (None: PostgreSQL's driver reads ``PGPASSWORD`` or ``~/.pgpass`` itself).
+        lock_timeout_s: DuckDB only: how long to wait for another process that holds the file (DuckDB lets one
+            process open a file for writing) before giving up.
 
     Raises:
         rlhf.credentials.SecretValueError: a password inside ``url`` (it would be logged and recorded; give it by
             ``password_env``), or ``password_env`` not a variable name. ValueError: ``password_env`` unset.
+        StoreLockedError: DuckDB: the file stayed locked by another process for ``lock_timeout_s``; the message
+            names that process (program and PID, as DuckDB reports it).
     """
 
     def __init__(
@@ -194,6 +246,7 @@ class SignalStore:
         duckdb_memory_limit: str | None = None,
         duckdb_compression: str | None = None,
         password_env: str | None = None,
+        lock_timeout_s: float = 60.0,
     ):
         self.url = _url(url)  # holds no password (refused below), so it may be logged and recorded
         self.engine = sa.create_engine(url_with_env_password(self.url, password_env))
@@ -211,18 +264,63 @@ class SignalStore:
                 if duckdb_compression:
                     dbapi_conn.execute(f"SET force_compression = '{duckdb_compression}'")
 
-        had_turns = sa.inspect(self.engine).has_table("turns")
+        if self.dialect == "duckdb":
+            self._wait_for_file_lock(lock_timeout_s)
+        insp = sa.inspect(self.engine)
+        turn_cols = self._columns("turns") if insp.has_table("turns") else None
+        if turn_cols is not None and turn_cols != TURN_COLUMNS:  # another layout: rebuilt from the events
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql("DROP TABLE turns")
+        if insp.has_table("events"):
+            self._add_missing_columns(insp)
         metadata.create_all(self.engine)
-        if not had_turns:
+        if turn_cols != TURN_COLUMNS:
             self._rebuild_turns()
         self._prompts = _PromptMemo()  # prompt -> sha256 and normal-form hash, reused across batches and files
 
     def close(self) -> None:
         self.engine.dispose()
 
+    def _wait_for_file_lock(self, timeout_s: float) -> None:
+        """Open the DuckDB file, retrying while another process holds its lock, for up to ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with self.engine.connect():
+                    return
+            except sa.exc.DBAPIError as err:
+                match = _LOCK_HOLDER.search(str(err.orig))
+                if match is None:
+                    raise
+                if time.monotonic() >= deadline:
+                    self.engine.dispose()
+                    path = self.url.removeprefix("duckdb:///")
+                    raise StoreLockedError(
+                        f"{path}: locked by another process ({match.group(1)}, PID {match.group(2)}) for "
+                        f"{timeout_s:g} s of waiting; one process writes a DuckDB store at a time: retry when it "
+                        "has finished (or use PostgreSQL for concurrent writers)"
+                    ) from None
+                time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
+
+    def _columns(self, table: str) -> list[str]:
+        """A stored table's column names, in order (SQLAlchemy's inspector cannot read them on DuckDB)."""
+        with self.engine.connect() as conn:
+            return list(conn.exec_driver_sql(f"SELECT * FROM {table} LIMIT 0").keys())
+
+    def _add_missing_columns(self, insp) -> None:
+        """Columns added since a store was written (``events.source_file/source_row``, ``ingests.file_id``):
+        added as NULL (errors about those old events then name the event id only)."""
+        with self.engine.begin() as conn:
+            for table in (events, ingests):
+                have = set(self._columns(table.name))
+                for col in table.columns:
+                    if col.name not in have:
+                        kind = col.type.compile(dialect=self.engine.dialect)
+                        conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {kind}")
+
     def _rebuild_turns(self) -> None:
-        """Fill the ``turns`` table from ``events`` (a store written before that table existed; a no-op on an empty
-        store). One GROUP BY over every event, once."""
+        """Fill the ``turns`` table from ``events`` (a store written before that table, or its present layout,
+        existed; a no-op on an empty store). One GROUP BY over every event, once."""
         with _write_lock(self.url), self.engine.begin() as conn:
             if conn.execute(sa.select(events.c.event_id).limit(1)).first() is None:
                 return
@@ -230,7 +328,9 @@ class SignalStore:
             _insert_turns_from(conn, "events", self.dialect)
 
     # ---- ingestion -------------------------------------------------------------------------------------------------
-    def ingest(self, path: str | Path, *, chunk_rows: int | None = None, progress=None) -> IngestReport:
+    def ingest(
+        self, path: str | Path, *, chunk_rows: int | None = None, progress=None, stop: threading.Event | None = None
+    ) -> IngestReport:
         """Ingest one JSONL (``.jsonl``, ``.ndjson``) or Parquet file of :class:`EventRow` rows, atomically.
 
         Args:
@@ -239,20 +339,31 @@ class SignalStore:
                 Default 1,000,000 for Parquet (each batch costs one scan of the stored event ids), 200,000 for JSONL
                 (rows pass through Python objects).
             progress: optional callable ``(path, chunk_index, rows_so_far)`` called after each batch is loaded.
+            stop: optional event, checked before each batch and before the commit: once set, the ingest stops
+                there (:class:`IngestInterrupted`; the file's transaction is rolled back).
 
         Returns:
             :class:`IngestReport`.
 
         Raises:
             data.validation.DataValidationError: a bad row, naming file, row (0-based), field and reason; the
-                transaction is rolled back, so nothing of the file is stored.
+                transaction is rolled back, so nothing of the file is stored. Also: an ``event_id`` stored (or read
+                earlier) with different content, or a (user, conversation, turn) with two prompts, naming both rows.
+            IngestInterrupted: ``stop`` was set.
             ValueError: an unsupported file type.
         """
         path = Path(path)
-        return self._ingest(path, lambda: ReadAhead(lambda: _batches(path, _chunk_rows(path, chunk_rows))), progress)
+        return self._ingest(
+            path, lambda: ReadAhead(lambda: _batches(path, _chunk_rows(path, chunk_rows))), progress, stop=stop
+        )
 
     def ingest_files(
-        self, paths: Sequence[str | Path], *, chunk_rows: int | None = None, progress=None
+        self,
+        paths: Sequence[str | Path],
+        *,
+        chunk_rows: int | None = None,
+        progress=None,
+        stop: threading.Event | None = None,
     ) -> Iterator[IngestReport]:
         """:meth:`ingest` each file in turn (each in its own transaction: the same reports, rows and errors), yielding
         each file's report once it is committed. The next file's first batch is read and validated while the
@@ -286,8 +397,10 @@ class SignalStore:
 
         try:
             for k, path in enumerate(paths):
+                if stop is not None and stop.is_set():
+                    raise IngestInterrupted(f"{path}: interrupted before this file; nothing of it was stored")
                 report = self._ingest(path, lambda: reader(k), progress,  # noqa: B023 (called before k changes)
-                                      opened=lambda: opened.get(k))  # noqa: B023
+                                      opened=lambda: opened.get(k), stop=stop)  # noqa: B023
                 with lock:
                     done = readers.pop(k, None)
                 if done is not None:  # closed outside the lock: its thread may be starting the next reader
@@ -301,7 +414,7 @@ class SignalStore:
             for r in rest:
                 r.close()
 
-    def _ingest(self, path: Path, open_batches, progress, opened=None) -> IngestReport:
+    def _ingest(self, path: Path, open_batches, progress, opened=None, stop=None) -> IngestReport:
         """One file's transaction; ``open_batches()``: its validated batches (a :class:`ReadAhead`), opened only
         when the file was not ingested before; ``opened()``: the file's :func:`file_signature` when its reader
         opened it (it may have read ahead, before this hash), or None.
@@ -322,14 +435,24 @@ class SignalStore:
                 logger.info("%s: already ingested (same content), skipped", path)
                 return IngestReport(str(path), fhash, 0, 0, 0, skipped_file=True)
             before = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
+            file_id = conn.execute(sa.select(sa.func.coalesce(sa.func.max(ingests.c.file_id), 0))).scalar_one() + 1
             n = 0
+
+            def interrupted() -> None:
+                if stop is not None and stop.is_set():
+                    raise IngestInterrupted(
+                        f"{path}: interrupted after {n} rows; this file was rolled back (nothing of it stored)"
+                    )
+
             # the next batch is read and validated while this one is loaded (same batches, same errors, in order)
             with open_batches() as batches:
                 for i, batch in enumerate(batches):
-                    self._load(conn, batch, file=path, base=n)
+                    interrupted()
+                    self._load(conn, batch, file=path, base=n, file_id=file_id)
                     n += batch.num_rows
                     if progress:
                         progress(path, i, n)
+            interrupted()
             seen = {signature, file_signature(path) if path.is_file() else None}
             if opened is not None and opened() is not None:
                 seen.add(opened())
@@ -341,7 +464,11 @@ class SignalStore:
             after = conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one()
             conn.execute(
                 ingests.insert().values(
-                    file_hash=fhash, path=str(path), rows=n, finished_at=dt.datetime.now(dt.UTC).replace(tzinfo=None)
+                    file_hash=fhash,
+                    path=str(path),
+                    rows=n,
+                    finished_at=dt.datetime.now(dt.UTC).replace(tzinfo=None),
+                    file_id=file_id,
                 )
             )
         report = IngestReport(str(path), fhash, n, after - before, n - (after - before))
@@ -387,7 +514,7 @@ class SignalStore:
         has no key on the bulk tables (one writer per file; the anti-joins are the whole guarantee)."""
         return " ON CONFLICT DO NOTHING" if self.dialect == "postgresql" else ""
 
-    def _load(self, conn: sa.Connection, batch: pa.Table, *, file: Path, base: int) -> None:
+    def _load(self, conn: sa.Connection, batch: pa.Table, *, file: Path, base: int, file_id: int) -> None:
         """Stage one validated batch and insert it (texts once, events once) inside ``conn``'s transaction.
 
         Bulk design (the same statements on both databases, but for the hash function): first the new events are
@@ -399,13 +526,18 @@ class SignalStore:
         the distinct ones; texts are inserted with an anti-join against ``texts`` (written ``LEFT JOIN ... IS
         NULL``: DuckDB then builds its hash table on the batch, not on every stored text); events are inserted
         straight from the staged batch; the batch's turns are aggregated from it and merged into ``turns``
-        (:func:`_merge_turns`). No unique index is maintained on DuckDB (its ART index on a string key was the
-        ingest's bottleneck).
+        (:func:`_merge_turns`, which refuses a second prompt for one (user, conversation, turn)). No unique index
+        is maintained on DuckDB (its ART index on a string key was the ingest's bottleneck). Each event keeps its
+        file (``file_id``) and 0-based row, so a later conflict names both rows.
         """
-        batch = self._new_events(conn, batch, file=file, base=base)
+        batch = batch.append_column("_row", pa.array(np.arange(base, base + batch.num_rows, dtype=np.int64)))
+        batch = self._new_events(conn, batch, file=file, base=base, file_id=file_id)
         if not batch.num_rows:
             return
         prompts, responses, event_tab = _split_texts(batch, self._prompts, lambda t: self._text_hashes(conn, t))
+        event_tab = event_tab.append_column(
+            "source_file", pa.array(np.full(batch.num_rows, file_id, dtype=np.int32))
+        ).append_column("source_row", batch["_row"])
         self._stage(conn, "staging_prompts", prompts)
         self._stage(conn, "staging_responses", responses)
         self._stage(conn, "staging_events", event_tab)
@@ -420,8 +552,43 @@ class SignalStore:
         )
         cols = ", ".join(EVENT_COLUMNS)
         conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM staging_events{x}")
-        _merge_turns(conn, "staging_events", self.dialect)
+
+        def two_prompts(user_id, conversation_id, turn_id):
+            raise self._prompt_conflict(conn, user_id, conversation_id, turn_id, file=file, file_id=file_id)
+
+        _merge_turns(conn, "staging_events", self.dialect, on_conflict=two_prompts)
         self._unstage(conn, "staging_prompts", "staging_responses", "staging_events")
+
+    def _where(self, conn: sa.Connection, source_file, source_row, event_id, *, file: Path, file_id: int) -> str:
+        """A stored event's place for an error: ``row 5 of this file``, ``row 5 of a.jsonl (ingested earlier)``."""
+        if source_file is None or source_row is None:
+            return f"event {event_id!r} (stored before rows were recorded)"
+        if source_file == file_id:
+            return f"row {source_row} of this file"
+        found = conn.execute(sa.select(ingests.c.path).where(ingests.c.file_id == source_file)).all()  # all: DuckDB
+        path = found[0][0] if found else f"file #{source_file}"  # wants every result read before the next query
+        return f"row {source_row} of {path} (ingested earlier)"
+
+    def _prompt_conflict(self, conn, user_id, conversation_id, turn_id, *, file: Path, file_id: int):
+        """The error for one (user, conversation, turn) with two prompts: the earliest row (stored or in this file)
+        against the earliest row with another prompt (a row of this batch: earlier ones were checked)."""
+        rows = conn.execute(
+            sa.select(events.c.source_file, events.c.source_row, events.c.event_id, events.c.prompt_hash)
+            .where(events.c.user_id == user_id, events.c.conversation_id == conversation_id,
+                   events.c.turn_id == turn_id)
+        ).all()
+        rows.sort(key=lambda r: (r[0] is not None, r[0] or 0, r[1] if r[1] is not None else -1))
+        first = rows[0]
+        later = next(r for r in rows if r[3] != first[3])
+        where = self._where(conn, first[0], first[1], first[2], file=file, file_id=file_id)
+        return DataValidationError(
+            f"user {user_id!r} conversation {conversation_id!r} turn {turn_id}: the prompt differs from the one at "
+            f"{where} (one turn of one user's conversation has one prompt; a regenerated reply keeps its prompt): "
+            "fix the conversation or turn ids",
+            file=str(file),
+            row=later[1],
+            field="prompt",
+        )
 
     def _text_hashes(self, conn: sa.Connection, values: pa.Array) -> pa.Array:
         """sha256 hex digest of each string of ``values`` (distinct texts), in order (same value as
@@ -439,17 +606,19 @@ class SignalStore:
             h = h.take(pa.array(np.argsort(i, kind="stable")))
         return h
 
-    def _new_events(self, conn: sa.Connection, batch: pa.Table, *, file: Path, base: int) -> pa.Table:
+    def _new_events(self, conn: sa.Connection, batch: pa.Table, *, file: Path, base: int, file_id: int) -> pa.Table:
         """The rows of ``batch`` whose ``event_id`` is not stored yet, each id once (its first row), in file order:
         one GROUP BY on the ids alone, LEFT JOINed with the stored ids. Earlier batches of the same file are
         visible in the transaction and writers are serialised, so what is inserted next is exactly this.
 
-        The same GROUP BY counts each id's rows: when the batch repeats an id at all,
-        :func:`flywheel.arrow_events.refuse_conflicting_ids` checks that the copies are the same event (``file``,
-        ``base``: for its error, which names the file row).
+        A repeated id must be the same event: an id already stored (earlier batch, earlier file, earlier ingest)
+        is compared field by field with the stored row (:meth:`_stored_conflict`, run only when the batch holds
+        stored ids), an id repeated inside the batch with its first row
+        (:func:`flywheel.arrow_events.conflicting_ids_error`). The earliest conflicting row of the batch is
+        reported, with the row it conflicts with: the same pair whatever the batch boundaries.
 
         Raises:
-            data.validation.DataValidationError: one ``event_id`` with two different contents in the batch.
+            data.validation.DataValidationError: one ``event_id`` with two different contents, naming both rows.
         """
         keys = pa.table({"event_id": batch["event_id"], "i": pa.array(np.arange(batch.num_rows, dtype=np.int64))})
         self._stage(conn, "staging_keys", keys)
@@ -468,13 +637,79 @@ class SignalStore:
             idx = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
             reps = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
             new = np.fromiter((bool(r[2]) for r in rows), dtype=bool, count=len(rows))
+        new = new.astype(bool)
+        # ids in the batch; those not found new are stored already
+        n_distinct = pc.count_distinct(batch["event_id"]).as_py() if (reps > 1).any() else batch.num_rows
+        errors = []
+        stored_ids = None
+        if int(new.sum()) < n_distinct:  # some ids are stored already: each must be the stored event
+            err, stored_ids = self._stored_conflict(conn, batch, file=file, file_id=file_id)
+            if err is not None:
+                errors.append(err)
         self._unstage(conn, "staging_keys")
         if (reps > 1).any():
-            refuse_conflicting_ids(batch, file=file, base=base)
-        idx = idx[new.astype(bool)]
+            err = conflicting_ids_error(batch.drop_columns(["_row"]), file=file, base=base, skip=stored_ids)
+            if err is not None:
+                errors.append(err)
+        if errors:
+            raise min(errors, key=lambda e: e.row)
+        idx = idx[new]
         if len(idx) == batch.num_rows:
             return batch
         return batch.take(pa.array(np.sort(np.asarray(idx, dtype=np.int64))))
+
+    def _stored_conflict(self, conn, batch: pa.Table, *, file: Path, file_id: int):
+        """``(error or None, the batch's stored ids)``: the earliest row of ``batch`` whose ``event_id`` is stored
+        with other content (compared on every field; texts by their sha256), naming the stored row."""
+        cols = ["conversation_id", "turn_id", "user_id", "model_version", "intent", "signal", "ts",
+                "prompt_hash", "response_hash"]
+        sql = (
+            f"SELECT k.i, {', '.join('s.' + c for c in cols)}, s.source_file, s.source_row, s.event_id "
+            "FROM staging_keys k JOIN events s ON s.event_id = k.event_id ORDER BY k.i"
+        )
+        result = conn.exec_driver_sql(sql)
+        names = list(result.keys())
+        rows = result.fetchall()
+        types = {"i": pa.int64(), "turn_id": pa.int64(), "ts": pa.timestamp("us"), "source_file": pa.int64(),
+                 "source_row": pa.int64()}
+        stored = pa.table({n: pa.array([r[j] for r in rows], types.get(n, pa.string())) for j, n in enumerate(names)})
+        ids = pc.unique(stored["event_id"])
+        mine = batch.take(stored["i"])
+        here = {
+            "conversation_id": mine["conversation_id"], "turn_id": mine["turn_id"], "user_id": mine["user_id"],
+            "model_version": mine["model_version"], "intent": mine["intent"], "signal": mine["signal"],
+            "ts": mine["timestamp"],
+            "prompt_hash": pa.array([text_hash(t) for t in mine["prompt"].to_pylist()], pa.string()),
+            "response_hash": pa.array([text_hash(t) for t in mine["response"].to_pylist()], pa.string()),
+        }
+        differs = None
+        first_field = {}
+        for c in cols:
+            a, b = here[c], stored[c]
+            if c == "turn_id":
+                a = a.cast(pa.int64())
+            same = pc.or_kleene(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+            d = pc.invert(same)
+            first_field[c] = d
+            differs = d if differs is None else pc.or_(differs, d)
+        if differs is None or not pc.any(differs).as_py():
+            return None, ids
+        j = int(pc.index(differs, True).as_py())
+        field = next(c for c in cols if first_field[c][j].as_py())
+        r = rows[j]
+        where = self._where(conn, r[-3], r[-2], r[-1], file=file, file_id=file_id)
+        shown = {"prompt_hash": "prompt", "response_hash": "response", "ts": "timestamp"}.get(field, field)
+        if field in ("prompt_hash", "response_hash"):
+            detail = f"the {shown} text differs"  # texts are not written into error messages
+        else:
+            detail = f"{shown} {here[field][j].as_py()!r} here, {stored[field][j].as_py()!r} there"
+        return DataValidationError(
+            f"event_id {r[-1]!r} conflicts with {where}: {detail} (one id, two different events; fix the ids or "
+            "drop one row)",
+            file=str(file),
+            row=int(mine["_row"][j].as_py()),
+            field=shown,
+        ), ids
 
     # ---- reads -----------------------------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -494,8 +729,9 @@ class SignalStore:
     def turns_query(
         self, judge: str | None = None, columns: Sequence[str] | None = None, *, ordered: bool = True
     ) -> sa.Select:
-        """One row per (conversation, turn): ids, intent, model version, user id, text hashes, the normalised-prompt
-        hash, one count column per signal, and (with ``judge``) that judge's cached score (NULL where not scored).
+        """One row per turn response (user, conversation, turn, reply): ids, intent, model version, text hashes, the normalised-prompt
+        hash, one count column per signal, and (with ``judge``) that judge's cached score (NULL where not scored);
+        ordered by conversation id, turn id, user id, response hash.
 
         Reads the ``turns`` table the ingest keeps (no aggregation over events). ``columns``: only these (plus
         ``judge_score`` with a judge); ``ordered=False`` drops the ORDER BY (conversation id, turn id)."""
@@ -514,7 +750,7 @@ class SignalStore:
                 ),
             )
         q = sa.select(*cols).select_from(source)
-        return q.order_by(t.c.conversation_id, t.c.turn_id) if ordered else q
+        return q.order_by(t.c.conversation_id, t.c.turn_id, t.c.user_id, t.c.response_hash) if ordered else q
 
     def fetch_arrow(self, query: sa.Select) -> pa.Table:
         """Run a query and return an Arrow table (DuckDB: zero-copy ``.arrow()``; PostgreSQL: a cursor fetch)."""
@@ -538,22 +774,19 @@ class SignalStore:
         (``self_destruct``), so millions of turns are not held twice."""
         return self.turns(judge, columns, ordered=ordered).to_pandas(self_destruct=True, split_blocks=True)
 
-    def turn_details(self, conversation_ids: Sequence[str], turn_ids: Sequence[int]) -> pa.Table:
-        """Every ``turns`` column for the given (conversation id, turn id) pairs (unknown pairs are absent; order
-        not kept). One staged key table and a join: for the few thousand turns a selection picks."""
-        keys = pa.table(
-            {
-                "conversation_id": pa.array(list(conversation_ids), pa.string()),
-                "turn_id": pa.array(list(turn_ids), pa.int64()),
-            }
+    def turn_details(self, keys: dict[str, Sequence]) -> pa.Table:
+        """Every ``turns`` column for the given turn responses (``keys``: equal-length columns ``user_id``,
+        ``conversation_id``, ``turn_id``, ``response_hash``; unknown ones are absent; order not kept). One staged key
+        table and a join: for the few thousand turns a selection picks."""
+        key = ["user_id", "conversation_id", "turn_id", "response_hash"]
+        table = pa.table(
+            {c: pa.array(list(keys[c]), pa.int64() if c == "turn_id" else pa.string()) for c in key}
         )
         cols = ", ".join(f"t.{c}" for c in TURN_COLUMNS)
-        sql = (
-            f"SELECT {cols} FROM turns t JOIN staging_turn_keys k "
-            "ON k.conversation_id = t.conversation_id AND k.turn_id = t.turn_id"
-        )
+        on = " AND ".join(f"k.{c} = t.{c}" for c in key)
+        sql = f"SELECT {cols} FROM turns t JOIN staging_turn_keys k ON {on}"
         with self.engine.begin() as conn:
-            self._stage(conn, "staging_turn_keys", keys)
+            self._stage(conn, "staging_turn_keys", table)
             if self.dialect == "duckdb":
                 out = conn.connection.driver_connection.sql(sql).to_arrow_table()
             else:
@@ -573,18 +806,45 @@ class SignalStore:
                 out.update(conn.execute(sa.select(texts.c.hash, texts.c.text).where(texts.c.hash.in_(chunk))).all())
         return out
 
-    def conversation(self, conversation_id: str) -> list[dict]:
-        """The turns of one conversation in order: ``[{"turn_id", "prompt", "response", "intent"}, ...]``."""
-        p, r = texts.alias("p"), texts.alias("r")
+    def conversation(self, user_id: str, conversation_id: str) -> list[dict]:
+        """Every turn response of one user's conversation, by turn then first time: ``[{"turn_id", "prompt",
+        "response", "response_hash", "intent", "first_ts", "continued"}, ...]`` (a regenerated turn has one entry
+        per reply)."""
+        t, p, r = turn_table, texts.alias("p"), texts.alias("r")
         q = (
-            sa.select(events.c.turn_id, p.c.text, r.c.text, sa.func.min(events.c.intent))
-            .select_from(events.join(p, p.c.hash == events.c.prompt_hash).join(r, r.c.hash == events.c.response_hash))
-            .where(events.c.conversation_id == conversation_id)
-            .group_by(events.c.turn_id, p.c.text, r.c.text)
-            .order_by(events.c.turn_id)
+            sa.select(t.c.turn_id, p.c.text, r.c.text, t.c.response_hash, t.c.intent, t.c.first_ts, t.c.continued)
+            .select_from(t.join(p, p.c.hash == t.c.prompt_hash).join(r, r.c.hash == t.c.response_hash))
+            .where(t.c.user_id == user_id, t.c.conversation_id == conversation_id)
+            .order_by(t.c.turn_id, t.c.first_ts, t.c.response_hash)
         )
+        keys = ("turn_id", "prompt", "response", "response_hash", "intent", "first_ts", "continued")
         with self.engine.connect() as conn:
-            return [{"turn_id": t, "prompt": a, "response": b, "intent": i} for t, a, b, i in conn.execute(q).all()]
+            return [dict(zip(keys, row)) for row in conn.execute(q).all()]
+
+    def history(self, user_id: str, conversation_id: str, turn_id: int, response_hash: str) -> list[dict]:
+        """The conversation as the user saw it when they got the reply ``response_hash`` at ``turn_id``:
+        ``[{"turn_id", "prompt", "response"}, ...]`` for turns ``0..turn_id``, the last one that reply; ``[]`` when
+        that turn response is not stored. Turns the user never sent (gaps) are absent.
+
+        An earlier turn whose reply was regenerated shows the reply the user went on from: among its replies
+        (those with a ``continued`` signal, when any has one), the latest whose first event is not after the
+        selected turn's first event (the next turns were asked after it); when none is (clocks disagree), the
+        earliest.
+        """
+        rows = self.conversation(user_id, conversation_id)
+        this = next((x for x in rows if x["turn_id"] == turn_id and x["response_hash"] == response_hash), None)
+        if this is None:
+            return []
+        start = min(x["first_ts"] for x in rows if x["turn_id"] == turn_id)
+        out = []
+        for j in sorted({x["turn_id"] for x in rows if x["turn_id"] < turn_id}):
+            replies = [x for x in rows if x["turn_id"] == j]
+            replies = [x for x in replies if x["continued"]] or replies
+            before = [x for x in replies if x["first_ts"] <= start]
+            seen = max(before, key=lambda x: (x["first_ts"], x["response_hash"])) if before else replies[0]
+            out.append({"turn_id": j, "prompt": seen["prompt"], "response": seen["response"]})
+        out.append({"turn_id": turn_id, "prompt": this["prompt"], "response": this["response"]})
+        return out
 
     # ---- judge cache -----------------------------------------------------------------------------------------------
     def put_scores(self, judge: str, scores: dict[tuple[str, str], float] | pa.Table) -> None:
@@ -624,46 +884,69 @@ def _collate(dialect: str) -> str:
 
 
 def _turn_aggregate(source: str, dialect: str) -> str:
-    """SQL: one row per (conversation, turn) of the events in ``source``: ``min()`` of each metadata column (byte
-    order) and a BIGINT count per signal (``count(*) FILTER``: sum(case) is a HUGEINT on DuckDB)."""
+    """SQL: one row per turn response (:data:`TURN_KEY`) of the events in ``source``: ``min()`` of ``intent`` and
+    ``model_version`` (byte order; never of a hash column: the texts are the key), the earliest event time, and a
+    BIGINT count per signal (``count(*) FILTER``: sum(case) is a HUGEINT on DuckDB)."""
     coll = _collate(dialect)
     meta = ", ".join(f"min({c}{coll}) AS {c}" for c in _TURN_META)
     sig = ", ".join(f"count(*) FILTER (WHERE signal = '{s}') AS {s}" for s in SIGNALS)
-    return f"SELECT conversation_id, turn_id, {meta}, {sig} FROM {source} GROUP BY conversation_id, turn_id"
+    key = ", ".join(TURN_KEY)
+    return f"SELECT {key}, {meta}, min(ts) AS first_ts, {sig} FROM {source} GROUP BY {key}"
 
 
 #: Columns of the ``turns`` table, in order.
-TURN_COLUMNS = ["conversation_id", "turn_id", *_TURN_META, "prompt_norm_hash", *SIGNALS]
+TURN_COLUMNS = [c.name for c in turn_table.columns]
+_AGG_COLUMNS = [c for c in TURN_COLUMNS if c != "prompt_norm_hash"]
 
 
 def _insert_turns_from(conn: sa.Connection, source: str, dialect: str) -> None:
     """Insert the turns of ``source``'s events (none of them in ``turns`` yet), the prompt's normal-form hash read
     from ``texts`` (a prompt whose text was first stored as a response has none there: it keeps its own hash)."""
+    cols = [f"a.{c}" if c != "prompt_norm_hash" else "coalesce(nullif(p.norm_hash, ''), a.prompt_hash)"
+            for c in TURN_COLUMNS]
     conn.exec_driver_sql(
-        f"INSERT INTO turns ({', '.join(TURN_COLUMNS)}) SELECT "
-        + ", ".join(f"a.{c}" for c in TURN_COLUMNS[: -len(SIGNALS) - 1])
-        + ", coalesce(nullif(p.norm_hash, ''), a.prompt_hash), "
-        + ", ".join(f"a.{s}" for s in SIGNALS)
-        + f" FROM ({_turn_aggregate(source, dialect)}) a LEFT JOIN texts p ON p.hash = a.prompt_hash"
+        f"INSERT INTO turns ({', '.join(TURN_COLUMNS)}) SELECT {', '.join(cols)} "
+        f"FROM ({_turn_aggregate(source, dialect)}) a LEFT JOIN texts p ON p.hash = a.prompt_hash"
     )
 
 
-def _merge_turns(conn: sa.Connection, new: str, dialect: str) -> None:
-    """Fold the batch's new events (the table or subquery ``new``) into ``turns``: a turn already stored gets its counts
-    added and its metadata lowered to the minimum (so the table equals a GROUP BY over all events, whatever the
-    order events arrive in); a new turn is inserted. Runs inside the ingest transaction."""
+def _merge_turns(conn: sa.Connection, new: str, dialect: str, on_conflict=None) -> None:
+    """Fold the batch's new events (the table or subquery ``new``) into ``turns``: a turn response already stored
+    gets its counts added, its metadata lowered to the minimum and its first time to the earliest (so the table
+    equals a GROUP BY over all events, whatever the order events arrive in); a new one is inserted (a new reply to
+    a stored turn is a regeneration: its own row). Runs inside the ingest transaction.
+
+    ``on_conflict(user_id, conversation_id, turn_id)``: called (and expected to raise) when one of the batch's turns
+    has a prompt other than the stored one or another in the batch (a (user, conversation, turn) has one prompt)."""
     conn.exec_driver_sql("DROP TABLE IF EXISTS staging_turns")
-    # ``stored``: the turn is already in ``turns`` (one LEFT JOIN, built on the batch's side; turns are unique by
-    # (conversation, turn)), so the UPDATE touches only those and the INSERT needs no second anti-join
+    on_key = " AND ".join(f"t.{c} = a.{c}" for c in TURN_KEY)
+    # ``stored``: the turn response is already in ``turns`` (one LEFT JOIN, built on the batch's side; rows are
+    # unique by TURN_KEY), so the UPDATE touches only those and the INSERT needs no second anti-join
     conn.exec_driver_sql(
         "CREATE TEMP TABLE staging_turns AS SELECT a.*, p.norm_hash AS prompt_norm_hash, "
         "t.conversation_id IS NOT NULL AS stored FROM "
         f"({_turn_aggregate(new, dialect)}) a JOIN staging_prompts p ON p.hash = a.prompt_hash "
-        "LEFT JOIN turns t ON t.conversation_id = a.conversation_id AND t.turn_id = a.turn_id"
+        f"LEFT JOIN turns t ON {on_key}"
     )
-    n_stored = conn.exec_driver_sql("SELECT count(*) FROM staging_turns WHERE stored").scalar_one()
-    on = "turns.conversation_id = d.conversation_id AND turns.turn_id = d.turn_id"
+    n_stored, n_new = conn.exec_driver_sql(
+        "SELECT count(*) FILTER (WHERE stored), count(*) FILTER (WHERE NOT stored) FROM staging_turns"
+    ).one()
+    if n_new:
+        # one prompt per (user, conversation, turn): inside the batch, and against the stored turns (only a new
+        # row can bring a second prompt; a stored row matched on its prompt already)
+        clash = conn.exec_driver_sql(
+            "SELECT user_id, conversation_id, turn_id FROM staging_turns GROUP BY user_id, conversation_id, turn_id "
+            "HAVING count(DISTINCT prompt_hash) > 1 LIMIT 1"
+        ).all() or conn.exec_driver_sql(
+            "SELECT d.user_id, d.conversation_id, d.turn_id FROM staging_turns d JOIN turns t ON "
+            "t.user_id = d.user_id AND t.conversation_id = d.conversation_id AND t.turn_id = d.turn_id "
+            "WHERE NOT d.stored AND t.prompt_hash <> d.prompt_hash LIMIT 1"
+        ).all()
+        clash = clash[0] if clash else None
+        if clash is not None and on_conflict is not None:
+            on_conflict(*clash)
     coll = _collate(dialect)
+    on = " AND ".join(f"turns.{c} = d.{c}" for c in TURN_KEY)
 
     def lower(c: str) -> str:  # min(old, new), NULL (unknown intent) only when both are
         return (
@@ -672,17 +955,15 @@ def _merge_turns(conn: sa.Connection, new: str, dialect: str) -> None:
         )
 
     sets = [f"{c} = {lower(c)}" for c in _TURN_META]
-    sets.append(
-        f"prompt_norm_hash = CASE WHEN d.prompt_hash{coll} < turns.prompt_hash{coll} THEN d.prompt_norm_hash "
-        "ELSE turns.prompt_norm_hash END"
-    )
+    sets.append("first_ts = CASE WHEN d.first_ts < turns.first_ts THEN d.first_ts ELSE turns.first_ts END")
     sets += [f"{s} = turns.{s} + d.{s}" for s in SIGNALS]
     if n_stored:
         conn.exec_driver_sql(f"UPDATE turns SET {', '.join(sets)} FROM staging_turns d WHERE d.stored AND {on}")
-    conn.exec_driver_sql(
-        f"INSERT INTO turns ({', '.join(TURN_COLUMNS)}) SELECT {', '.join('d.' + c for c in TURN_COLUMNS)} "
-        "FROM staging_turns d WHERE NOT d.stored"
-    )
+    if n_new:
+        conn.exec_driver_sql(
+            f"INSERT INTO turns ({', '.join(TURN_COLUMNS)}) SELECT {', '.join('d.' + c for c in TURN_COLUMNS)} "
+            "FROM staging_turns d WHERE NOT d.stored"
+        )
     conn.exec_driver_sql("DROP TABLE staging_turns")
 
 
@@ -731,43 +1012,88 @@ def _row_error(path: Path, row: int, raw: dict) -> DataValidationError:
     return DataValidationError("row failed validation", file=str(path), row=row)
 
 
-def _utc_naive(ts: dt.datetime) -> dt.datetime:
-    return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(0-based row, line bytes)`` of a JSONL file (gzip when ``.gz``), reading at most :data:`MAX_LINE_BYTES`
+    + 1 bytes of any line: a longer line is refused before the rest of it is read.
+
+    Raises:
+        data.validation.DataValidationError: a line over the cap (names file and row).
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        i = 0
+        while True:
+            line = f.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            if len(line) > MAX_LINE_BYTES:
+                raise DataValidationError(
+                    f"line longer than {MAX_LINE_BYTES} bytes (the reader's cap, flywheel.schema.MAX_LINE_BYTES); "
+                    "not read further",
+                    file=str(path),
+                    row=i,
+                )
+            yield i, line
+            i += 1
+
+
+def _parse_line(path: Path, i: int, line: bytes) -> dict:
+    """One JSONL line as a dict, or a file/row error (not UTF-8, not JSON, nested too deeply, not an object)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataValidationError(f"not valid UTF-8 (byte {err.start} of the line)", file=str(path), row=i) from None
+    if not text.strip():
+        raise DataValidationError("empty line", file=str(path), row=i)
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataValidationError(f"not valid JSON ({err.msg})", file=str(path), row=i) from None
+    except RecursionError:
+        raise DataValidationError("JSON nested too deeply to read", file=str(path), row=i) from None
+    except ValueError as err:  # e.g. an integer literal over Python's digit limit
+        raise DataValidationError(f"not readable JSON ({str(err).splitlines()[0]})", file=str(path), row=i) from None
+    if not isinstance(raw, dict):
+        raise DataValidationError(f"expected a JSON object, got {type(raw).__name__}", file=str(path), row=i)
+    return raw
 
 
 def _jsonl_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
+    """Validated batches of a JSONL file: each row through :class:`EventRow`, then each batch through the same
+    vectorised :func:`flywheel.arrow_events.check_batch` as Parquet."""
     rows: list[dict] = []
     base = 0
-    opener = __import__("gzip").open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                raise DataValidationError("empty line", file=str(path), row=i)
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataValidationError(f"not valid JSON ({err.msg})", file=str(path), row=i) from None
-            if not isinstance(raw, dict):
-                raise DataValidationError(f"expected a JSON object, got {type(raw).__name__}", file=str(path), row=i)
-            try:
-                ev = EventRow.model_validate(raw)
-            except ValidationError:
-                raise _row_error(path, i, raw) from None
-            d = ev.model_dump()
-            d["timestamp"] = _utc_naive(d["timestamp"])
-            rows.append(d)
-            if len(rows) >= chunk_rows:
-                yield pa.Table.from_pylist(rows, schema=_ARROW_SCHEMA)
-                base += len(rows)
-                rows = []
+    for i, line in _jsonl_lines(path):
+        raw = _parse_line(path, i, line)
+        try:
+            ev = EventRow.model_validate(raw)
+        except ValidationError:
+            raise _row_error(path, i, raw) from None
+        except RecursionError:  # a deeply nested value inside a field
+            raise DataValidationError("value nested too deeply", file=str(path), row=i) from None
+        d = ev.model_dump()
+        d["timestamp"] = utc_naive(d["timestamp"])  # in range: EventRow checked it
+        rows.append(d)
+        if len(rows) >= chunk_rows:
+            t = pa.Table.from_pylist(rows, schema=_ARROW_SCHEMA)
+            check_batch(t, file=path, base=base)
+            yield t
+            base += len(rows)
+            rows = []
     if rows:
-        yield pa.Table.from_pylist(rows, schema=_ARROW_SCHEMA)
+        t = pa.Table.from_pylist(rows, schema=_ARROW_SCHEMA)
+        check_batch(t, file=path, base=base)
+        yield t
 
 
 def _parquet_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
-    """Vectorised checks mirroring :class:`EventRow`; the first failing row is re-validated by pydantic for the
-    message, so both readers report the same field and reason."""
-    pf = pq.ParquetFile(path)
+    """Column types checked as :class:`EventRow` checks JSONL values (:func:`flywheel.arrow_events.read_columns`),
+    then the same vectorised value checks as JSONL (:func:`flywheel.arrow_events.check_batch`). A file that is
+    not Parquet or is cut short is refused naming the file and the first row of the batch that could not be read."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as err:
+        raise DataValidationError(f"not a readable Parquet file ({err})", file=str(path)) from None
     names = set(pf.schema_arrow.names)
     missing = [f for f in _INPUT_FIELDS if f not in names and f != "intent"]
     if missing:
@@ -776,8 +1102,18 @@ def _parquet_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
     if extra:
         raise DataValidationError(f"unknown column(s) {extra}", file=str(path), field=extra[0])
     base = 0
-    signals = pa.array(SIGNALS)
-    for rb in pf.iter_batches(batch_size=chunk_rows):
+    batches = pf.iter_batches(batch_size=chunk_rows)
+    while True:
+        try:
+            rb = next(batches)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as err:
+            raise DataValidationError(
+                f"Parquet data cannot be read from this row on (truncated or corrupt file: {err})",
+                file=str(path),
+                row=base,
+            ) from None
         t = pa.Table.from_batches([rb])
         if "intent" not in t.column_names:
             t = t.append_column("intent", pa.nulls(t.num_rows, pa.string()))
@@ -786,15 +1122,7 @@ def _parquet_batches(path: Path, chunk_rows: int) -> Iterator[pa.Table]:
             t = t.select(_ARROW_SCHEMA.names).cast(_ARROW_SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             raise column_type_error(path, t, _ARROW_SCHEMA, base=base) from None
-        ok = pc.is_in(t["signal"], value_set=signals)
-        for name in ("event_id", "conversation_id", "user_id", "model_version", "prompt", "response"):
-            ok = pc.and_kleene(ok, pc.greater(pc.utf8_length(t[name]), 0))
-        ok = pc.and_kleene(ok, pc.greater_equal(t["turn_id"], 0))
-        ok = pc.and_kleene(ok, pc.is_valid(t["timestamp"]))
-        ok = pc.fill_null(ok, False)
-        if not pc.all(ok).as_py():
-            bad = int(pc.index(ok, False).as_py())
-            raise _row_error(path, base + bad, t.slice(bad, 1).to_pylist()[0])
+        check_batch(t, file=path, base=base)
         base += t.num_rows
         yield t
 

@@ -17,6 +17,7 @@ from flywheel.annotation import (
     read_label_studio_export,
     read_label_studio_labels,
     simulate_annotations,
+    turn_key,
     write_dataset_version,
     write_export,
 )
@@ -55,10 +56,15 @@ ALTERNATIVES = {
     ("c3", 0): ["Seven."],  # one response only: cannot be compared, reported as skipped
 }
 SELECTED = [
-    {"conversation_id": "c1", "turn_id": 1, "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
-    {"conversation_id": "c2", "turn_id": 0, "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
-    {"conversation_id": "c3", "turn_id": 0, "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.7},
+    {"user_id": "u1", "conversation_id": "c1", "turn_id": 1, "response_hash": "r-c1-1",
+     "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
+    {"user_id": "u1", "conversation_id": "c2", "turn_id": 0, "response_hash": "r-c2-0",
+     "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
+    {"user_id": "u1", "conversation_id": "c3", "turn_id": 0, "response_hash": "r-c3-0",
+     "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.7},
 ]
+#: each selected turn's key in task keys (12 hex digits of user, conversation, turn, reply)
+TK = {(t["conversation_id"], t["turn_id"]): turn_key(t) for t in SELECTED}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +76,7 @@ def scrubber():
 def exported(scrubber, tmp_path):
     export = build_tasks(
         SELECTED,
-        CONVERSATIONS.__getitem__,
+        lambda t: [x for x in CONVERSATIONS[t["conversation_id"]] if x["turn_id"] <= t["turn_id"]],
         lambda t: ALTERNATIVES[(t["conversation_id"], t["turn_id"])],
         k=3,
         scrub=scrubber.scrub,
@@ -102,8 +108,13 @@ def test_label_studio_task_format_and_config(exported):
     _, manifest, tmp = exported
     tasks = json.loads((tmp / "export" / "tasks.json").read_text())
     # k=3 for c1 -> C(3,2) = 3 tasks; c2 has 2 responses -> 1 task; c3 skipped (1 response), reported.
-    assert [t["data"]["task_key"] for t in tasks] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2", "c2:0:0-1"]
-    assert manifest["skipped"] == [{"conversation_id": "c3", "turn_id": 0, "reason": "1 distinct response(s) after the scrub"}]
+    k1, k2, k3 = (turn_key(t) for t in SELECTED)  # 12 hex digits of (user, conversation, turn, reply)
+    assert [t["data"]["task_key"] for t in tasks] == [f"c1:1:{k1}:0-1", f"c1:1:{k1}:0-2", f"c1:1:{k1}:1-2",
+                                                      f"c2:0:{k2}:0-1"]
+    assert "u1" not in json.dumps(tasks)  # the user id never reaches annotators
+    assert manifest["skipped"] == [
+        {"conversation_id": "c3", "turn_id": 0, "turn_key": k3, "reason": "1 distinct response(s) after the scrub"}
+    ]
     assert (manifest["tasks"], manifest["turns"]) == (4, 2)
     assert tasks[0]["data"]["messages"][0]["role"] == "user" and tasks[0]["data"]["messages"][-1]["role"] == "user"
     assert len(tasks[0]["data"]["messages"]) == 3  # user, assistant, user (the selected turn's prompt)
@@ -134,8 +145,8 @@ def test_import_several_annotators_into_pairs_and_agreement_with_lineage(exporte
     ]
     path = _export_file(tmp, ls)
     pairs, unlabelled = read_label_studio_export(path, tasks)
-    assert unlabelled == [{"task_key": "c1:1:0-2", "reason": "no annotation"}]
-    assert [p.id for p in pairs] == ["c1:1:0-1", "c1:1:1-2", "c2:0:0-1"]
+    assert unlabelled == [{"task_key": f"c1:1:{TK['c1', 1]}:0-2", "reason": "no annotation"}]
+    assert [p.id for p in pairs] == [f"c1:1:{TK['c1', 1]}:0-1", f"c1:1:{TK['c1', 1]}:1-2", f"c2:0:{TK['c2', 0]}:0-1"]
     assert [[(lab.annotator_id, lab.verdict) for lab in p.labels] for p in pairs] == [
         [("ls-user-101", 2), ("ls-user-102", 2), ("ls-user-103", 2)],
         [("ls-user-102", 1), ("ls-user-103", 1)],
@@ -152,12 +163,14 @@ def test_import_several_annotators_into_pairs_and_agreement_with_lineage(exporte
     assert (m["n_pairs"], m["n_agreement_rows"], m["agreement_annotators_per_row"]) == (0, 2, 3)
     agree = load_pairs(m["agreement"])
     assert [lab.preference for lab in agree[1].labels] == [2, 2, 0]
-    # The split is by task-id hash: training and agreement never share a task.
-    m = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.5)
+    # The split is by task-id hash: training and agreement never share a task (0.2 holds out 2 of these 3 tasks,
+    # whose id hashes read as 0.067, 0.103 and 0.255).
+    m = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.2)
     ids_train = {p.id for p in load_pairs(m["pairs"])}
     ids_agree = {p.id for p in load_pairs(m["agreement"])} if m["n_agreement_rows"] else set()
     assert not ids_train & ids_agree and m["n_train_tasks"] + m["n_heldout_tasks"] == 3
-    again = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.5)
+    assert (m["n_train_tasks"], m["n_heldout_tasks"]) == (1, 2)
+    again = write_dataset_version(pairs, unlabelled, tmp / "datasets3", lineage=lineage, heldout_fraction=0.2)
     assert again["version"] == m["version"] and again["pairs_hash"] == m["pairs_hash"]  # reproducible
 
 
@@ -204,9 +217,9 @@ def test_decontamination_removes_pairs_seen_in_a_gate_suite(exported):
     pairs, _ = read_label_studio_export(_export_file(tmp, ls), export.tasks)
     # the shared rule (data.decontamination): same text up to case and spacing, or a shared word 8-gram
     kept, report = decontaminate_pairs(pairs, {"winrate": ["how do I  boil an EGG?"], "safe": ["Unrelated prompt"]})
-    assert [p.id for p in kept] == ["c1:1:0-1", "c1:1:0-2", "c1:1:1-2"]
+    assert [p.id for p in kept] == [f"c1:1:{TK['c1', 1]}:0-1", f"c1:1:{TK['c1', 1]}:0-2", f"c1:1:{TK['c1', 1]}:1-2"]
     assert (report["n_in"], report["n_removed"], report["per_suite"]) == (4, 1, {"winrate": 1, "safe": 0})
-    assert report["removed"] == ["c2:0:0-1"]
+    assert report["removed"] == [f"c2:0:{TK['c2', 0]}:0-1"]
 
 
 # ---- an empty export is refused; conflicting labels are errors or listed, never merged -----------------------------

@@ -148,11 +148,13 @@ def test_same_event_id_with_different_content_is_a_conflict_not_a_duplicate(tmp_
     rep = store.ingest(tmp_path / "dup.jsonl")
     assert (rep.rows, rep.inserted, rep.duplicates) == (5, 4, 1)
     path = tmp_path / "clash.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in [*_rows(4, ts="2024-01-01T00:00:00Z"), clash]))
+    path.write_text("".join(json.dumps({**r, "event_id": "x" + r["event_id"]}) + "\n" for r in [*rows, clash]))
     with pytest.raises(DataValidationError) as err:
         store.ingest(path)
     assert (err.value.file, err.value.row, err.value.field) == (str(path), 4, "signal")
-    assert err.value.reason.startswith("event_id 'e1' conflicts with row 1: signal 'thumbs_down' here, 'thumbs_up'")
+    assert err.value.reason.startswith(
+        "event_id 'xe1' conflicts with row 1 of this file: signal 'thumbs_down' here, 'thumbs_up'"
+    )
     assert store.counts()["files"] == 1  # the conflicting file was rolled back
     store.close()
 

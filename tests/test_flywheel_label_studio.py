@@ -16,6 +16,7 @@ from flywheel.annotation import (
     build_tasks,
     read_label_studio_export,
     simulate_annotations,
+    turn_key,
     write_dataset_version,
     write_export,
 )
@@ -32,9 +33,13 @@ ALTERNATIVES = {
     ("c2", 1): ["Seven.", "Seven is prime: its only divisors are 1 and 7."],
 }
 SELECTED = [
-    {"conversation_id": "c1", "turn_id": 0, "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
-    {"conversation_id": "c2", "turn_id": 1, "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
+    {"user_id": "u1", "conversation_id": "c1", "turn_id": 0, "response_hash": "r-c1-0",
+     "intent": "koala", "kind": "thumbs_up_judged_poor", "disagreement": 0.8},
+    {"user_id": "u1", "conversation_id": "c2", "turn_id": 1, "response_hash": "r-c2-1",
+     "intent": "oasst", "kind": "thumbs_down_judged_good", "disagreement": 0.9},
 ]
+#: each selected turn's key in task keys (12 hex digits of user, conversation, turn, reply)
+TK = {(t["conversation_id"], t["turn_id"]): turn_key(t) for t in SELECTED}
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +58,16 @@ def test_round_trip_through_the_label_studio_api(label_studio, tmp_path):
     url, token = label_studio
     export = build_tasks(
         SELECTED,
-        CONVERSATIONS.__getitem__,
+        lambda t: [x for x in CONVERSATIONS[t["conversation_id"]] if x["turn_id"] <= t["turn_id"]],
         lambda t: ALTERNATIVES[(t["conversation_id"], t["turn_id"])],
         k=3,
         scrub=lambda s: (s, Counter()),
     )
     manifest = write_export(export, tmp_path / "export", selection_hash="s" * 64)
     tasks = json.loads((tmp_path / "export" / "tasks.json").read_text())
-    assert [t["data"]["task_key"] for t in tasks] == ["c1:0:0-1", "c1:0:0-2", "c1:0:1-2", "c2:1:0-1"]
+    k1, k2 = (turn_key(t) for t in SELECTED)
+    assert [t["data"]["task_key"] for t in tasks] == [f"c1:0:{k1}:0-1", f"c1:0:{k1}:0-2", f"c1:0:{k1}:1-2",
+                                                      f"c2:1:{k2}:0-1"]
 
     with httpx.Client(base_url=url, headers={"Authorization": f"Token {token}"}, timeout=60) as api:
         r = api.post("/api/projects", json={"title": "flywheel round trip", "label_config": LABEL_CONFIG})
@@ -83,7 +90,7 @@ def test_round_trip_through_the_label_studio_api(label_studio, tmp_path):
         ]
         for task, labelled in zip(tasks, sim):
             key = task["data"]["task_key"]
-            if key == "c2:1:0-1":
+            if key == f"c2:1:{TK['c2', 1]}:0-1":
                 continue  # nobody labels this one: it must be reported, not dropped
             for user, ann in zip(users, labelled["annotations"]):
                 r = api.post(f"/api/tasks/{by_key[key]}/annotations", json={"result": ann["result"], "completed_by": user})
@@ -97,16 +104,16 @@ def test_round_trip_through_the_label_studio_api(label_studio, tmp_path):
 
     # The server's default export leaves tasks without annotations out: reported as such, never dropped silently.
     pairs_default, unlabelled = read_label_studio_export(tmp_path / "ls_export_default.json", tasks)
-    assert unlabelled == [{"task_key": "c2:1:0-1", "reason": "not in the export"}]
+    assert unlabelled == [{"task_key": f"c2:1:{TK['c2', 1]}:0-1", "reason": "not in the export"}]
     pairs, unlabelled = read_label_studio_export(tmp_path / "ls_export.json", tasks)  # download_all_tasks
-    assert unlabelled == [{"task_key": "c2:1:0-1", "reason": "no annotation"}]
+    assert unlabelled == [{"task_key": f"c2:1:{TK['c2', 1]}:0-1", "reason": "no annotation"}]
     assert [p.id for p in pairs_default] == [p.id for p in pairs]
     ann = [f"ls-user-{u}" for u in users]
     # c1 responses: 0 "Nine minutes." (13 chars), 1 the long answer, 2 "No idea." (8 chars)
     assert [(p.id, [(lab.annotator_id, lab.verdict) for lab in p.labels]) for p in pairs] == [
-        ("c1:0:0-1", [(ann[0], 2), (ann[1], 2), (ann[2], 0)]),
-        ("c1:0:0-2", [(ann[0], 1), (ann[1], 1), (ann[2], 1)]),
-        ("c1:0:1-2", [(ann[0], 1), (ann[1], 1), (ann[2], 1)]),
+        (f"c1:0:{TK['c1', 0]}:0-1", [(ann[0], 2), (ann[1], 2), (ann[2], 0)]),
+        (f"c1:0:{TK['c1', 0]}:0-2", [(ann[0], 1), (ann[1], 1), (ann[2], 1)]),
+        (f"c1:0:{TK['c1', 0]}:1-2", [(ann[0], 1), (ann[1], 1), (ann[2], 1)]),
     ]
     lineage = {"selection": "s" * 64, "export": manifest["export_hash"], "labels": "l" * 64}
     m = write_dataset_version(pairs, unlabelled, tmp_path / "datasets", lineage=lineage, heldout_fraction=0.0)

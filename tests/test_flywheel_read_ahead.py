@@ -73,7 +73,7 @@ def _events(path: Path, prefix: str, n: int, *, bad_row: int | None = None) -> P
                 "intent": "oasst",
                 "signal": "thumbs_up" if i != bad_row else "like",
                 "timestamp": "2026-03-01T12:00:00+00:00",
-                "prompt": f"Question {i % 2}?",
+                "prompt": f"Question {(i // 3) % 2}?",  # one prompt per turn
                 "response": f"Answer {i // 3}.",
             }
         )

@@ -52,9 +52,9 @@ def _rows(n: int, *, prefix: str = "e", n_prompts: int = 3) -> list[dict]:
     return [
         {
             "event_id": f"{prefix}{i}",
-            "conversation_id": f"c{i // 4}",
+            "conversation_id": f"{prefix}c{i // 4}",
             "turn_id": (i // 2) % 2,
-            "user_id": f"u{i % 5}",
+            "user_id": f"u{(i // 4) % 5}",
             "model_version": "round-1",
             "intent": "oasst" if (i // 4) % 3 else None,
             "signal": signals[i % 4],
@@ -88,7 +88,7 @@ def test_ingest_counts_and_texts_stored_once(db_url, tmp_path):
     assert (rep.rows, rep.inserted, rep.duplicates) == (8, 2, 6)
     assert store.counts()["events"] == 14
     # Texts are referenced by content hash and come back intact.
-    turn = store.conversation("c0")
+    turn = store.conversation("u0", "ec0")
     assert [t["prompt"] for t in turn] == ["Question 0, please?", "Question 1, please?"]
     turns = store.turns().to_pylist()
     assert turns[0]["prompt_hash"] == text_hash("Question 0, please?")

@@ -37,48 +37,64 @@ def _jsonl(path, rows):
 
 
 def _group_by(store: SignalStore) -> list[dict]:
-    """What the turns table must equal: min() per metadata column (byte order), a count per signal."""
+    """What the turns table must equal: one row per (user, conversation, turn, prompt, response), min() of intent
+    and model version (byte order), the earliest time, a count per signal."""
     coll = ' COLLATE "C"' if store.dialect == "postgresql" else ""
-    meta = ", ".join(
-        f"min({c}{coll}) AS {c}" for c in ["intent", "model_version", "user_id", "prompt_hash", "response_hash"]
-    )
+    key = "user_id, conversation_id, turn_id, prompt_hash, response_hash"
+    meta = ", ".join(f"min({c}{coll}) AS {c}" for c in ["intent", "model_version"])
     sig = ", ".join(f"count(*) FILTER (WHERE signal = '{s}') AS {s}" for s in SIGNALS)
     sql = (
-        f"SELECT conversation_id, turn_id, {meta}, {sig} FROM events GROUP BY conversation_id, turn_id "
-        "ORDER BY conversation_id, turn_id"
+        f"SELECT {key}, {meta}, min(ts) AS first_ts, {sig} FROM events GROUP BY {key} "
+        "ORDER BY conversation_id, turn_id, user_id, response_hash"
     )
     with store.engine.connect() as conn:
         return [dict(r._mapping) for r in conn.exec_driver_sql(sql)]
 
 
+def _sorted_turns(store):
+    return sorted(store.turns().to_pylist(), key=lambda t: (t["conversation_id"], t["turn_id"], t["user_id"],
+                                                             t["response_hash"]))
+
+
 def test_turns_table_equals_group_by_over_events(db_url, tmp_path):  # noqa: F811
     rows = [
-        # c1 turn 0: metadata differs between events, spread over batches and files; the minimum wins
-        _event(0, "c1", 0, "thumbs_up", intent=None, user="u9", model="round-2", response="Zed."),
-        _event(1, "c1", 0, "thumbs_down", intent="vicuna", user="u3"),
+        # c1 turn 0 of u1: metadata differs between events, spread over batches and files; the minimum wins
+        _event(0, "c1", 0, "thumbs_up", intent=None, model="round-2"),
+        _event(1, "c1", 0, "thumbs_down", intent="vicuna"),
         _event(2, "c1", 1, "regenerate", prompt="Second, question!"),
         _event(3, "c2", 0, "copy", intent=None),
-        _event(4, "c1", 0, "thumbs_up", intent="koala", model="round-1", response="Aardvark."),
+        _event(4, "c1", 0, "thumbs_up", intent="koala", model="round-1"),
         _event(5, "c2", 0, "copy", intent=None),
+        # another user under the same conversation id: another conversation, another prompt is fine
+        _event(6, "c1", 0, "thumbs_down", user="u9", prompt="Mine?", response="Yours."),
+        # the reply of c1 turn 1 regenerated: its own row, with its own signal
+        _event(7, "c1", 1, "thumbs_up", prompt="Second, question!", response="Better."),
     ]
     store = SignalStore(db_url)
     store.ingest(_jsonl(tmp_path / "a.jsonl", rows[:4] + rows[:2]), chunk_rows=2)  # repeats inside the file
     store.ingest(_jsonl(tmp_path / "b.jsonl", rows[3:]), chunk_rows=1)  # row 3 again, across files
     want = _group_by(store)
-    got = store.turns().to_pylist()
+    got = _sorted_turns(store)
     assert [{k: t[k] for k in want[0]} for t in got] == want
-    c1 = got[0]
-    assert (c1["intent"], c1["user_id"], c1["model_version"]) == ("koala", "u1", "round-1")  # "koala" < "vicuna"
-    assert c1["response_hash"] == min(text_hash("Zed."), text_hash("Hello."), text_hash("Aardvark."))
+    assert len(got) == 5 and store.counts()["turns"] == 5
+    c1 = next(t for t in got if (t["conversation_id"], t["turn_id"], t["user_id"]) == ("c1", 0, "u1"))
+    assert (c1["intent"], c1["model_version"]) == ("koala", "round-1")  # "koala" < "vicuna"
+    assert c1["response_hash"] == text_hash("Hello.") and c1["prompt_hash"] == text_hash("Hi?")
     assert (c1["thumbs_up"], c1["thumbs_down"]) == (2, 1)
-    assert got[2]["intent"] is None and got[2]["copy"] == 2  # c2: intent never known, two copies (e3 once)
-    assert got[1]["prompt_norm_hash"] == text_hash(normalise_prompt("Second, question!"))
-    assert store.counts()["turns"] == 3
+    u9 = next(t for t in got if t["user_id"] == "u9")
+    assert (u9["prompt_hash"], u9["thumbs_down"], u9["thumbs_up"]) == (text_hash("Mine?"), 1, 0)
+    regen = sorted((t["response_hash"], t["regenerate"], t["thumbs_up"]) for t in got if t["turn_id"] == 1)
+    assert regen == sorted([(text_hash("Hello."), 1, 0), (text_hash("Better."), 0, 1)])
+    c2 = next(t for t in got if t["conversation_id"] == "c2")
+    assert c2["intent"] is None and c2["copy"] == 2  # c2: intent never known, two copies (e3 once)
+    second = next(t for t in got if t["turn_id"] == 1)
+    assert second["prompt_norm_hash"] == text_hash(normalise_prompt("Second, question!"))
     store.close()
 
 
 def test_turns_table_rebuilt_for_an_older_store(db_url, tmp_path):  # noqa: F811
     rows = [_event(i, f"c{i // 3}", i % 2, SIGNALS[i % 7], user=f"u{i % 4}", response=f"R{i // 2}") for i in range(30)]
+    with_old_layout = "CREATE TABLE turns (conversation_id VARCHAR, turn_id INTEGER, user_id VARCHAR)"
     store = SignalStore(db_url)
     store.ingest(_jsonl(tmp_path / "a.jsonl", rows), chunk_rows=7)
     before = store.turns().to_pylist()
@@ -87,7 +103,13 @@ def test_turns_table_rebuilt_for_an_older_store(db_url, tmp_path):  # noqa: F811
     store.close()
     store = SignalStore(db_url)
     assert store.turns().to_pylist() == before
-    assert len(before) == len(_group_by(store)) == 20
+    with store.engine.begin() as conn:  # as a store written with the older (conversation, turn) layout
+        conn.exec_driver_sql("DROP TABLE turns")
+        conn.exec_driver_sql(with_old_layout)
+    store.close()
+    store = SignalStore(db_url)
+    assert store.turns().to_pylist() == before
+    assert len(before) == len(_group_by(store)) == 30  # every event its own (user, turn, reply) here
     store.close()
 
 
