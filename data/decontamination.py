@@ -345,11 +345,17 @@ def decontaminate_stage_rows(rows: list, gates_recipe: str, mode: str, *, label:
     report reading it states "not checked" rather than "clean".
 
     Raises:
-        ValueError: as :func:`decontaminate`, and a suite file that does not load.
+        ValueError: as :func:`decontaminate`, a suite file that does not load, and every row removed (nothing
+            left to train on).
     """
     if not gates_recipe:
         return {"checked": False, "mode": mode, "why": "no gates recipe given (decontaminate_against)"}
     kept, record = decontaminate(list(rows), suites_from_gates_recipe(gates_recipe), mode=mode, label=label)
+    if rows and not kept:  # a trainer handed no rows fails deep inside with StopIteration; say why here
+        raise ValueError(
+            f"{label}: all {len(rows)} training rows overlap the gate suites of {gates_recipe} and were removed "
+            f"(decontaminate={mode}); nothing is left to train on (raise max_train_samples or use other data)"
+        )
     rows[:] = kept
     record = {"checked": True, "against": str(gates_recipe), **record}
     if log is not None:

@@ -72,7 +72,7 @@ def test_two_round_flywheel(tmp_path):
             gate_generations=str(gens),
         )
     )
-    assert version["n_pairs"] >= 4  # the smoke DPO recipe trains on 4
+    assert version["n_pairs"] >= 4
 
     r2 = rlhf_round(
         RoundParameters(
@@ -80,11 +80,14 @@ def test_two_round_flywheel(tmp_path):
             round_id="fw-r2",
             runs_dir=str(runs),
             flywheel_data=version["dir"],
-            # AlpacaEval answers run to ~600 tokens: the reward stage refuses pairs that do not fit (it never
-            # truncates silently), so round 2 lifts the smoke preset's cap of 256.
+            # AlpacaEval answers run to ~600 tokens: the DPO and reward stages refuse pairs that do not fit (they
+            # never truncate silently), so round 2 lifts the smoke preset's cap of 256.
             overrides={
                 "gates": ["--previous_round_dir", str(r1_dir / "gates")],
                 "reward_model": ["--max_length", "2048"],
+                # the version's pairs come from AlpacaEval prompts, which round 2's gate suites hold too: DPO
+                # decontaminates the first max_train_samples rows, so it reads all of them (smoke: 4) to keep some
+                "dpo": ["--max_train_samples", str(version["n_pairs"]), "--max_length", "2048"],
             },
         )
     )
@@ -99,4 +102,9 @@ def test_two_round_flywheel(tmp_path):
     assert {row["counter"] for row in drift} >= {"median_length_tokens"}
     row = next(x for x in drift if x["counter"] == "median_length_tokens")
     assert row["previous"] == r1_counters["median_length_tokens"]  # round 2 is compared with round 1
-    assert r2["verdict"] in ("pass", "block") and Path(r2["gate_report"]).is_file()
+    # the verdict its gates imply: block when any gate blocks or is inconclusive (never averaged), else pass
+    per_gate = {g["name"]: g["verdict"] for g in json.loads((r2_dir / "gates" / "report.json").read_text())["gates"]}
+    assert per_gate and set(per_gate.values()) <= {"pass", "block", "inconclusive"}
+    implied = "pass" if set(per_gate.values()) == {"pass"} else "block"
+    assert r2["verdict"] == implied == gates["outputs"]["verdict"], per_gate
+    assert Path(r2["gate_report"]).is_file()
