@@ -61,9 +61,9 @@ def openai_server(tiny_model_dir, tmp_path_factory):
     import socket
     import subprocess
     import sys
-    import time
-    import urllib.request
     from pathlib import Path
+
+    from tests.http_server import wait_for_health
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,20 +73,8 @@ def openai_server(tiny_model_dir, tmp_path_factory):
            "--port", str(port), "--device", "cpu", "--log-level", "info"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
     try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError(f"transformers serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"transformers serve not healthy after 120 s: {log.read_text()[-2000:]}")
-            time.sleep(0.5)
+        wait_for_health(proc, f"http://127.0.0.1:{port}", log, timeout_s=120, what="transformers serve")
         yield {"base_url": f"http://127.0.0.1:{port}/v1", "model": tiny_model_dir, "log": log}
     finally:
         proc.terminate()

@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -103,17 +102,9 @@ def start_policy_server(tmp: Path, *, name: str, policy: str, fingerprint: str |
     with open(out, "w") as o:
         proc = subprocess.Popen(cmd, stdout=o, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"policy judge server did not start: {out.read_text()[-2000:]}")
-            time.sleep(0.2)
+        from tests.http_server import wait_for_health
+
+        wait_for_health(proc, f"http://127.0.0.1:{port}", out, timeout_s=timeout_s, what="policy judge server")
         yield {"base_url": f"http://127.0.0.1:{port}/v1", "log": log}
     finally:
         proc.terminate()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.http_server import wait_for_health
 from tests.policy_judge_server import requests_logged, start_policy_server
 
 NAME = "judge"  # the one served name every server here answers to
@@ -204,20 +205,7 @@ def _transformers_serve(model: str, cwd, log):
 
 
 def _wait_healthy(proc, base_url: str, log, timeout_s: float = 300) -> None:
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(base_url.removesuffix("/v1") + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"transformers serve did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.5)
+    wait_for_health(proc, base_url, log, timeout_s=timeout_s, what="transformers serve")
 
 
 def _untied_tiny_model(path) -> str:
