@@ -30,7 +30,9 @@ app = typer.Typer(
 @app.command("simulate")
 def simulate_cmd(
     out: Annotated[str, typer.Option(help="Output folder (events.jsonl, expert_labels.jsonl, alternatives.jsonl).")],
-    config: Annotated[str, typer.Option(help="Simulator parameters (YAML).")] = "recipes/flywheel/simulator.yaml",
+    config: Annotated[
+        str, typer.Option(help="Simulator parameters (YAML); default: the installed recipes/flywheel/simulator.yaml.")
+    ] = str(Path(__file__).resolve().parent.parent / "recipes" / "flywheel" / "simulator.yaml"),
     generations: Annotated[str | None, typer.Option(help="The candidate's gates/generations.jsonl.")] = None,
     n_conversations: Annotated[int | None, typer.Option(help="Override the number of conversations.")] = None,
     seed: Annotated[int | None, typer.Option()] = None,

@@ -280,8 +280,10 @@ class _Cue:
 
 
 def _i(cues: str) -> str:
-    """A case-insensitive alternation of cue phrases, bounded on the left by a non-letter."""
-    return r"(?<![\p{Latin}\p{Cyrillic}\p{Greek}])(?i:" + cues + r")"
+    """A case-insensitive alternation of cue phrases, bounded by a non-letter on both sides (a cue ending in a
+    letter is a whole word: "name is" is not the start of "Name ist", nor "soy" of "soybean")."""
+    letter = r"[\p{Latin}\p{Cyrillic}\p{Greek}]"
+    return r"(?<!" + letter + r")(?i:" + cues + r")(?:(?<!" + letter + r")|(?!" + letter + r"))"
 
 
 def _our_recognizers() -> list:

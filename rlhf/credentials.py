@@ -32,6 +32,13 @@ _SECRET_KEY = re.compile(
 )
 
 
+# ``password=...`` / ``api_key=...`` inside a string: a libpq keyword string (``host=h password=p``) or a URL's query
+# (``?password=p``), which no URL parser reports as the URL's password.
+_SECRET_ASSIGNMENT = re.compile(
+    r"(?:^|[\s;&?,])(?:[a-z_]*password|passwd|[a-z_]*secret|api_?key|(?:hub|access|auth|bearer|api|hf|wandb)_token)\s*=\s*[^\s&;,]", re.IGNORECASE
+)
+
+
 class SecretValueError(ValueError):
     """A secret value was given where the pipeline takes an environment variable's name (the message names the
     field, never the value)."""
@@ -69,12 +76,19 @@ def env_secret(name: str) -> str:
 
 
 def check_mapping(data: Any, where: str) -> None:
-    """Refuse a mapping (recursively) that holds a secret-like key with a non-empty value (``refuse_secret``)."""
+    """Refuse a mapping (recursively) that holds a secret-like key with a non-empty value (``refuse_secret``), a
+    ``*_env`` value that is not a variable's name (``check_env_name``: it may be the secret itself), or a string
+    value holding a secret (``check_value``: a URL with a password, ``password=...``)."""
     if isinstance(data, dict):
         for key, value in data.items():
             here = f"{where}.{key}"
             if is_secret_key(str(key)) and value not in (None, ""):
                 raise refuse_secret(here, f"{where}.api_key_env" if str(key) == "api_key" else "its *_env setting")
+            if str(key).endswith("_env") and value not in (None, ""):
+                check_env_name(value, here)
+            elif isinstance(value, str):
+                check_value(value, here)
+                continue
             check_mapping(value, here)
     elif isinstance(data, list):
         for i, value in enumerate(data):
@@ -91,13 +105,27 @@ def check_value(value: Any, where: str) -> None:
         return
     text = value.strip()
     if text[:1] in "{[":
-        try:
-            check_mapping(json.loads(text), where)
-        except json.JSONDecodeError:
-            pass
-        return
-    if "://" in text:
+        parsed = _parse_mapping_text(text)
+        if parsed is not None:
+            check_mapping(parsed, where)
+            return
+    if "://" in text or _SECRET_ASSIGNMENT.search(text):
         check_url(text, where, "an environment variable (e.g. PGPASSWORD)")
+
+
+def _parse_mapping_text(text: str) -> Any:
+    """``text`` read as JSON, else as YAML (``--set`` takes both: ``{backend: openai, api_key: ...}``); None when it
+    is neither."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
 
 
 def check_args(args: Iterable[str], where: str) -> None:
@@ -119,7 +147,13 @@ def url_password(url: str) -> str | None:
     from sqlalchemy.exc import ArgumentError
 
     try:
-        return make_url(str(url)).password
+        parsed = make_url(str(url))
+        if parsed.password:
+            return parsed.password
+        for key, value in parsed.query.items():  # ?password=... reaches the driver as the password too
+            if is_secret_key(key) and value:
+                return value if isinstance(value, str) else ",".join(value)
+        return None
     except (ArgumentError, ValueError):
         # not parseable by SQLAlchemy: fall back to the generic user:password@ form
         m = re.match(r"[^:/]+://[^/@:]*:([^@/]*)@", str(url))
@@ -127,9 +161,10 @@ def url_password(url: str) -> str | None:
 
 
 def check_url(url: str, where: str, env_field: str) -> str:
-    """``url`` unchanged when it holds no password; else SecretValueError naming ``env_field``."""
-    if url_password(url):
-        raise refuse_secret(f"{where} (the database URL holds a password)", env_field)
+    """``url`` unchanged when it holds no password (in its user part, its query, or as ``password=...`` in a libpq
+    keyword string); else SecretValueError naming ``env_field``."""
+    if url_password(url) or _SECRET_ASSIGNMENT.search(str(url)):
+        raise refuse_secret(f"{where} (the URL holds a password)", env_field)
     return url
 
 

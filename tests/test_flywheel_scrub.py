@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from flywheel.annotation import build_tasks, write_export
+from flywheel.annotation import build_tasks, turn_key, write_export
 from flywheel.scrub import CLASSES, NOT_LOOKED_FOR, Scrubber
 
 
@@ -228,10 +228,13 @@ def test_export_scrubs_before_deduplicating_and_writes_the_classes(scrubber, tmp
             "c2": [{"turn_id": 0, "prompt": "Reply?", "response": "Yes."}]}
     alts = {"c1": ["Call Anna at +44 7911 123456.", "Call Anna at +44 7911 123457."],
             "c2": ["Yes.", "No, write to j.doe@example.org instead."]}
-    selected = [{"conversation_id": "c1", "turn_id": 0}, {"conversation_id": "c2", "turn_id": 0}]
-    export = build_tasks(selected, conv.__getitem__, lambda t: alts[t["conversation_id"]], k=2, scrub=scrubber.scrub)
+    selected = [{"user_id": "u1", "conversation_id": "c1", "turn_id": 0, "response_hash": "h1"},
+                {"user_id": "u2", "conversation_id": "c2", "turn_id": 0, "response_hash": "h2"}]
+    export = build_tasks(selected, lambda t: conv[t["conversation_id"]], lambda t: alts[t["conversation_id"]], k=2,
+                         scrub=scrubber.scrub)
     assert export.skipped == [
-        {"conversation_id": "c1", "turn_id": 0, "reason": "1 distinct response(s) after the scrub"}
+        {"conversation_id": "c1", "turn_id": 0, "turn_key": turn_key(selected[0]),
+         "reason": "1 distinct response(s) after the scrub"}
     ]
     assert [t["data"]["response_b"] for t in export.tasks] == ["No, write to <EMAIL_ADDRESS> instead."]
     export.scrub = scrubber.manifest()
@@ -240,3 +243,12 @@ def test_export_scrubs_before_deduplicating_and_writes_the_classes(scrubber, tmp
     assert on_disk["scrub"]["looked_for"].keys() == CLASSES.keys() == manifest["scrub"]["looked_for"].keys()
     assert "LOCATION / ORGANIZATION" in on_disk["scrub"]["not_looked_for"]
     assert on_disk["pii_counts"] == {"EMAIL_ADDRESS": 1}
+
+
+@pytest.mark.parametrize("text, want", [
+    ("Mein Name ist Jonas Becker und ich wohne hier.", "Mein Name ist <PERSON> und ich wohne hier."),
+    ("Il mio nome è Giulia Bianchi.", "Il mio nome è <PERSON>."),
+])
+def test_a_cue_is_a_whole_word_and_the_text_around_the_name_is_kept(scrubber, text, want):
+    """A cue that is the start of a longer word ("name is" in "Name ist") takes nothing of the word."""
+    assert scrubber.scrub(text)[0] == want

@@ -140,7 +140,9 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
     assert run.init["env"] == {"WANDB_NAME": "ppo", "WANDB_RUN_GROUP": "r1", "WANDB_DIR": str(out.resolve())}
     # the run id kept in the stage folder, resumable; the run's file written every quarter second
     assert run.init["id"] == (out / "wandb_run_id").read_text().strip() and run.init["resume"] == "allow"
-    assert run.init["settings"] == {"x_transaction_log_flush_interval": 0.25}
+    # ... and no process metadata (command line, program, git) recorded: rlhf.tracking.NO_PROCESS_RECORD_SETTINGS
+    assert run.init["settings"] == {"x_transaction_log_flush_interval": 0.25, "x_disable_meta": True,
+                                    "disable_code": True, "disable_git": True}
     assert [step for step, _ in run.logs] == [1, 2] and "objective/score" in run.logs[0][1]
     assert run.summary["num_steps"] == 2 and "history" not in run.summary
     assert run.finished

@@ -265,3 +265,28 @@ def test_database_urls_are_recorded_with_the_password_hidden():
         del os.environ[PG_ENV]
     with pytest.raises(ValueError, match=f"{PG_ENV}: that environment variable is not set"):
         url_with_env_password("postgresql+psycopg://fly@db.example/signals", PG_ENV)
+
+
+@pytest.mark.parametrize("value", [
+    '{backend: openai, model: m, api_key: MARKER}',  # YAML, which --set also takes
+    '{"backend": "openai", "api_key_env": "sk-MARKERabc"}',  # the key itself where its variable's name goes
+    '{backend: openai, api_key_env: openai_key_MARKER}',  # not a variable's name (lower case)
+    '{"backend": "openai", "base_url": "http://user:MARKER@127.0.0.1:8000/v1"}',  # a password in the judge's URL
+    "postgresql+psycopg://fly@127.0.0.1/db?password=MARKER",  # in the query: the driver takes it as the password
+    "host=127.0.0.1 password=MARKER dbname=signals",  # a libpq keyword string
+])
+def test_every_form_of_a_secret_value_is_refused_before_the_flow_run_exists(value):
+    """The pre-flight check (``RoundParameters``, the flywheel's parameters) refuses each form in one line without
+    the value; the same settings by name pass."""
+    from flows.round import RoundParameters
+    from rlhf.credentials import SecretValueError, check_value
+
+    with pytest.raises(SecretValueError) as err:
+        check_value(value, "gates.judge")
+    assert "MARKER" not in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError) as err:
+        RoundParameters(preset="smoke", overrides={"gates": ["--judge", value]})
+    assert "MARKER" not in str(err.value)
+    for fine in ('{backend: openai, api_key_env: OPENAI_API_KEY, base_url: "http://127.0.0.1:8000/v1"}',
+                 "postgresql+psycopg://fly@127.0.0.1/db?sslmode=require", "runs/fw/signals.duckdb"):
+        check_value(fine, "gates.judge")
