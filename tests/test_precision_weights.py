@@ -94,7 +94,7 @@ def test_dpo_and_the_reward_model_load_a_bf16_checkpoint_as_fp32_master_weights(
     else:
         from reward_model.train import main
 
-        main(["--config", str(RECIPES / "reward.yaml"), "--model_name_or_path", str(bf16_base),
+        main(["--config", str(RECIPES / "reward_model.yaml"), "--model_name_or_path", str(bf16_base),
               "--max_agreement_pairs", "4", *common])
         want = {"model": {"float32": 21}}  # the 20 tensors of the causal LM (tied LM head) + the new score head
     manifest = json.loads((out / "manifest.json").read_text())
