@@ -180,6 +180,8 @@ def gates_cmd(
 
     from rlhf.rundir import RoundError
 
+    from rlhf.credentials import SecretValueError
+
     gates_main = importlib.import_module(STAGES["gates"].module).main
     try:
         code = gates_main(
@@ -196,9 +198,12 @@ def gates_cmd(
                 *ctx.args,
             ]
         )
-    except RoundError as err:  # a folder the gate stage may not clear: one line, nothing touched
+    except (RoundError, SecretValueError) as err:  # a folder it may not clear, a secret given as a value: refused
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+    except (ValueError, FileNotFoundError) as err:  # a bad or missing input: one line with the reason, as `rlhf round`
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
     raise typer.Exit(code)
 
 
