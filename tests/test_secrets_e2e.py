@@ -133,9 +133,12 @@ def test_marker_secrets_reach_the_judge_and_the_database_and_no_file_written(ope
         gate = _run([sys.executable, "-m", "tests.gate_stage_flow", json.dumps(given)], env, tmp_path / "gate.log")
         assert gate.returncode == 0, gate.stdout[-3000:] + gate.stderr[-3000:]
         n_gate_requests = len(proxy.authorization)
-        assert n_gate_requests == 2 * 2 + 2 * 2  # 2 win-rate and 2 agreement pairs, both orders
         manifest = json.loads((round_dir / "gates" / "manifest.json").read_text())
-        assert manifest["outputs"]["judge"]["requests_sent"] == 8
+        assert manifest["outputs"]["judge"]["requests_sent"] == 2 * 2 + 2 * 2  # 2 win-rate, 2 agreement pairs, both orders
+        # plus the judge's identity probe (the listing and 4 pairs in both orders: judging/identity.py), asked by the
+        # stage and, where the flow computes the gate stage's cache key first, by the flow too
+        probes = manifest["outputs"]["judge"]["probe_requests_sent"]
+        assert probes == 9 and n_gate_requests in (8 + probes, 8 + 2 * probes), n_gate_requests
         assert manifest["config"]["judge"]["api_key_env"] == JUDGE_ENV  # the name is recorded, never the key
         wandb_runs = list((round_dir / "gates").rglob("offline-run-*/*.wandb"))
         assert len(wandb_runs) == 1  # the W&B offline run is among the files searched
