@@ -90,20 +90,23 @@ def round_cmd(
         RoundParameters(launcher=launcher, **slurm_job)
     except (ValueError, ValidationError) as err:  # bad JSON or a bad field: a usage error (exit 2), named
         raise typer.BadParameter(str(err), param_hint="--launcher/--slurm") from None
-    params = RoundParameters(
-        preset=preset,
-        round_id=round_id,
-        runs_dir=runs_dir,
-        base_model=base_model,
-        overrides=overrides,
-        ppo_override=ppo_override is not None,
-        ppo_override_reason=ppo_override,
-        accelerate_config=accelerate_config,
-        force=force or [],
-        flywheel_data=flywheel_data,
-        launcher=launcher,
-        **slurm_job,
-    )
+    try:  # a bad field (an unknown stage in --set or --force, ...): a usage error (exit 2), one line
+        params = RoundParameters(
+            preset=preset,
+            round_id=round_id,
+            runs_dir=runs_dir,
+            base_model=base_model,
+            overrides=overrides,
+            ppo_override=ppo_override is not None,
+            ppo_override_reason=ppo_override,
+            accelerate_config=accelerate_config,
+            force=force or [],
+            flywheel_data=flywheel_data,
+            launcher=launcher,
+            **slurm_job,
+        )
+    except ValidationError as err:
+        raise typer.BadParameter("; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())) from None
     from flows.stages import StageFailed
 
     install_signal_handlers()

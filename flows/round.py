@@ -82,10 +82,17 @@ class RoundParameters(BaseModel):
     @classmethod
     def _no_secret_values(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         """An override that carries a secret (``--set gates.judge='{"api_key": ...}'``, ``--set sft.hub_token=...``,
-        a URL with a password) is refused before the flow run (and its parameters) exist."""
+        a URL with a password) is refused before the flow run (and its parameters) exist; so is an unknown stage."""
         for stage, args in value.items():
+            _known_stage(stage, "overrides")
             check_args(args, stage)
         return value
+
+    @field_validator("force")
+    @classmethod
+    def _force_known_stages(cls, value: list[str]) -> list[str]:
+        """``force`` names stages; one that is no stage would be ignored silently."""
+        return [_known_stage(stage, "force") for stage in value]
 
     @model_validator(mode="after")
     def _slurm_only_with_the_slurm_launcher(self) -> "RoundParameters":
@@ -96,6 +103,19 @@ class RoundParameters(BaseModel):
                 f"{self.launcher!r}: they would be ignored; set launcher to 'slurm' or drop them"
             )
         return self
+
+
+# stage names the pipeline used before (a recipe, --set or --force with one gets the new name in its error)
+RENAMED_STAGES = {"reward": "reward_model", "reward-model": "reward_model"}
+
+
+def _known_stage(stage: str, where: str) -> str:
+    """``stage`` if it is a stage of the pipeline; else ValueError naming the stages (and the new name of a renamed
+    one)."""
+    if stage not in STAGES:
+        renamed = f" (renamed {RENAMED_STAGES[stage]})" if stage in RENAMED_STAGES else ""
+        raise ValueError(f"{where}: unknown stage {stage!r}{renamed}; stages: {', '.join(STAGES)}")
+    return stage
 
 
 def default_round_id(preset: str) -> str:

@@ -293,3 +293,16 @@ def test_every_form_of_a_secret_value_is_refused_before_the_flow_run_exists(valu
     for fine in ('{backend: openai, api_key_env: OPENAI_API_KEY, base_url: "http://127.0.0.1:8000/v1"}',
                  "postgresql+psycopg://fly@127.0.0.1/db?sslmode=require", "runs/fw/signals.duckdb"):
         check_value(fine, "gates.judge")
+
+
+def test_an_unknown_or_renamed_stage_in_force_or_set_is_a_usage_error_before_the_flow(tmp_path):
+    """``--force reward`` would be ignored silently: refused in one line naming the new name, exit 2, nothing made."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    for argv in (["--force", "reward"], ["--set", "reward.max_steps=1"]):
+        result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"), *argv])
+        assert result.exit_code == 2, result.output
+        assert "renamed reward_model" in re.sub(r"[\s│╭╮╰╯─]+", " ", result.output), result.output
+    assert not (tmp_path / "runs").exists()
