@@ -84,9 +84,9 @@ def test_two_round_flywheel(tmp_path):
             # never truncate silently), so round 2 lifts the smoke preset's cap of 256.
             overrides={
                 "gates": ["--previous_round_dir", str(r1_dir / "gates")],
-                "reward_model": ["--max_length", "2048"],
-                # the version's pairs come from AlpacaEval prompts, which round 2's gate suites hold too: DPO
-                # decontaminates the first max_train_samples rows, so it reads all of them (smoke: 4) to keep some
+                # the version's pairs come from AlpacaEval prompts, which round 2's gate suites hold too: the stages
+                # decontaminate their first max_train_samples rows (smoke: 4), so they read all of them to keep some
+                "reward_model": ["--max_train_samples", str(version["n_pairs"]), "--max_length", "2048"],
                 "dpo": ["--max_train_samples", str(version["n_pairs"]), "--max_length", "2048"],
             },
         )
