@@ -54,7 +54,7 @@ def _run(out: Path, runs: Path, kill_after: int | None = None):
     else:
         mp.setenv(FAULT_ENV, str(kill_after))
     try:
-        return run_stage("sft", STAGES["sft"].module, RECIPES / f"{STAGES['sft'].recipe}.yaml", out,
+        return run_stage("sft", STAGES["sft"].module, RECIPES / f"{STAGES['sft'].name}.yaml", out,
                          extra_args=SFT_ARGS, runs_dir=runs, log=lambda line: None)
     finally:
         mp.undo()
