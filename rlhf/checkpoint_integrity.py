@@ -101,18 +101,17 @@ def check_layout(path: Path, layout: str) -> None:
         if (path / "scheduler.pt").exists():
             _torch_archive(path / "scheduler.pt")
     elif layout == "fsdp":
-        if (path / f"{FSDP_MODEL}.bin").exists():
-            _torch_archive(path / f"{FSDP_MODEL}.bin")
-        elif (path / f"{FSDP_MODEL}_0").is_dir():
-            _dcp_folder(path / f"{FSDP_MODEL}_0")
-        elif not any(path.glob(f"{FSDP_MODEL}*_rank*.bin")):
-            raise CheckpointDamaged(f"{path}: no FSDP weights ({FSDP_MODEL}.bin, {FSDP_MODEL}_0/ or *_rank<r>.bin)")
-        if (path / f"{FSDP_OPTIMIZER}.bin").exists():
-            _torch_archive(path / f"{FSDP_OPTIMIZER}.bin")
-        elif (path / f"{FSDP_OPTIMIZER}_0").is_dir():
-            _dcp_folder(path / f"{FSDP_OPTIMIZER}_0")
-        elif not any(path.glob(f"{FSDP_OPTIMIZER}_0_rank*.bin")):
-            raise CheckpointDamaged(f"{path}: no FSDP optimizer state (optimizer.bin or optimizer_0/)")
+        # each part is one file (full state dict), a distributed-checkpoint folder, or one file per rank
+        for name, per_rank, missing in (
+            (FSDP_MODEL, f"{FSDP_MODEL}*_rank*.bin", f"FSDP weights ({FSDP_MODEL}.bin, {FSDP_MODEL}_0/ or *_rank<r>.bin)"),
+            (FSDP_OPTIMIZER, f"{FSDP_OPTIMIZER}_0_rank*.bin", "FSDP optimizer state (optimizer.bin or optimizer_0/)"),
+        ):
+            if (path / f"{name}.bin").exists():
+                _torch_archive(path / f"{name}.bin")
+            elif (path / f"{name}_0").is_dir():
+                _dcp_folder(path / f"{name}_0")
+            elif not any(path.glob(per_rank)):
+                raise CheckpointDamaged(f"{path}: no {missing}")
         _torch_archive(path / "scheduler.pt")
     else:
         raise ValueError(f"unknown checkpoint layout {layout!r}")

@@ -197,7 +197,8 @@ def test_nan_free_metrics_in_json():
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 13.1: wrapped answers (inspect_ai #5145 / #5055, PR #5170) and deciding on parsed items only
+# wrapped answers (a letter inside markdown or a sentence: inspect_ai #5145 / #5055, PR #5170) and deciding on
+# parsed items only
 # ---------------------------------------------------------------------------------------------
 
 

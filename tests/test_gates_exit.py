@@ -1,4 +1,5 @@
-"""Exit codes of the documented gate launch forms on a blocked release (issue 13.3; accelerate #4277 / PR #4305).
+"""Exit codes of the documented gate launch forms on a blocked release (CI must fail on a block; accelerate
+launch turns a child's exit code into 1: accelerate #4277 / PR #4305).
 
 Smallest blocked setup: the tiny model is baseline and candidate, the judge is the tiny model with a (saved, untrained)
 score head and no measured agreement with humans, so the judge-agreement gate is inconclusive and the release
