@@ -292,7 +292,11 @@ def run_stage(
     log(f"[{stage}] $ {' '.join(cmd)}")
     t0 = time.perf_counter()
     tail: list[str] = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # Each stage process starts its own wandb-core, which dies with it: a service the flow process started (its
+    # address in WANDB_SERVICE) would outlive a killed stage and keep its run id registered, so the resumed attempt
+    # would be refused with "run ID ... is in use" (wandb's own agent drops it from its children's environment too).
+    env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
+    env |= {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(output_dir / "stage.log", "a" if keep else "w", buffering=1) as logf:
         if keep:
             logf.write(f"\n===== resumed from {resume} =====\n" if resume else "\n===== started over =====\n")

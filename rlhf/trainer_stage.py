@@ -283,16 +283,19 @@ class StepWandbCallback(WandbCallback):
     offline. Online, W&B continues the kept run and drops records at steps it already holds (steps must increase),
     so the killed attempt's steps after its last checkpoint stay as that attempt logged them.
 
-    At each checkpoint save it waits until two of wandb-core's write periods
-    (``rlhf.tracking.TRANSACTION_LOG_FLUSH_S``) have passed since the last record (a save usually takes longer, so
-    it rarely waits), so the steps a checkpoint covers are in the run's file before training goes on: a kill after
-    the save loses none of them.
+    At each checkpoint save it commits the save's step (a row logged with ``step=`` stays in the client until a later
+    step is logged, so a kill right after the next step's record lost the checkpoint's own step) and waits until two
+    of wandb-core's write periods (``rlhf.tracking.TRANSACTION_LOG_FLUSH_S``) have passed since (a save usually takes
+    longer, so it rarely waits): the steps a checkpoint covers are in the run's file before training goes on, and a
+    kill after the save loses none of them. Records logged later at a step already committed (the end-of-training
+    figures, at the last checkpoint's step) go to the run's summary: W&B would drop them as going back in steps.
     """
 
     _SINGLE_VALUE_SCALARS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss",
                              "total_flos")
 
     _last_log = 0.0  # time.monotonic() of the last record logged
+    _committed_step = -1  # the newest step whose row was committed at a checkpoint save
 
     def setup(self, args, state, model, **kwargs):
         if self._wandb is not None and state.is_world_process_zero and self._wandb.run is None:
@@ -302,6 +305,10 @@ class StepWandbCallback(WandbCallback):
     def on_save(self, args, state, control, **kwargs):
         super().on_save(args, state, control, **kwargs)
         if self._initialized and state.is_world_process_zero:
+            if state.global_step > self._committed_step:
+                self._wandb.log({"train/global_step": state.global_step}, step=state.global_step, commit=True)
+                self._committed_step = state.global_step
+                self._last_log = time.monotonic()
             wait = 2 * TRANSACTION_LOG_FLUSH_S - (time.monotonic() - self._last_log)  # two flushes: one full period
             if wait > 0:
                 time.sleep(wait)
@@ -317,5 +324,8 @@ class StepWandbCallback(WandbCallback):
                 if k in self._SINGLE_VALUE_SCALARS:
                     self._wandb.run.summary[k] = v
             series = rewrite_logs({k: v for k, v in logs.items() if k not in self._SINGLE_VALUE_SCALARS})
+            if state.global_step <= self._committed_step:
+                self._wandb.run.summary.update(series)
+                return
             self._wandb.log({**series, "train/global_step": state.global_step}, step=state.global_step)
             self._last_log = time.monotonic()

@@ -15,6 +15,7 @@ is its ``train/global_step``; together 1..6 with no gap and no restart at 0.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -60,7 +61,21 @@ def _run(out: Path, runs: Path, kill_after: int | None = None):
         mp.undo()
 
 
-def test_a_resumed_stage_logs_one_offline_run_whose_step_continues(tmp_path):
+@pytest.fixture
+def flow_process_wandb_service(monkeypatch):
+    """A wandb-core service started in this (the flow's) process, its address in ``WANDB_SERVICE``, as an in-process
+    W&B run (the gates' table) leaves it. Stages must not join it: a killed stage's run would stay registered in it
+    and the resumed attempt be refused ("run ID ... is in use")."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb.setup()
+    assert os.environ.get("WANDB_SERVICE"), "wandb.setup() publishes its service's address"
+    yield
+    wandb.teardown()
+
+
+def test_a_resumed_stage_logs_one_offline_run_whose_step_continues(tmp_path, flow_process_wandb_service):
     runs, out = tmp_path, tmp_path / "sft"
     with pytest.raises(StageFailed):
         _run(out, runs, kill_after=5)
