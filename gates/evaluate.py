@@ -32,6 +32,7 @@ import logging
 import sys
 import time
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ logger = logging.getLogger("gates.evaluate")
 
 
 def main(argv: list[str] | None = None) -> int:
+    started_at, t_start = datetime.now(timezone.utc), time.perf_counter()  # the JUnit report's timestamp and time
     (args,) = parse_stage_config((GateStageConfig,), argv)
     install_failure_hook(args.output_dir)  # the flow reads the reason, whatever the exception
     # Multi-process launch (torchrun / accelerate launch): the world-size contract and collective timeout first;
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 5. report and manifest
     report(args, models, suites, m, answers, results, verdict, ppo_unlock=ppo_unlock, previous=previous,
-           intent_classifier=intent_classifier, efficiency=efficiency)
+           intent_classifier=intent_classifier, efficiency=efficiency, started_at=started_at, t_start=t_start)
     logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))
     return 0 if verdict == "pass" or not args.fail_on_block else BLOCKED_EXIT_CODE
 
@@ -138,9 +140,11 @@ def judge_and_measure(args: GateStageConfig, models: dict[str, Any], suites: Any
 
 def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, answers: dict[str, dict],
            results: list[GateResult], verdict: str, *, ppo_unlock: dict | None, previous: Any,
-           intent_classifier: Any, efficiency: dict) -> Path:
-    """Write the plots, ``report.json`` / ``report.md`` / ``report.junit.xml``, the W&B summary and, last, the
-    manifest; returns the manifest's path."""
+           intent_classifier: Any, efficiency: dict, started_at: datetime | None = None,
+           t_start: float | None = None) -> Path:
+    """Write the plots, ``report.json`` / ``report.md`` / ``report.junit.xml`` (``started_at``, the stage's start,
+    and the seconds since ``t_start``, a ``time.perf_counter()``, as its timestamp and time), the W&B summary and,
+    last, the manifest; returns the manifest's path."""
     out = Path(args.output_dir)
     drift_label = "baseline (SFT) on the same prompts (no previous round given)"
     if previous is not None:
@@ -164,7 +168,8 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
         "ppo_unlock": ppo_unlock, "plots": {k: str(v) for k, v in plots.items()},
         "prompts_truncated": truncation_counts(answers), "max_prompt_length": args.max_prompt_length,
     }
-    reports = write_reports(results, out, stem="report", metadata=metadata)
+    reports = write_reports(results, out, stem="report", metadata=metadata, started_at=started_at,
+                            seconds=None if t_start is None else time.perf_counter() - t_start)
     context = compared_context(args, models, m, answers, drift_label=drift_label,
                                intent_classifier=intent_classifier, ppo_unlock=ppo_unlock)
     context += contamination_markdown(seen).splitlines() + ["", ""]

@@ -16,6 +16,7 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -162,21 +163,32 @@ def write_markdown_report(
 # --------------------------------------------------------------------------------------------
 
 
-def render_junit_xml(results: Sequence[GateResult], *, suite_name: str = "release-gates") -> str:
+def render_junit_xml(results: Sequence[GateResult], *, suite_name: str = "release-gates",
+                     started_at: datetime | None = None, seconds: float | None = None) -> str:
     """JUnit XML: one ``<testsuite>`` with one ``<testcase classname="gates" name=<gate>>`` per gate.
 
     A "block" gate carries ``<failure type="block" message=reason>``, an "inconclusive" one
     ``<failure type="inconclusive">`` (both block the release). Metrics go in ``<system-out>``
     as JSON.
+
+    ``timestamp`` (the suite's start, ``started_at`` or now, UTC, ISO 8601 to the second without a zone, as the
+    JUnit schema's ``xs:dateTime`` pattern for it has) and ``time`` (seconds: ``seconds``, the gate stage's wall
+    time, or 0) are on ``<testsuites>`` and ``<testsuite>``; every ``<testcase>`` has ``time="0.000"``: the gates
+    decide together on shared measurements, so the stage's time is not split among them. CI reporters that sum or
+    parse them then read numbers, not NaN.
     """
     results = list(results)
     n_fail = sum(r.blocks_release for r in results)
-    suites = ET.Element("testsuites", name=suite_name, tests=str(len(results)), failures=str(n_fail), errors="0")
+    started = (started_at or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(tzinfo=None)
+    when = {"timestamp": started.isoformat(timespec="seconds"), "time": f"{max(seconds or 0.0, 0.0):.3f}"}
+    suites = ET.Element("testsuites", name=suite_name, tests=str(len(results)), failures=str(n_fail), errors="0",
+                        **when)
     suite = ET.SubElement(
-        suites, "testsuite", name=suite_name, tests=str(len(results)), failures=str(n_fail), errors="0", skipped="0"
+        suites, "testsuite", name=suite_name, tests=str(len(results)), failures=str(n_fail), errors="0", skipped="0",
+        **when,
     )
     for r in results:
-        case = ET.SubElement(suite, "testcase", classname="gates", name=r.name)
+        case = ET.SubElement(suite, "testcase", classname="gates", name=r.name, time="0.000")
         if r.blocks_release:
             fail = ET.SubElement(case, "failure", type=r.verdict, message=r.reason)
             fail.text = r.reason
@@ -186,9 +198,11 @@ def render_junit_xml(results: Sequence[GateResult], *, suite_name: str = "releas
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write_junit_xml(results: Sequence[GateResult], path: str | Path, *, suite_name: str = "release-gates") -> Path:
+def write_junit_xml(results: Sequence[GateResult], path: str | Path, *, suite_name: str = "release-gates",
+                    started_at: datetime | None = None, seconds: float | None = None) -> Path:
     """Write ``render_junit_xml`` atomically."""
-    return atomic_write_text(path, render_junit_xml(results, suite_name=suite_name))
+    return atomic_write_text(path, render_junit_xml(results, suite_name=suite_name, started_at=started_at,
+                                                    seconds=seconds))
 
 
 def write_reports(
@@ -197,8 +211,11 @@ def write_reports(
     *,
     stem: str = "gates",
     metadata: Mapping[str, Any] | None = None,
+    started_at: datetime | None = None,
+    seconds: float | None = None,
 ) -> dict[str, Path]:
-    """Write ``<stem>.md``, ``<stem>.junit.xml`` and, last, ``<stem>.json`` into ``out_dir``.
+    """Write ``<stem>.md``, ``<stem>.junit.xml`` (``started_at`` and ``seconds`` as in :func:`render_junit_xml`)
+    and, last, ``<stem>.json`` into ``out_dir``.
 
     The JSON (the machine-readable verdict) is written last so its presence means all three
     reports are complete.
@@ -209,7 +226,7 @@ def write_reports(
     results = list(results)
     out_dir = Path(out_dir)
     md = write_markdown_report(results, out_dir / f"{stem}.md")
-    xml = write_junit_xml(results, out_dir / f"{stem}.junit.xml")
+    xml = write_junit_xml(results, out_dir / f"{stem}.junit.xml", started_at=started_at, seconds=seconds)
     js = write_json_report(results, out_dir / f"{stem}.json", metadata=metadata)
     return {"markdown": md, "junit": xml, "json": js}
 

@@ -3,6 +3,7 @@
 import json
 import os
 import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -71,6 +72,19 @@ def test_junit_one_testcase_per_gate_failure_when_blocked(tmp_path):
     assert cases["refusal_two_sided"].find("failure").get("type") == "block"
     assert cases["judge_agreement"].find("failure").get("type") == "inconclusive"
     json.loads(cases["refusal_two_sided"].find("system-out").text)
+
+
+def test_junit_carries_timestamp_and_time_that_reporters_can_read(tmp_path):
+    """The schema's timestamp (xs:dateTime, no zone) and time (seconds) on the suite; every case has a time."""
+    started = datetime(2026, 12, 2, 6, 30, 5, 123456, tzinfo=timezone(timedelta(hours=2)))
+    paths = report.write_reports(results(), tmp_path, stem="r", started_at=started, seconds=12.3456)
+    root = ET.parse(paths["junit"]).getroot()
+    for element in (root, root.find("testsuite")):
+        assert element.get("timestamp") == "2026-12-02T04:30:05"  # UTC, to the second
+        assert element.get("time") == "12.346"
+    assert [c.get("time") for c in root.iter("testcase")] == ["0.000"] * 3
+    now = ET.fromstring(report.render_junit_xml(results()).split("\n", 1)[1]).get("timestamp")
+    assert abs((datetime.fromisoformat(now) - datetime.now(timezone.utc).replace(tzinfo=None)).total_seconds()) < 60
 
 
 def test_empty_results_are_an_error(tmp_path):
