@@ -198,6 +198,7 @@ def stage_task(
         accelerate_config=params.accelerate_config,
         force=stage in params.force,
         log=logger.info,
+        log_at=logger.log,
         runs_dir=params.runs_dir,
         launcher=slurm_launcher(params.slurm, stage, round_dir.name) if params.launcher == "slurm" else None,
     )

@@ -37,6 +37,7 @@ from rlhf.registry import stage as registry_stage
 from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir
 
 from .interrupt import run_process_group
+from .stage_log import StageLogRelay
 
 CACHE_KEY_FILE = ".cache_key"
 ATTEMPT_KEY_FILE = ".attempt_key"  # the key a stage was started with (a rerun resumes only the same inputs)
@@ -235,10 +236,13 @@ def run_stage(
     log=print,
     runs_dir: str | Path | None = None,
     launcher=None,
+    log_at=None,
 ) -> StageRun:
     """Run one stage unless a finished run with the same cache key is already in ``output_dir``.
 
-    The stage's stdout/stderr stream to ``log`` and to ``<output_dir>/stage.log``. The stage runs in its own
+    The stage's stdout/stderr stream to ``<output_dir>/stage.log`` and, through
+    :class:`flows.stage_log.StageLogRelay` (each line at its own level, progress bars at most every few seconds),
+    to ``log_at(level, message)`` (e.g. a Prefect run logger's ``log``), or to ``log`` without it. The stage runs in its own
     process group (flows/interrupt.py): an interrupt stops all of it, and nothing of it outlives the launcher.
     A stale ``output_dir`` is removed only if a stage created it (marker file) inside ``runs_dir`` (when given).
     ``launcher`` (same arguments as :func:`launch_command`, called once ``output_dir`` exists) gives the command
@@ -292,6 +296,7 @@ def run_stage(
     log(f"[{stage}] $ {' '.join(cmd)}")
     t0 = time.perf_counter()
     tail: list[str] = []
+    relay = StageLogRelay(stage, log_at or (lambda level, message: log(message)))
     # Each stage process starts its own wandb-core, which dies with it: a service the flow process started (its
     # address in WANDB_SERVICE) would outlive a killed stage and keep its run id registered, so the resumed attempt
     # would be refused with "run ID ... is in use" (wandb's own agent drops it from its children's environment too).
@@ -305,8 +310,7 @@ def run_stage(
         def on_line(line: str) -> None:
             nonlocal tail
             logf.write(line)
-            if line.strip() and "it/s]" not in line and "s/it]" not in line:  # keep progress bars out of the flow log
-                log(f"[{stage}] {line.rstrip()}")
+            relay(line)
             tail = (tail + [line])[-40:]
 
         rc = run_process_group(cmd, env=env, on_line=on_line)
