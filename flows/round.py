@@ -72,6 +72,17 @@ class RoundParameters(BaseModel):
         None, description="A flywheel dataset version (runs/flywheel/datasets/v-...): the DPO and reward-model data."
     )
 
+    @field_validator("preset")
+    @classmethod
+    def _preset_exists(cls, value: str) -> str:
+        """A preset is a folder under ``recipes/`` or a folder of yours; anything else is refused when the parameters
+        are made (a usage error), before Prefect starts and before a round folder exists."""
+        if not (Path(value).is_dir() or (REPO_ROOT / "recipes" / value).is_dir()):
+            root = REPO_ROOT / "recipes"
+            known = sorted(str(p.parent.relative_to(root)) for p in root.rglob(f"{STAGES['gates'].name}.yaml"))
+            raise ValueError(f"preset {value!r}: no such preset ({', '.join(known)}) and no such folder of recipes")
+        return value
+
     @field_validator("round_id")
     @classmethod
     def _safe_round_id(cls, value: str | None) -> str | None:
@@ -251,15 +262,7 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
         get_run_logger().info("flywheel data %s: overrides %s", params.flywheel_data, merged)
     round_id = check_round_id(params.round_id) if params.round_id else default_round_id(params.preset)
     round_dir = Path(params.runs_dir) / round_id
-    # One round per folder: the lock is held until this process exits (a second round fails at once, naming us).
-    with RoundLock(round_dir, round_id):
-        return _round(params, round_id, round_dir)
-
-
-def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
-    logger = get_run_logger()
-    # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
-    (round_dir / "round.json").unlink(missing_ok=True)
+    # Parameters and recipes are checked before the round's folder exists: a typo leaves nothing behind.
     unknown = set(params.overrides) - set(STAGES)
     if unknown:
         raise ValueError(f"overrides for unknown stage(s) {sorted(unknown)}; stages: {', '.join(STAGES)}")
@@ -269,6 +272,15 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
         raise ValueError("ppo_override_reason given without ppo_override; set ppo_override to run PPO anyway")
     # PPO's recipe is checked up front only when the override makes it run for sure
     check_recipes_task(params, [name for name in STAGES if name != "ppo" or params.ppo_override])
+    # One round per folder: the lock is held until this process exits (a second round fails at once, naming us).
+    with RoundLock(round_dir, round_id):
+        return _round(params, round_id, round_dir)
+
+
+def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
+    logger = get_run_logger()
+    # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
+    (round_dir / "round.json").unlink(missing_ok=True)
     (round_dir / UNLOCK_FILE).unlink(missing_ok=True)  # this round's decision, never a stale one
 
     # Training data is checked against every gate suite of this round before a stage trains: a gate scored on

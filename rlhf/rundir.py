@@ -154,7 +154,8 @@ class RoundLock:
 
     The lock is ``filelock.FileLock`` (``fcntl.flock``): the kernel drops it when the holding process exits or is
     killed, so a crashed round never blocks the next one. Who holds it (pid, host, start time, round id) is written
-    to ``.round.lock.holder.json`` so the refusal can name the holder.
+    to ``.round.lock.holder.json`` so the refusal can name the holder. A folder the lock itself created and the
+    round left empty is removed on exit.
 
     Raises (on enter):
         RoundError: another process holds the lock; the message names it.
@@ -170,6 +171,7 @@ class RoundLock:
     def __enter__(self) -> RoundLock:
         from filelock import Timeout
 
+        self._created = not self.round_dir.exists()
         self.round_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._lock.acquire()
@@ -191,6 +193,11 @@ class RoundLock:
 
     def __exit__(self, *exc) -> None:
         (self.round_dir / HOLDER_NAME).unlink(missing_ok=True)
+        # A folder this lock created and the round left empty (it failed before writing anything) goes, so nothing
+        # that looks like a round is left; removed while the lock is still held, so no other round is inside it.
+        if self._created and {p.name for p in self.round_dir.iterdir()} <= {LOCK_NAME}:
+            (self.round_dir / LOCK_NAME).unlink(missing_ok=True)
+            self.round_dir.rmdir()
         self._lock.release()
 
 

@@ -240,3 +240,17 @@ def test_gates_refuse_a_users_folder_and_clear_their_own_only_after_reading_ever
         gates_main([*good[:-1], json.dumps({"backend": "labels", "labels": str(tmp_path / "absent.jsonl")}),
                     "--output_dir", str(own)])
     assert _files(own) == earlier
+
+
+def test_a_round_that_left_nothing_leaves_no_folder_and_one_that_wrote_keeps_it(tmp_path):
+    empty, used, existing = tmp_path / "empty", tmp_path / "used", tmp_path / "existing"
+    with pytest.raises(ValueError), RoundLock(empty):
+        raise ValueError("a recipe failed its check")
+    assert not empty.exists()  # the lock made the folder and nothing else was written: gone
+    with RoundLock(used):
+        (used / "sft").mkdir()
+    assert (used / "sft").is_dir()
+    existing.mkdir()
+    with RoundLock(existing):
+        pass
+    assert existing.is_dir()  # not created by the lock: kept, empty or not
