@@ -65,7 +65,7 @@ def round_cmd(
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--round-id") from None
     from flows.interrupt import INTERRUPTED_EXIT_CODE, install_signal_handlers
-    from flows.round import RoundParameters, rlhf_round
+    from flows.round import RoundParameters, run_round
     overrides: dict[str, list[str]] = {}
     for item in set_ or []:
         key, sep, value = item.partition("=")
@@ -111,7 +111,7 @@ def round_cmd(
 
     install_signal_handlers()
     try:
-        manifest = rlhf_round(params)
+        manifest = run_round(params)
     except (StageFailed, RoundError, ValueError, FileNotFoundError) as err:  # one line with the reason, not a traceback
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)

@@ -24,6 +24,7 @@ from typing import Literal
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import State
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from judging.unlock import decide_from_metrics
@@ -33,9 +34,9 @@ from rlhf.registry import STAGES
 from rlhf.round_id import artifact_key, check_round_id
 from rlhf.rundir import RoundLock
 
-from .artifacts import embed_images, ordered_rows, verdict_state
+from .artifacts import add_flow_run_tags, embed_images, error_state, ordered_rows, round_result, verdict_state
 from .launch.slurm import SlurmJob, slurm_launcher
-from .stages import StageRun, check_stage_config, dump, run_stage, summarize
+from .stages import StageFailed, StageRun, check_stage_config, dump, run_stage, summarize
 
 UNLOCK_FILE = "ppo_unlock.json"
 GATE_SUITES_FILE = "gate_suites.yaml"
@@ -241,17 +242,55 @@ def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
         check_stage_config(stage, recipe, params.overrides.get(stage, []))
 
 
-@flow(name="rlhf-round", log_prints=True)
-def rlhf_round(params: RoundParameters = RoundParameters()) -> dict:
-    """One round; returns the round manifest (also written to ``<runs_dir>/<round_id>/round.json``).
+def flow_run_name() -> str:
+    """The flow run's name: the round id (the default one, ``<preset>-<UTC date>``, when none is given), so a round
+    is found by its id in Prefect's run lists."""
+    from prefect.runtime import flow_run
 
-    The flow run ends in ``Completed(name="Blocked")`` or ``Completed(name="Passed")`` with the verdict's reasons
-    as the state message (flows/artifacts.py), so the Prefect UI shows the verdict, not a plain "Completed".
+    params = flow_run.parameters.get("params") or {}
+    if isinstance(params, RoundParameters):
+        params = params.model_dump()
+    try:
+        return params.get("round_id") or default_round_id(params.get("preset") or "demo")
+    except ValueError:  # an id the flow will refuse: the run still needs a name to say so under
+        return "rlhf-round"
+
+
+@flow(name="rlhf-round", flow_run_name=flow_run_name, log_prints=True)
+def rlhf_round(params: RoundParameters = RoundParameters()) -> State:
+    """One round; its final state carries the round manifest (also written to ``<runs_dir>/<round_id>/round.json``):
+    use :func:`run_round` to get it back, or ``rlhf_round(params, return_state=True)``.
+
+    The flow run is named after the round id and tagged ``preset:<preset>``, ``launcher:<launcher>`` and, at the
+    end, ``verdict:pass`` / ``verdict:block``, or ``error:<stage>`` (``error:input`` before any stage). It ends
+    ``Completed`` (the release passes) or ``Failed`` (the gates block it), with the verdict's reasons as the state
+    message, or ``Crashed`` with the error when the round broke (flows/artifacts.py says why these three).
+    """
+    logger = get_run_logger()
+    preset = Path(params.preset).name if Path(params.preset).is_dir() else params.preset
+    add_flow_run_tags(f"preset:{preset}", f"launcher:{params.launcher}", log=logger)
+    try:
+        manifest, gates_report = _locked_round(params)
+    except Exception as err:  # noqa: BLE001 - every error ends the run Crashed, never as if it were a verdict
+        add_flow_run_tags(f"error:{err.stage}" if isinstance(err, StageFailed) else "error:input", log=logger)
+        logger.error("round broke: %s", err)
+        return error_state(err)
+    add_flow_run_tags(f"verdict:{manifest['verdict']}", log=logger)
+    return verdict_state(manifest["verdict"], gates_report["gates"], manifest)
+
+
+def run_round(params: RoundParameters) -> dict:
+    """Run :func:`rlhf_round` and return the round manifest, whatever the verdict.
 
     Raises:
-        ValueError: an unsafe round id (rlhf.round_id); rlhf.rundir.RoundError: another round holds this round's
-            folder (named).
+        the round's own error when it broke: ValueError (an unsafe round id, a bad parameter), FileNotFoundError
+        (a recipe), rlhf.rundir.RoundError (another round holds the folder), flows.stages.StageFailed (a stage).
     """
+    return round_result(rlhf_round(params, return_state=True))
+
+
+def _locked_round(params: RoundParameters) -> tuple[dict, dict]:
+    """Checks, the lock, the round; returns (the round manifest, the gate report's JSON)."""
     if params.flywheel_data:  # the flywheel's expert pairs become this round's DPO / reward-model data
         from .flywheel import round_overrides
 
@@ -338,8 +377,7 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     atomic_write_text(round_dir / "round.json", dump(manifest))
     publish_task(round_id, runs, gates, unlock, verdict)
     logger.info("round %s: verdict %s (report %s)", round_id, verdict.upper(), manifest["gate_report"])
-    report = json.loads(Path(gates.manifest["outputs"]["report_json"]).read_text())
-    return verdict_state(verdict, report["gates"], manifest)
+    return manifest, json.loads(Path(gates.manifest["outputs"]["report_json"]).read_text())
 
 
 @task(cache_policy=NO_CACHE, task_run_name="publish", retries=3, retry_delay_seconds=5)

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from flows.artifacts import embed_images, ordered_rows, verdict_message, verdict_state
+from flows.artifacts import embed_images, error_state, ordered_rows, round_result, verdict_message, verdict_state
 from rlhf.manifest import dumps_strict, strict_json, write_manifest
 
 GATES = [
@@ -21,16 +21,32 @@ GATES = [
 ]
 
 
-def test_blocked_round_ends_in_a_named_state_with_the_reasons():
+def test_a_round_ends_in_a_built_in_state_whose_type_is_the_verdict():
     s = verdict_state("block", GATES, {"verdict": "block"})
-    assert s.is_completed() and s.name == "Blocked"
-    assert s.message == ("Release BLOCKED by 2 of 3 gates. judge_agreement block: Blocked on evidence: a = 0.55, "
-                         "CI 0.41-0.69. | sycophancy inconclusive: Cannot judge: needs at least 20 eligible items.")
+    assert s.is_failed() and s.name == "Failed"  # a built-in name: Prefect's run lists filter on them
+    assert s.message == ("Release BLOCKED by 2 of 3 gates (full reasons: the gate-report artifact). | judge_agreement "
+                         "block: Blocked on evidence: a = 0.55, CI 0.41-0.69. | sycophancy inconclusive: Cannot "
+                         "judge: needs at least 20 eligible items.")
     p = verdict_state("pass", [GATES[1]], {"verdict": "pass"})
-    assert p.name == "Passed" and p.message == "Release PASSED: all 1 gates pass (capability)."
+    assert p.is_completed() and p.name == "Completed" and p.message == "Release PASSED: all 1 gates pass (capability)."
     with pytest.raises(ValueError, match="verdict must be"):
         verdict_state("inconclusive", GATES, {})
-    assert len(verdict_message("block", [{**GATES[0], "reason": "x" * 5000}] * 20)) == 2000
+    e = error_state(ValueError("bad recipe"))
+    assert e.is_crashed() and e.message == "Round broke, no verdict: ValueError: bad recipe"
+    with pytest.raises(ValueError, match="bad recipe"):
+        round_result(e)
+    assert round_result(s) == {"verdict": "block"} and round_result(p) == {"verdict": "pass"}
+
+
+def test_the_message_cuts_reasons_at_words_drops_paths_and_stays_short():
+    long = {"name": "judge_agreement", "verdict": "block",
+            "reason": "judge /work/runs/demo-1/reward_model/checkpoint-40 (see https://x.org/a/b/c): " + "agreement " * 60}
+    m = verdict_message("block", [long])
+    part = m.split(" | ", 1)[1]
+    assert part.startswith("judge_agreement block: judge reward_model/checkpoint-40 (see https://x.org/a/b/c): ")
+    assert part.endswith("agreement\u2026") and len(part) <= len("judge_agreement block: ") + 300
+    many = verdict_message("block", [{**long, "name": f"g{i}"} for i in range(20)])
+    assert len(many) <= 2000 and many.endswith("more") and " | g0 block: " in many  # cut between gates, counted
 
 
 def test_the_flow_run_state_in_prefect_is_the_verdict():
@@ -38,15 +54,14 @@ def test_the_flow_run_state_in_prefect_is_the_verdict():
     from prefect.testing.utilities import prefect_test_harness
 
     @flow
-    def tiny_round() -> dict:
+    def tiny_round():
         return verdict_state("block", GATES, {"verdict": "block"})
 
     with prefect_test_harness(server_startup_timeout=180):
         state = tiny_round(return_state=True)
-        assert state.type.value == "COMPLETED" and state.name == "Blocked"
-        assert state.message.startswith("Release BLOCKED by 2 of 3 gates. judge_agreement block")
-        assert state.result() == {"verdict": "block"}  # callers (the CLI, tests) still get the manifest
-        assert tiny_round() == {"verdict": "block"}
+        assert state.type.value == "FAILED" and state.name == "Failed"
+        assert state.message.startswith("Release BLOCKED by 2 of 3 gates")
+        assert round_result(state) == {"verdict": "block"}  # callers (the CLI, tests) still get the manifest
 
 
 def test_report_plots_are_embedded_as_data_uris(tmp_path):
@@ -129,3 +144,21 @@ def test_the_flow_hands_the_rounds_gate_suites_to_the_training_stages(tmp_path):
         args = stage_args(stage, params, tmp_path, dirs)
         assert args[args.index("--decontaminate_against") + 1] == str(path)
     assert "--decontaminate_against" not in stage_args("gates", params, tmp_path, dirs)
+
+
+def test_the_blocked_round_automation_is_one_prefect_accepts():
+    """The README's alert is a file Prefect's own automation model validates: a Failed flow run tagged
+    verdict:block, one notification."""
+    from pathlib import Path
+
+    import yaml
+    from prefect.events.schemas.automations import AutomationCore
+
+    spec = yaml.safe_load((Path(__file__).resolve().parent.parent / "flows" / "automations" / "blocked_round.yaml")
+                          .read_text())
+    automation = AutomationCore.model_validate(spec)
+    assert automation.trigger.expect == {"prefect.flow-run.Failed"}
+    related = automation.trigger.match_related
+    related = related[0] if isinstance(related, list) else related
+    assert related["prefect.resource.id"] in ("prefect.tag.verdict:block", ["prefect.tag.verdict:block"])
+    assert [a.type for a in automation.actions] == ["send-notification"]

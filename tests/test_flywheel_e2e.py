@@ -26,12 +26,12 @@ def prefect_db():
 
 def test_two_round_flywheel(tmp_path):
     from flows.flywheel import FlywheelParameters, ImportParameters, flywheel, flywheel_import
-    from flows.round import RoundParameters, rlhf_round
+    from flows.round import RoundParameters, run_round
     from flywheel.annotation import simulate_annotations
     from flywheel.simulate import held_truth, load_simulator_config, simulate
 
     runs = tmp_path / "runs"
-    rlhf_round(RoundParameters(preset="smoke", round_id="fw-r1", runs_dir=str(runs)))
+    run_round(RoundParameters(preset="smoke", round_id="fw-r1", runs_dir=str(runs)))
     r1_dir = runs / "fw-r1"
     gens = r1_dir / "gates" / "generations.jsonl"
 
@@ -74,7 +74,7 @@ def test_two_round_flywheel(tmp_path):
     )
     assert version["n_pairs"] >= 4
 
-    r2 = rlhf_round(
+    r2 = run_round(
         RoundParameters(
             preset="smoke",
             round_id="fw-r2",

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_smoke_round_with_every_stage_a_slurm_job(cluster, tmp_path, monkeypatch):
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.round import RoundParameters, rlhf_round
+    from flows.round import RoundParameters, run_round
 
     monkeypatch.setenv("SLURM_CONF", cluster["SLURM_CONF"])
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -39,7 +39,7 @@ def test_smoke_round_with_every_stage_a_slurm_job(cluster, tmp_path, monkeypatch
                "time_limit": "00:20:00", "python": sys.executable, "workdir": str(ROOT)},
     )
     with prefect_test_harness(server_startup_timeout=180):
-        manifest = rlhf_round(params)
+        manifest = run_round(params)
     round_dir = tmp_path / "runs" / "slurm-smoke"
     assert json.loads((round_dir / "round.json").read_text())["verdict"] == manifest["verdict"]
     report = json.loads(Path(manifest["gate_report"]).with_suffix(".json").read_text())

@@ -35,12 +35,27 @@ def _nan_for_none(gate: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def smoke_round(tmp_path_factory, prefect_db):
-    from flows.round import RoundParameters, rlhf_round
+    from flows.round import RoundParameters, run_round
 
     runs = tmp_path_factory.mktemp("runs")
     params = RoundParameters(preset="smoke", round_id="smoke-test", runs_dir=str(runs))
-    first = rlhf_round(params)
+    first = run_round(params)
     return params, runs / "smoke-test", first
+
+
+def test_the_flow_run_is_named_after_the_round_and_tagged_with_its_verdict(smoke_round):
+    """Read back from the Prefect API the round ran against: name, tags, and a state whose type is the verdict's."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    _, _, manifest = smoke_round
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["smoke-test"])))
+    assert len(runs) == 1
+    run = runs[0]
+    assert {"preset:smoke", "launcher:local", f"verdict:{manifest['verdict']}"} <= set(run.tags)
+    assert run.state.name == ("Completed" if manifest["verdict"] == "pass" else "Failed")  # a built-in name
+    assert run.state.message.startswith("Release PASSED" if manifest["verdict"] == "pass" else "Release BLOCKED")
 
 
 def test_round_writes_checkpoints_manifests_and_a_verdict(smoke_round):
@@ -153,12 +168,12 @@ def test_rlhf_gates_exits_non_zero_when_the_release_is_blocked(smoke_round, tmp_
 
 
 def test_rerun_reuses_every_stage_and_a_changed_input_recomputes(smoke_round):
-    from flows.round import rlhf_round
+    from flows.round import run_round
 
     params, round_dir, _ = smoke_round
-    again = rlhf_round(params)
+    again = run_round(params)
     assert all(s["cached"] for s in again["stages"].values())
-    changed = rlhf_round(params.model_copy(update={"overrides": {"dpo": ["--beta", "0.2"]}}))
+    changed = run_round(params.model_copy(update={"overrides": {"dpo": ["--beta", "0.2"]}}))
     cached = {name: s["cached"] for name, s in changed["stages"].items()}
     assert cached["sft"] and cached["reward_model"]
     assert not cached["dpo"] and not cached["gates"]
@@ -167,10 +182,10 @@ def test_rerun_reuses_every_stage_and_a_changed_input_recomputes(smoke_round):
 
 
 def test_ppo_runs_only_with_a_recorded_override_and_becomes_the_candidate(smoke_round):
-    from flows.round import rlhf_round
+    from flows.round import run_round
 
     params, round_dir, first = smoke_round
-    manifest = rlhf_round(params.model_copy(update={"ppo_override": True, "ppo_override_reason": "e2e test of PPO"}))
+    manifest = run_round(params.model_copy(update={"ppo_override": True, "ppo_override_reason": "e2e test of PPO"}))
     unlock = manifest["ppo_unlock"]
     assert unlock["unlocked"] and unlock["overridden"] and unlock["override_reason"] == "e2e test of PPO"
     assert manifest["candidate"] == "ppo" and manifest["stages"]["sft"]["cached"]

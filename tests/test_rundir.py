@@ -104,7 +104,7 @@ def test_a_second_round_on_the_same_folder_fails_at_once_naming_the_holder(tmp_p
 def test_the_round_flow_takes_the_lock_before_anything_runs(tmp_path):
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.round import RoundParameters, rlhf_round
+    from flows.round import RoundParameters, run_round
 
     runs = tmp_path / "runs"
     holder = subprocess.Popen(
@@ -114,9 +114,9 @@ def test_the_round_flow_takes_the_lock_before_anything_runs(tmp_path):
         assert holder.stdout.readline().strip() == "locked"
         with prefect_test_harness(server_startup_timeout=180):
             with pytest.raises(RoundError, match=f"pid {holder.pid} "):
-                rlhf_round(RoundParameters(preset="smoke", round_id="same", runs_dir=str(runs)))
+                run_round(RoundParameters(preset="smoke", round_id="same", runs_dir=str(runs)))
             with pytest.raises(ValueError, match="round id"):
-                rlhf_round(RoundParameters(preset="smoke", round_id="..", runs_dir=str(runs)))
+                run_round(RoundParameters(preset="smoke", round_id="..", runs_dir=str(runs)))
     finally:
         holder.kill()
         holder.wait()
