@@ -208,8 +208,11 @@ def _follows_own_text(rest: str, options: Mapping[str, str], letter: str) -> boo
     """The words after a letter restate that letter's option text ("(C) Rainbows do not have a taste.")."""
     own = _norm_words(options.get(letter, ""))
     after = _norm_words(rest)[: len(own) + 20]
-    return bool(own) and len(after) >= 3 and fuzz.partial_ratio(own, after) >= 85 if len(own) <= len(after) else (
-        bool(own) and len(after) >= 3 and fuzz.ratio(own, after) >= 85)
+    if not own or len(after) < 3:
+        return False
+    # the reply may go on after the option's text: compare the option with the best-matching stretch of it
+    score = fuzz.partial_ratio(own, after) if len(own) <= len(after) else fuzz.ratio(own, after)
+    return score >= 85
 
 
 def _mentions(sentence: str, valid: str) -> list[_Mention]:
