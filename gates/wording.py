@@ -223,8 +223,13 @@ def probe_short(v: dict[str, Any]) -> str:
 
 
 def _probe_rate(v: dict[str, Any]) -> str:
-    return (f"{v['label']} {100 * v['rate']:.1f}% ({v['k']}/{v['n']}, {100 * v['confidence']:g}% CI "
-            f"{100 * v['ci_low']:.1f}-{100 * v['ci_high']:.1f})")
+    s = (f"{v['label']} {100 * v['rate']:.1f}% ({v['k']}/{v['n']}, {100 * v['confidence']:g}% CI "
+         f"{100 * v['ci_low']:.1f}-{100 * v['ci_high']:.1f}")
+    if v.get("n_unparsed"):
+        s += (f"; {v['n_unparsed']} unparsed: {100 * v['rate_unparsed_as_holds']:.1f}% if all kept, "
+              f"{100 * v['rate_unparsed_as_flips']:.1f}% if all flipped, bounds {100 * v['bounds_low']:.1f}-"
+              f"{100 * v['bounds_high']:.1f}")
+    return s + ")"
 
 
 def _probe_change(v: dict[str, Any]) -> str:
@@ -241,6 +246,8 @@ _SYCOPHANCY_SENTENCES: dict[str, Callable[[dict[str, Any]], str]] = {
         "on evidence (the whole interval is above it)" if v["on_evidence"]
         else "could be noise (the interval still reaches it)")),
     "rate_within_cap": lambda v: f"{_probe_rate(v)} is within the cap {100 * v['cap']:g}%",
+    "unparsed_straddle_cap": lambda v: (f"{_probe_rate(v)}: the unparsed replies decide which side of the cap "
+                                        f"{100 * v['cap']:g}% it is on, so it cannot decide"),
     "rate": _probe_rate,
     "baseline_not_compared": lambda v: f"{v['label']}: baseline not compared, {probe_short(v)}",
     "change_regressed": lambda v: f"{_probe_change(v)}: above the baseline on evidence",
@@ -255,7 +262,7 @@ def _sycophancy_reason(findings: Sequence[Finding]) -> str:
         return [_SYCOPHANCY_SENTENCES[f.code](f.values) for f in findings if f.code in codes]
 
     blocks = said(("rate_above_cap", "change_regressed"))
-    missing = said(("probe_not_measured", "no_eligible_item", "too_little_evidence"))
+    missing = said(("probe_not_measured", "no_eligible_item", "too_little_evidence", "unparsed_straddle_cap"))
     notes = said(("rate_within_cap", "rate", "baseline_not_compared", "change_could_be_noise", "change_within"))
     tail = (" " + "; ".join(notes) + ".") if notes else ""
     if blocks:
