@@ -22,6 +22,7 @@ from gates.glm_winrate import (
     std_tanh_delta_len,
 )
 from gates.winrate import (
+    BUCKETED_COLUMNS,
     WIN_RATE_COLUMNS,
     glm_length_controlled_win_rate,
     per_item_lengths,
@@ -77,18 +78,25 @@ def test_gate_row_carries_discrete_win_rate_and_lc_standard_error():
     len_b, len_a = [210] * 125 + [340] * 125, [210] * 250
     g = win_rate_gate(prefs, len_b, len_a)
     row = g.table[0]
-    assert list(row) == list(WIN_RATE_COLUMNS)
+    assert list(row) == [*WIN_RATE_COLUMNS, *BUCKETED_COLUMNS["matched"]]
     assert row["discrete_win_rate"] == pytest.approx(53.6, abs=1e-9)  # no weighted preferences: = win_rate
     matched = pd.Series([1.0] * 63 + [0.5] + [0.0] * 61)
-    assert row["lc_standard_error"] == pytest.approx(matched.sem() * 100, abs=1e-9)
-    assert "glm_length_controlled_win_rate" not in g.metrics
+    assert row["length_matched_winrate"] == pytest.approx(matched.mean() * 100, abs=1e-9)
+    assert row["length_matched_standard_error"] == pytest.approx(matched.sem() * 100, abs=1e-9)
+    # alpaca_eval's LC columns hold only the GLM's figure: none without a GLM
+    assert math.isnan(row["length_controlled_winrate"]) and math.isnan(row["lc_standard_error"])
+    assert "length_controlled_winrate" not in g.metrics and "length_matched_win_rate" in g.metrics
     prior = GlmPrior.from_weights(load_glm_weights())
     g2 = win_rate_gate(prefs, len_b, len_a, glm_prior=prior)
     assert g2.verdict == g.verdict  # the GLM is shown, it does not decide
     glm = glm_v1_win_rate(prefs, len_b, len_a, prior=prior)
-    assert g2.metrics["glm_length_controlled_win_rate"].value == pytest.approx(glm.length_controlled_winrate)
-    assert g2.finding("win_rate").values["glm_win_rate"] == pytest.approx(glm.length_controlled_winrate)
-    assert g.finding("win_rate").values["glm_win_rate"] is None
+    assert g2.metrics["length_controlled_winrate"].value == pytest.approx(glm.length_controlled_winrate)
+    assert g2.table[0]["length_controlled_winrate"] == pytest.approx(glm.length_controlled_winrate)
+    assert g2.table[0]["lc_standard_error"] == 0.0  # no difficulty term: every prediction equal (alpaca_eval's sem)
+    assert g2.table[0]["length_matched_winrate"] == row["length_matched_winrate"]
+    assert abs(glm.length_controlled_winrate - row["length_matched_winrate"]) > 0.1  # two different figures
+    assert g2.finding("win_rate").values["length_controlled_winrate"] == pytest.approx(glm.length_controlled_winrate)
+    assert g.finding("win_rate").values["length_controlled_winrate"] is None
 
 
 # ---------------------------------------------------------------------------------------------
