@@ -3,7 +3,7 @@
 alpaca_eval (src/alpaca_eval/metrics/glm_winrate.py, commit cd543a1) computes ``lc_standard_error`` as the ``sem``
 over instructions of the GLM's predicted preferences at zero length difference, with a fixed, precomputed
 instruction difficulty (hub-only file); ours is the same formula with the fixed stand-in difficulty
-(data/demo/alpaca_eval/instruction_difficulty.csv, built once by benchmarks/build_alpaca_eval_difficulty.py).
+(gates/alpaca_eval_instruction_difficulty.csv, built once by benchmarks/build_alpaca_eval_difficulty.py).
 
 Figures (labelled sets: the published leaderboard and weights in shared/datasets/alpaca_eval, and the GLM inputs of
 56 models in benchmarks/data/alpaca_eval_glm_inputs.csv.gz):

@@ -1,4 +1,4 @@
-"""Build the fixed AlpacaEval instruction difficulty (data/demo/alpaca_eval/instruction_difficulty.csv), once.
+"""Build the fixed AlpacaEval instruction difficulty (gates/alpaca_eval_instruction_difficulty.csv), once.
 
 alpaca_eval computes its ``instruction_difficulty`` once (``notebooks/instruction_difficulty.ipynb``: a joint fit over
 the leaderboard's models) and ships it as a file that every later LC uses unchanged; that file is on the Hugging Face
@@ -33,7 +33,7 @@ from gates.glm_winrate import (  # noqa: E402
 )
 
 INPUTS = ROOT / "benchmarks" / "data" / "alpaca_eval_glm_inputs.csv.gz"
-OUTPUT = ROOT / "data" / "demo" / "alpaca_eval" / "instruction_difficulty.csv"
+OUTPUT = ROOT / "gates" / "alpaca_eval_instruction_difficulty.csv"
 ANNOTATOR = "weighted_alpaca_eval_gpt4_turbo"
 BASELINE = "gpt4_1106_preview"
 COMMIT = "cd543a149df89434d8a54582c0151c0b945c3d20"

@@ -15,23 +15,27 @@ each, which share phi and psi but have no theta. Then::
     length_controlled_winrate = 100 * mean_i sigmoid(theta_m + psi_m * d_i)      (delta set to 0)
     lc_standard_error         = 100 * sem_i  sigmoid(theta_m + psi_m * d_i)      (pandas ``sem``, ddof 1)
 
-Two of its inputs live only on the Hugging Face hub (``instruction_difficulty.csv``, ``df_gamed.csv``).
-What this module does instead, with what is offline (the published coefficients of 200 models in
-``alpaca_eval/weights/``):
+Its instruction difficulty d_i is a fixed, precomputed file (``instruction_difficulty.csv``, fitted once by a joint
+fit over the early-2024 leaderboard models, ``notebooks/instruction_difficulty.ipynb``): every later model's LC uses
+it unchanged, so adding a model changes no other model's LC. That file and the gamed-baseline annotations
+(``df_gamed.csv``) live only on the Hugging Face hub. What this module does instead, offline:
 
-* the gamed-baseline regularisation and the L1 CV are replaced by Gaussian priors on phi and psi whose
-  mean and SD are those of the 200 published models' coefficients (``GlmPrior.from_weights``); theta
-  has a flat prior. The fit is the MAP estimate (soft-label log-likelihood + log prior, L-BFGS). On a
-  50-prompt gate set the length coefficient cannot be fitted alone; the prior keeps it where 200
-  AlpacaEval models put it.
-* instruction difficulty, when the prompts are AlpacaEval's, is estimated per instruction from other
-  models' annotations with their published coefficients held fixed (``instruction_difficulty_from_models``):
-  d_i = argmax sum_o loglik(p_oi | theta_o + phi_o tanh(delta_oi / sd_o) + psi_o d) - d^2 / (2 s^2).
-  Without a difficulty the formula drops the psi term (alpaca_eval's ``length_controlled_minimal``
-  formula) and ``lc_standard_error`` is 0 by alpaca_eval's definition (every prediction is the same).
+* instruction difficulty: a fixed stand-in file (``DEFAULT_DIFFICULTY``, 805 instructions), fitted once by
+  ``build_instruction_difficulty`` from the annotations of 56 leaderboard models (``benchmarks/data/
+  alpaca_eval_glm_inputs.csv.gz``) with their published coefficients held fixed, so d is on the scale those
+  coefficients were fitted with (``instruction_difficulty_from_models``). Evaluations read it (``difficulty_of``) and
+  never refit it.
+* ``lc_standard_error`` is alpaca_eval's: the ``sem`` over instructions of the predictions at zero length difference
+  (not a sampling SE). From the published coefficients (``predicted_lc_from_weights``, alpaca_eval's
+  ``predict_winrate`` path) it reproduces the 37 published ``lc_standard_error`` within 0.045.
+* the gamed-baseline regularisation and the L1 CV are replaced by Gaussian priors on phi and psi whose mean and SD
+  are those of the 200 published models' coefficients (``GlmPrior.from_weights``); theta has a flat prior. The fit
+  is the MAP estimate (soft-label log-likelihood + log prior, L-BFGS). On a 50-prompt gate set the length
+  coefficient cannot be fitted alone; the prior keeps it where 200 AlpacaEval models put it.
+  Without a difficulty the formula drops the psi term (alpaca_eval's ``length_controlled_minimal`` formula) and
+  ``lc_standard_error`` is 0 by alpaca_eval's definition (every prediction is the same).
 
-Measured on the three shared annotation sets (README, "AlpacaEval row"; ``benchmarks/alpaca_eval_lc.py``):
-+0.19, +0.13 and -0.50 LC points from the published ``length_controlled_winrate``.
+Measured figures: ``python benchmarks/alpaca_eval_lc.py``.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ DEFAULT_WEIGHTS = "demo:alpaca_eval/weights/weighted_alpaca_eval_gpt4_turbo.leng
 
 #: The fixed difficulty of AlpacaEval's 805 instructions (``build_instruction_difficulty``;
 #: ``benchmarks/build_alpaca_eval_difficulty.py``), the stand-in for alpaca_eval's hub-only instruction_difficulty.csv.
-DEFAULT_DIFFICULTY = "demo:alpaca_eval/instruction_difficulty.csv"
+DEFAULT_DIFFICULTY = Path(__file__).resolve().parent / "alpaca_eval_instruction_difficulty.csv"
 
 #: SD of the Gaussian prior on an instruction's difficulty (logit units) in ``instruction_difficulty_from_models``:
 #: the value ``build_instruction_difficulty`` chose for the shipped file (benchmarks/alpaca_eval_lc.py prints the grid).
@@ -379,7 +383,8 @@ def load_instruction_difficulty(path: str | Path = DEFAULT_DIFFICULTY) -> pd.Dat
 
     Args:
         path: CSV with columns ``index`` (position in AlpacaEval's instruction order), ``instruction`` and
-            ``instruction_difficulty`` (logit units), or ``demo:<file>``.
+            ``instruction_difficulty`` (logit units), or ``demo:<file>``; default the shipped file
+            (gates/alpaca_eval_instruction_difficulty.csv).
 
     Returns:
         DataFrame indexed by ``index`` (0..n-1) with columns instruction, instruction_difficulty.
