@@ -25,8 +25,8 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -141,7 +141,13 @@ def rows_of(t: dict[str, pd.DataFrame]) -> list[dict]:
 
 
 def measure(shared: str | None = None, quick: bool = False) -> list[dict]:
-    return rows_of(tables(shared, quick))
+    return rows_of(_limited(tables, shared, quick))
+
+
+def _limited(fn, *args):
+    # ~3,000 three-parameter L-BFGS fits: BLAS threads only add contention there (8x slower on a busy 2-core machine)
+    with threadpool_limits(1):
+        return fn(*args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="stability over the 3 shared and the published-SE models only (all 56 otherwise)")
     args = ap.parse_args(argv)
-    t = tables(args.shared, args.quick)
+    t = _limited(tables, args.shared, args.quick)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_rows", 500)
     print("lc_standard_error and LC from the published coefficients (models with a published lc_standard_error):")
