@@ -67,7 +67,8 @@ DEFAULT_WEIGHTS = "demo:alpaca_eval/weights/weighted_alpaca_eval_gpt4_turbo.leng
 DEFAULT_DIFFICULTY = Path(__file__).resolve().parent / "alpaca_eval_instruction_difficulty.csv"
 
 #: SD of the Gaussian prior on an instruction's difficulty (logit units) in ``instruction_difficulty_from_models``:
-#: the value ``build_instruction_difficulty`` chose for the shipped file (benchmarks/alpaca_eval_lc.py prints the grid).
+#: the value ``build_instruction_difficulty`` chose for the shipped file (benchmarks/build_alpaca_eval_difficulty.py
+#: prints the grid: mean |LC error| 0.197 points on 161 published models at 1.8, 0.23 at 1.4 and 2.0).
 DIFFICULTY_PRIOR_SD = 1.8
 
 

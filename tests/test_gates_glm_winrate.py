@@ -271,7 +271,9 @@ def test_lc_standard_error_refit_on_own_annotations_with_a_held_out_difficulty()
 
 
 #: Largest LC move of the three shared models when one model joins or leaves the 56 the difficulty is fitted on,
-#: measured over all 56 (benchmarks/alpaca_eval_lc.py): see MOVE_TOLERANCE.
+#: measured over all 56 in turn: 0.35 (FuseChat-Gemma-2-9B-Instruct moves gpt-3.5-turbo-1106); over every pair of
+#: the 56, 0.56 (benchmarks/alpaca_eval_lc.py). The earlier difficulty, re-estimated from the evaluated models, moved
+#: them by up to 3.8 points.
 MOVE_TOLERANCE = 0.5
 
 
