@@ -302,7 +302,8 @@ def instruction_difficulty_from_models(
         if name not in weights.index:
             raise ValueError(f"{name!r} has no published GLM weights (not a row of the weights file)")
         if len(value) not in (3, 4):
-            raise ValueError(f"{name!r}: expected (preferences, len_model, len_baseline[, index]), got {len(value)} items")
+            raise ValueError(f"{name!r}: expected (preferences, len_model, len_baseline[, index]), "
+                             f"got {len(value)} items")
         p = as_float_1d(f"{name}: preferences", value[0])
         lm = as_float_1d(f"{name}: len_model", value[1])
         lb = as_float_1d(f"{name}: len_baseline", value[2])
@@ -406,7 +407,8 @@ def load_instruction_difficulty(path: str | Path = DEFAULT_DIFFICULTY) -> pd.Dat
     d = pd.to_numeric(df[DIFFICULTY_TERM], errors="coerce").to_numpy(float)
     if not np.all(np.isfinite(d)):
         r = int(np.flatnonzero(~np.isfinite(d))[0])
-        raise ValueError(f"{p}: row {r}, column {DIFFICULTY_TERM!r}: {df[DIFFICULTY_TERM].iloc[r]!r} is not a finite number")
+        raise ValueError(f"{p}: row {r}, column {DIFFICULTY_TERM!r}: {df[DIFFICULTY_TERM].iloc[r]!r} "
+                         "is not a finite number")
     if df["index"].tolist() != list(range(len(df))):
         raise ValueError(f"{p}: column 'index' must be 0..{len(df) - 1} in order")
     dup = df["instruction"].duplicated()
@@ -426,7 +428,8 @@ def difficulty_of(instructions: Sequence[str], table: pd.DataFrame | None = None
     out = np.empty(len(instructions))
     for i, s in enumerate(instructions):
         if s not in by_text:
-            raise ValueError(f"instruction {i} ({str(s)[:60]!r}) has no fixed difficulty (not an AlpacaEval instruction)")
+            raise ValueError(f"instruction {i} ({str(s)[:60]!r}) has no fixed difficulty "
+                             "(not an AlpacaEval instruction)")
         out[i] = by_text[s]
     return out
 

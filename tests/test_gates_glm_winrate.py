@@ -227,7 +227,8 @@ def test_fixed_difficulty_file_checked(tmp_path):
 
 #: Models on the leaderboard with a published lc_standard_error and published weights: 37. Measured with the shipped
 #: difficulty (benchmarks/alpaca_eval_lc.py): max |ours - published| 0.045, mean +0.023; FuseChat-Llama-3.2-3B-Instruct
-#: 0.7171 vs 0.6945 (the model of the earlier 0.424 figure). These models were not used to choose the difficulty's prior SD.
+#: 0.7171 vs 0.6945 (the model of the earlier 0.424 figure). These models were not used to choose the difficulty's
+#: prior SD.
 SE_TOLERANCE = 0.05
 
 
@@ -304,7 +305,8 @@ def test_evaluating_a_model_with_others_changes_nothing():
 # published LC of the three shared models
 # ---------------------------------------------------------------------------------------------
 
-LC_TOLERANCE = 2.0  # LC points; measured with the shipped difficulty: -0.57, -0.91, -1.78 (benchmarks/alpaca_eval_lc.py)
+#: LC points; measured with the shipped difficulty: -0.57, -0.91, -1.78 (benchmarks/alpaca_eval_lc.py)
+LC_TOLERANCE = 2.0
 
 
 @needs_alpaca
