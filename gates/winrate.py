@@ -8,7 +8,9 @@ balanced length buckets, the plain GLM) and ``gates.glm_winrate`` (``length_cont
 Every row carries alpaca_eval's leaderboard columns (``WIN_RATE_COLUMNS``), including ``discrete_win_rate``
 (``ZeroOneScoringRule``: each preference rounded to a win, a loss or an exact draw) and
 ``lc_standard_error`` (the SE of the length-controlled figure; for the GLMs alpaca_eval's definition,
-``sem`` of the per-item predicted preferences).
+``sem`` of the per-item predicted preferences). ``length_controlled_winrate`` / ``lc_standard_error`` hold only a
+GLM's figure (alpaca_eval's meaning); the length-bucketed figures have their own columns (``BUCKETED_COLUMNS``:
+``length_matched_winrate`` / ``length_matched_standard_error``, or the ``length_balanced_`` pair).
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ DEFAULT_MIN_DECISIVE = 10
 
 LcMethod = Literal["matched", "balanced", "glm", "glm_v1"]
 
+#: The columns (figure, SE) a length-bucketed method's figure goes in, after ``WIN_RATE_COLUMNS``.
+BUCKETED_COLUMNS: dict[str, tuple[str, str]] = {
+    "matched": ("length_matched_winrate", "length_matched_standard_error"),
+    "balanced": ("length_balanced_winrate", "length_balanced_standard_error"),
+}
+#: The gate metric of each bucketed method's figure (the one that decides).
+BUCKETED_METRICS: dict[str, str] = {"matched": "length_matched_win_rate", "balanced": "length_balanced_win_rate"}
+
 
 def win_rate(
     preferences: Any,
@@ -77,8 +87,9 @@ def win_rate(
     Args:
         preferences: shape (n_items,), AlpacaEval preferences (see module docstring).
         len_candidate, len_baseline: optional shape (n_items,) positive lengths (tokens or
-            characters, the same unit for both). When given, ``length_controlled_winrate`` is
-            filled with ``lc_method``; otherwise it is NaN.
+            characters, the same unit for both). When given, the figure of ``lc_method`` is filled in:
+            ``length_controlled_winrate`` / ``lc_standard_error`` for the GLMs, the method's ``BUCKETED_COLUMNS``
+            (added after ``WIN_RATE_COLUMNS``) for "matched" and "balanced"; otherwise the LC columns are NaN.
         lc_method: "matched" or "balanced" (``length_bucketed_win_rate``), "glm"
             (``glm_length_controlled_win_rate``) or "glm_v1" (``gates.glm_winrate.glm_v1_win_rate`` with
             ``glm_prior`` and ``instruction_difficulty``).
@@ -87,9 +98,8 @@ def win_rate(
         glm_prior, instruction_difficulty: for "glm_v1" only (see ``glm_v1_win_rate``).
 
     Returns:
-        DataFrame with one row and exactly ``WIN_RATE_COLUMNS``; win_rate, standard_error,
-        discrete_win_rate, length_controlled_winrate and lc_standard_error in percent
-        (lc_standard_error: the bucketed figure's SE, alpaca_eval's definition for "glm_v1", NaN for "glm").
+        DataFrame with one row: ``WIN_RATE_COLUMNS``, then ``BUCKETED_COLUMNS[lc_method]`` for a bucketed method;
+        percent (lc_standard_error: alpaca_eval's definition for "glm_v1", NaN for "glm" and the bucketed methods).
 
     Raises:
         ValueError: invalid preferences or lengths (see ``preferences_to_scores``), lengths given
@@ -99,6 +109,7 @@ def win_rate(
     if (len_candidate is None) != (len_baseline is None):
         raise ValueError("give both len_candidate and len_baseline, or neither")
     lc, lc_se = math.nan, math.nan
+    extra: dict[str, float] = {}
     if len_candidate is not None:
         if lc_method == "glm":
             lc = glm_length_controlled_win_rate(preferences, len_candidate, len_baseline).length_controlled_winrate
@@ -111,12 +122,13 @@ def win_rate(
             r = length_bucketed_win_rate(
                 preferences, len_candidate, len_baseline, n_buckets=n_buckets, tolerance=tolerance, method=lc_method
             )
-            lc, lc_se = r.length_controlled_winrate, r.standard_error
+            extra = dict(zip(BUCKETED_COLUMNS[lc_method], (r.length_controlled_winrate, r.standard_error)))
         else:
             raise ValueError(f"lc_method must be 'matched', 'balanced', 'glm' or 'glm_v1', got {lc_method!r}")
     row["length_controlled_winrate"] = lc
     row["lc_standard_error"] = lc_se
-    return pd.DataFrame([row], columns=list(WIN_RATE_COLUMNS), index=[name] if name is not None else None)
+    row.update(extra)
+    return pd.DataFrame([row], columns=[*WIN_RATE_COLUMNS, *extra], index=[name] if name is not None else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,7 +213,8 @@ class WinRateMetrics:
         figure: the length-bucketed figure (``length_bucketed_win_rate``); lc_ci, raw_ci: its intervals (percent).
         evidence: ``win_rate_evidence``; confidence: the interval level.
         glm: the AlpacaEval-style GLM figure (shown, never deciding) and glm_models its prior's model count.
-        row: alpaca_eval's row (``WIN_RATE_COLUMNS``), LC columns from the bucketed figure.
+        row: alpaca_eval's row (``WIN_RATE_COLUMNS``; its LC columns from the GLM, NaN without one), then the
+            bucketed figure and its SE (``BUCKETED_COLUMNS[method]``).
     """
 
     figure: LengthControlledWinRate
@@ -232,9 +245,11 @@ def metrics(
     )
     res = length_bucketed_win_rate(preferences, len_candidate, len_baseline, n_buckets, tolerance=tolerance,
                                    method=method)
-    row = {**describe(preferences_to_scores(preferences)),
-           "length_controlled_winrate": res.length_controlled_winrate, "lc_standard_error": res.standard_error}
     glm = None if glm_prior is None else _glm_v1_figure(preferences, len_candidate, len_baseline, glm_prior)
+    row = {**describe(preferences_to_scores(preferences)),
+           "length_controlled_winrate": math.nan if glm is None else glm.length_controlled_winrate,
+           "lc_standard_error": math.nan if glm is None else glm.lc_standard_error,
+           **dict(zip(BUCKETED_COLUMNS[method], (res.length_controlled_winrate, res.standard_error)))}
     return WinRateMetrics(
         figure=res, lc_ci=res.ci(confidence), raw_ci=normal_win_rate_ci(res.raw, res.raw_standard_error, confidence),
         evidence=evidence, confidence=confidence, glm=glm, glm_models=None if glm is None else glm_prior.n_models,
@@ -255,10 +270,11 @@ def verdict(m: WinRateMetrics, thresholds: WinRateThresholds) -> tuple[Verdict, 
     res, ev, th = m.figure, m.evidence, thresholds
     lo, hi = m.lc_ci
     summary = Finding(code="win_rate", values={
-        "method": res.method, "confidence": m.confidence, "lc_win_rate": res.length_controlled_winrate,
+        "method": res.method, "confidence": m.confidence, "bucketed_win_rate": res.length_controlled_winrate,
         "ci_low": lo, "ci_high": hi, "n": res.n, "raw_win_rate": res.raw,
         "points_explained_by_length": res.points_explained_by_length, "n_decisive": ev["n_decisive"],
-        "min_decisive": th.min_decisive, "glm_win_rate": None if m.glm is None else m.glm.length_controlled_winrate,
+        "min_decisive": th.min_decisive,
+        "length_controlled_winrate": None if m.glm is None else m.glm.length_controlled_winrate,
         "glm_phi": None if m.glm is None else m.glm.phi, "glm_models": m.glm_models,
     })
     if res.n == 0 or not math.isfinite(res.length_controlled_winrate):
@@ -280,7 +296,7 @@ def gate_metrics(m: WinRateMetrics) -> dict[str, Metric]:
     out = {
         "raw_win_rate": Metric(value=res.raw, ci_low=raw_lo, ci_high=raw_hi, n=res.n_total,
                                direction="higher_is_better", unit="percent"),
-        "length_controlled_win_rate": Metric(value=res.length_controlled_winrate, ci_low=lo, ci_high=hi, n=res.n,
+        BUCKETED_METRICS[res.method]: Metric(value=res.length_controlled_winrate, ci_low=lo, ci_high=hi, n=res.n,
                                              direction="higher_is_better", unit="percent"),
         "points_explained_by_length": Metric(value=res.points_explained_by_length, n=res.n_total,
                                              direction="lower_is_better", unit="points"),
@@ -288,8 +304,8 @@ def gate_metrics(m: WinRateMetrics) -> dict[str, Metric]:
                                  direction="higher_is_better", unit="items"),
     }
     if m.glm is not None:
-        out["glm_length_controlled_win_rate"] = Metric(value=m.glm.length_controlled_winrate, n=m.glm.n,
-                                                       direction="higher_is_better", unit="percent")
+        out["length_controlled_winrate"] = Metric(value=m.glm.length_controlled_winrate, n=m.glm.n,
+                                                  direction="higher_is_better", unit="percent")
     return out
 
 
@@ -318,15 +334,17 @@ def win_rate_gate(
         method, n_buckets, tolerance: passed to ``length_bucketed_win_rate``; confidence: the interval level.
         answered: shape (n_items,), True where both answers are non-empty (None: all answered).
         glm_prior: a ``gates.glm_winrate.GlmPrior``; when given, the AlpacaEval-style GLM figure
-            (``glm_v1_win_rate``, no difficulty term) is reported as metric ``glm_length_controlled_win_rate``.
-            It does not decide: the bucketed figure does.
+            (``glm_v1_win_rate``, no difficulty term) is reported as metric ``length_controlled_winrate`` and in
+            the table's ``length_controlled_winrate`` / ``lc_standard_error``. It does not decide: the bucketed
+            figure does.
 
     Returns:
-        GateResult with metrics ``raw_win_rate``, ``length_controlled_win_rate`` (percent),
-        ``decisive_items`` (count, the evidence; ``n`` = items in the length-controlled set),
-        ``points_explained_by_length`` (points) and, when given, ``glm_length_controlled_win_rate``; ``table`` is
-        alpaca_eval's row (``WIN_RATE_COLUMNS``) with the LC columns filled from the bucketed figure
-        (``lc_standard_error`` = its SE); ``findings`` as ``verdict`` returns them.
+        GateResult with metrics ``raw_win_rate``, ``length_matched_win_rate`` (``length_balanced_win_rate`` for
+        method "balanced"; percent, the deciding figure), ``decisive_items`` (count, the evidence; ``n`` = items in
+        the length-controlled set), ``points_explained_by_length`` (points) and, with ``glm_prior``,
+        ``length_controlled_winrate`` (the GLM); ``table`` is alpaca_eval's row (``WIN_RATE_COLUMNS``, its LC
+        columns from the GLM or NaN) followed by the bucketed figure's ``BUCKETED_COLUMNS``; ``findings`` as
+        ``verdict`` returns them.
 
     Raises:
         ValueError: invalid inputs (see ``length_bucketed_win_rate``) or min_decisive < 1.

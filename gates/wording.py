@@ -17,10 +17,11 @@ from gates.result import Finding
 def _win_rate_summary(v: dict[str, Any]) -> str:
     pct = f"{100 * v['confidence']:g}%"
     glm = ""
-    if v.get("glm_win_rate") is not None:
-        glm = (f"; AlpacaEval-style GLM (length prior from {v['glm_models']} published models): "
-               f"{v['glm_win_rate']:.1f}% (phi {v['glm_phi']:.2f}; shown, not deciding)")
-    return (f"{v['method']}-length win rate {v['lc_win_rate']:.1f}% ({pct} CI {v['ci_low']:.1f}-{v['ci_high']:.1f}, "
+    if v.get("length_controlled_winrate") is not None:
+        glm = (f"; AlpacaEval-style GLM length-controlled win rate (length prior from {v['glm_models']} published "
+               f"models): {v['length_controlled_winrate']:.1f}% (phi {v['glm_phi']:.2f}; shown, not deciding)")
+    return (f"{v['method']}-length win rate {v['bucketed_win_rate']:.1f}% "
+            f"({pct} CI {v['ci_low']:.1f}-{v['ci_high']:.1f}, "
             f"n={v['n']}); raw {v['raw_win_rate']:.1f}%, {v['points_explained_by_length']:.1f} points explained by "
             f"length{glm}; evidence {v['n_decisive']} decisive items with both answers non-empty (needs "
             f"{v['min_decisive']})")

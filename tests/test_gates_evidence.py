@@ -24,7 +24,7 @@ def test_ten_draws_with_empty_answers_are_inconclusive_not_a_50_percent_pass():
         "method": "matched", "min_decisive": 10, "n_items": 10, "n_in_set": 10, "n_decisive": 0, "n_draws": 10,
         "n_unanswered": 10}
     assert g.metrics["decisive_items"].value == 0 and g.metrics["decisive_items"].n == 10
-    assert g.metrics["length_controlled_win_rate"].value == 50.0  # the number is still reported
+    assert g.metrics["length_matched_win_rate"].value == 50.0  # the number is still reported
 
 
 def test_decisive_answered_items_are_the_evidence():

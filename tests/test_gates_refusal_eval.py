@@ -267,7 +267,7 @@ def test_decide_passes_the_measured_classifier_and_the_floor_to_the_gate():
     by_name = {r.name: r for r in decide(m, GateStageConfig())}
     assert by_name["refusal_two_sided"].verdict == "pass"
     assert by_name["refusal_two_sided"].metrics["classifier_agreement"].value == pytest.approx(0.8667, abs=1e-4)
-    assert by_name["length_controlled_win_rate"].metrics["glm_length_controlled_win_rate"].value == pytest.approx(
+    assert by_name["length_controlled_win_rate"].metrics["length_controlled_winrate"].value == pytest.approx(
         75.0, abs=1e-6)  # equal lengths: the GLM's LC is the raw win rate
     weak = replace(m, refusal_quality=replace(m.refusal_quality, unsafe_agreement=0.705))  # string match's figure
     assert {r.name: r.verdict for r in decide(weak, GateStageConfig())}["refusal_two_sided"] == "inconclusive"

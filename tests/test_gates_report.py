@@ -55,7 +55,7 @@ def test_markdown_has_ci_n_and_alpaca_columns(tmp_path):
     assert "**Release verdict: BLOCK**" in md
     assert "| " + " | ".join(WIN_RATE_COLUMNS) + " |" in md
     assert "| metric | value | ci_low | ci_high | n | unit | direction |" in md
-    assert "| length_controlled_win_rate | 53.6 |" in md
+    assert "| length_matched_win_rate | 53.6 |" in md
     assert "## refusal_two_sided (v1): BLOCK" in md
     assert "naive_average_not_used" in md
 

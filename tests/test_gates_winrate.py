@@ -114,9 +114,17 @@ def test_seed_figure_raw_and_matched_length_win_rate():
     b = r.buckets.set_index("bucket")
     assert b.loc[0, "n_total"] == 125 and b.loc[2, "n_total"] == 125  # ln(340/210) = 0.48 > 3 ln 1.1
     assert b.loc[2, "win_rate"] == pytest.approx(56.4, abs=1e-9)
-    row = win_rate(prefs, len_b, len_a).iloc[0]
+    t = win_rate(prefs, len_b, len_a)
+    assert list(t.columns) == [*WIN_RATE_COLUMNS, "length_matched_winrate", "length_matched_standard_error"]
+    row = t.iloc[0]
     assert row["win_rate"] == pytest.approx(53.6, abs=1e-9)
-    assert row["length_controlled_winrate"] == pytest.approx(50.8, abs=1e-9)
+    assert row["length_matched_winrate"] == pytest.approx(50.8, abs=1e-9)
+    # alpaca_eval's LC columns mean the GLM's figure only: a bucketed method leaves them empty
+    assert math.isnan(row["length_controlled_winrate"]) and math.isnan(row["lc_standard_error"])
+    balanced = win_rate(prefs, len_b, len_a, lc_method="balanced").iloc[0]
+    assert "length_matched_winrate" not in balanced and math.isnan(balanced["length_controlled_winrate"])
+    assert balanced["length_balanced_winrate"] == pytest.approx(
+        length_bucketed_win_rate(prefs, len_b, len_a, method="balanced").length_controlled_winrate, abs=1e-12)
     assert (row["n_wins"], row["n_wins_base"], row["n_draws"], row["n_total"]) == (133, 115, 2, 250)
 
 
@@ -125,8 +133,12 @@ def test_seed_figure_gate_passes_but_says_how_much_was_length():
     g = win_rate_gate(prefs, len_b, len_a)
     assert g.verdict == "pass"
     assert g.metrics["points_explained_by_length"].value == pytest.approx(2.8, abs=1e-9)
-    assert g.metrics["length_controlled_win_rate"].n == 125
-    assert list(g.table[0]) == list(WIN_RATE_COLUMNS)
+    assert g.metrics["length_matched_win_rate"].n == 125
+    assert g.metrics["length_matched_win_rate"].value == pytest.approx(50.8, abs=1e-9)
+    assert "length_controlled_winrate" not in g.metrics  # no GLM prior given: no GLM figure
+    assert list(g.table[0]) == [*WIN_RATE_COLUMNS, "length_matched_winrate", "length_matched_standard_error"]
+    assert g.table[0]["length_matched_winrate"] == pytest.approx(50.8, abs=1e-9)
+    assert math.isnan(g.table[0]["length_controlled_winrate"])
     assert g.finding("win_rate").values["points_explained_by_length"] == pytest.approx(2.8, abs=1e-9)
     assert g.finding("at_or_above_bar").values == {"bar": 50.0}
     # the same data with a judge below the 0.85 floor cannot decide: the decision step applies the floor
@@ -136,8 +148,8 @@ def test_seed_figure_gate_passes_but_says_how_much_was_length():
     assert g2.verdict == "inconclusive" and g2.metrics["judge_agreement"].value == 0.84
     assert g2.findings[0].code == "judge_cannot_decide"
     assert g2.findings[0].values == {"judge_verdict": "inconclusive", "agreement": 0.84, "floor": 0.85}
-    assert g2.findings[1:] == g.findings and g2.metrics["length_controlled_win_rate"] == g.metrics[
-        "length_controlled_win_rate"]
+    assert g2.findings[1:] == g.findings and g2.metrics["length_matched_win_rate"] == g.metrics[
+        "length_matched_win_rate"]
     # stricter policy: 50.8 with CI from ~42 does not clear 50 by evidence
     assert win_rate_gate(prefs, len_b, len_a, require_ci_above_bar=True).verdict == "block"
 
