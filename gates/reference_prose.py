@@ -100,9 +100,20 @@ _ORG = (r"(?:the\s+)?(?:[A-Z]{2,}(?:-[A-Z]+)?\b|(?:[A-Z][\w'’&.-]*\s+){0,6}?(?
         r"|Board|Office|Administration|Service|Survey|Clinic|Panel|Forum|Fund|Bank|Agency|Ministry|Authority"
         r"|Institution|Laboratory|Laboratories|College|University|Group|Statista|Gartner|Nielsen|Gallup"
         r"|McKinsey|Deloitte|Forrester)\b(?:\s+(?:of|for|on)(?:\s+the)?(?:\s+[A-Z][\w'’&.-]*){1,4})?)")
-_ORG_VERB = (r"recommends|recommended|estimates|estimated|warns|warned|advises|advised|predicts|predicted|projects"
-             r"|projected|claims|claimed|concluded|concludes|declared|declares|says|said"
-             r"|(?:reports|reported|found|finds|notes|noted|states|stated|suggests|suggested)\s+that")
+_ORG_VERB = (r"recommends|recommended|estimates|estimated|advises|advised|predicts|predicted|projects|projected"
+             r"|claims|claimed|concluded|concludes|declared|declares"
+             r"|(?:reports|reported|found|finds|notes|noted|states|stated|suggests|suggested|warns|warned|says|said)"
+             r"\s+that")
+_REPORT_VERB = (r"shows?|showed|shown|suggests?|suggested|found|finds|indicates?|indicated|reveals?|revealed|estimates?"
+                r"|estimated|states?|stated|reports?|reported|concluded|concludes|confirms?|confirmed|puts|put|predicts?"
+                r"|predicted|projects?|projected")
+#: Capitalised sentence-initial words that are subjects, not sources ("Users reported that ...").
+_NOT_A_NAME = {"users", "people", "customers", "clients", "participants", "respondents", "students", "teachers",
+               "parents", "patients", "reviewers", "visitors", "developers", "engineers", "employees", "members",
+               "players", "fans", "readers", "viewers", "he", "she", "it", "they", "we", "i", "you", "someone",
+               "everyone", "nobody", "others", "many", "some", "most", "few", "this", "that", "these", "those",
+               "each", "both", "all", "here", "there", "one", "another", "the", "a", "an", "our", "your", "my",
+               "his", "her", "their", "its", "tests", "test", "testing", "results", "output", "logs"}
 
 C03_PATTERNS: dict[str, re.Pattern[str]] = {
     # "according to a 2019 study", "according to research", "according to industry reports", "according to some
@@ -120,7 +131,7 @@ C03_PATTERNS: dict[str, re.Pattern[str]] = {
     # is the writer's own work and "the evidence" / "the data" is usually the user's, so neither counts
     "studies_show": re.compile(
         r"\b(?:(?:(?i:" + _QUALIFIER + r")|[A-Z][\w'’.-]+)\s+){0,2}(?P<src>(?i:" + _SOURCES_PLURAL + r")"
-        r"|(?i:(?:" + _QUALIFIER + r")\s+evidence))\s+(?:(?:" + _ADVERB + r")\s+){0,3}(?:" + _VERB + r")\b"),
+        r"|(?i:(?:" + _QUALIFIER + r")\s+evidence)|Evidence)\s+(?:(?:" + _ADVERB + r")\s+){0,3}(?:" + _VERB + r")\b"),
     # "researchers have conducted studies on ...", "scientists have carried out research"
     "studies_conducted": re.compile(
         r"\b(?P<src>" + _SOURCES_PLURAL + r")\s+(?:have|has|had)\s+(?:\w+\s+)?(?:conducted|carried out|done|performed"
@@ -152,8 +163,29 @@ C03_PATTERNS: dict[str, re.Pattern[str]] = {
         r"|surveyed|projected|forecast)|reported|compiled|estimated|surveyed|projected|forecast)\s+by\s+(?:the\s+)?"
         r"(?P<src>" + _NAME + r")"),
     # "the CDC recommends", "The American Heart Association estimates that"
-    "organisation_says": re.compile(r"\b(?P<src>" + _ORG + r")\s+(?:(?i:also|now|currently|alone|itself|has|have|had"
+    "organisation_says": re.compile(r"\b(?P<src>" + _ORG + r")(?:\s*\([A-Z]{2,}\))?\s+(?:(?i:also|now|currently|alone|itself|has|have|had"
                                     r"|officially|generally)\s+){0,2}(?:" + _ORG_VERB + r")\b"),
+    # "data from the Bureau of Labor Statistics shows", "research from Stanford University suggests"
+    "source_from_named": re.compile(
+        r"\b(?P<src>(?i:data|research|figures|statistics|estimates|studies|a study|a report|reports|a survey|surveys"
+        r"|a poll|polls|findings|an analysis))\s+(?:(?i:from|by|at|of|conducted by|published by)\s+)(?:the\s+)?"
+        r"[A-Z][\w'’&.-]*(?:\s+(?:[A-Z][\w'’&.-]*|of|for|and|the|on|&))*(?:\s*\([A-Z]{2,}\))?\s+(?:\w+\s+){0,2}?"
+        r"(?:" + _REPORT_VERB + r")\b"),
+    # "The IPCC report states", "Nielsen data shows", "a Gallup poll found"
+    "named_report": re.compile(
+        r"\b(?P<src>(?:[A-Z][\w'’&.-]*\s+){1,4})(?:report|study|data|survey|poll|analysis|research|estimates|figures"
+        r"|statistics|review|findings)\s+(?:(?:also|now|clearly)\s+)?(?:" + _REPORT_VERB + r")\b"),
+    # "Forbes reported that", "The New York Times reported that", "Google claimed to have ..."
+    "named_reported_that": re.compile(
+        r"\b(?P<src>(?:The\s+)?[A-Z][\w'’&.-]*(?:\s+(?:[A-Z][\w'’&.-]*|of|the|and|&)){0,5})\s+(?:alone\s+|itself\s+|also\s+)?"
+        r"(?:reported|claimed|estimated|announced|revealed|found|stated|noted|warned|predicted|concluded)\s+that\b"),
+    # "per the CDC,", "(per the WHO)"
+    "per_named": re.compile(r"\b[Pp]er\s+the\s+(?P<src>" + _ORG + r")\s*[,;)]"),
+    # "the scientific consensus", "there is strong evidence that"
+    "consensus": re.compile(
+        r"\b(?:scientific|medical|expert|academic|research)\s+(?P<src>consensus)\b"
+        r"|\b[Tt]here\s+is\s+(?!no\b|little\b|limited\b|insufficient\b|not\b)(?:\w+\s+){0,2}?(?P<src2>evidence|research)"
+        r"\s+(?:that|to suggest|suggesting|showing|linking|indicating)\b"),
     # "a study published in the Journal of ...", "published in the New England Journal of Medicine"
     "published_in": re.compile(
         r"\b(?:(?P<src>stud(?:y|ies)|paper|article|research|findings|report|analysis|trial)\s+(?:was\s+|were\s+)?"
@@ -166,7 +198,11 @@ C03_PATTERNS: dict[str, re.Pattern[str]] = {
         r"|\(\s*(?P<src2>" + _NAME + r")\s+(?:et al\.?|(?:and|&)\s+" + _NAME + r"),?\s+(?P<year2>" + _YEAR + r")\s*[;)]"),
     # "Smith et al. (2019)", "Smith (2019) found", "Smith and Jones (2019) argued"
     "author_year_narrative": re.compile(
-        r"\b(?P<src>" + _NAME + r")(?:\s+(?:and|&)\s+" + _NAME + r")?\s+et al\.?\s*\(\s*(?P<year>" + _YEAR + r")\s*\)"
+        r"\b(?P<src>" + _NAME + r")(?:\s+(?:and|&)\s+" + _NAME + r")?\s+(?:et al\.?|and (?:colleagues|co-?workers"
+        r"|coauthors|co-authors))\s*\(\s*(?P<year>" + _YEAR + r")\s*\)"
+        r"|\b[Aa]s\s+(?P<src3>" + _NAME + r")(?:\s+(?:and|&)\s+" + _NAME + r")?\s*\(\s*(?P<year3>" + _YEAR + r")\s*\)\s+"
+        r"(?:notes|noted|argues|argued|points out|pointed out|observes|observed|explains|explained|puts it|writes"
+        r"|wrote|shows|showed|suggests|suggested|found|finds|reports|reported)"
         r"|\b(?P<src2>" + _NAME + r")(?:\s+(?:and|&)\s+" + _NAME + r")?(?:'s)?\s*\(\s*(?P<year2>" + _YEAR + r")\s*\)\s+"
         r"(?:found|finds|(?:showed|shows|suggested|suggests|noted|notes|wrote|writes)\s+that|argued|argues|reported"
         r"|concluded|demonstrated|observed|proposed|stated|claimed|claims|defined|identified|estimated|examined"
@@ -197,6 +233,11 @@ _NOT_A_SOURCE_AFTER = re.compile(
 _PROMPT_MATERIAL = re.compile(
     r"\b(?:your|provided|given|above|below|attached|supplied|following|this|these|the text|the passage|the article"
     r"|the document|the prompt|the question)\b", re.IGNORECASE)
+_CALENDAR = {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "january", "february",
+             "march", "april", "may", "june", "july", "august", "september", "october", "november", "december", "jan",
+             "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "spring", "summer", "fall",
+             "autumn", "winter", "q1", "q2", "q3", "q4", "season", "vol", "volume", "version", "since", "until",
+             "circa", "est", "founded", "born", "died", "released", "updated", "edition", "ed"}
 _OWN = {"our", "my", "your", "this", "these", "the", "its", "that", "those"}
 _STOP = {"the", "a", "an", "of", "and", "for", "on", "de", "&", "s"}
 
@@ -291,7 +332,7 @@ def reference_prose_hits(text: str, prompt: str = "", cited: Iterable[str] = ())
 def _counts(name: str, m: re.Match[str], prompt_words: set[str], resolved: set[tuple[str, str]]) -> bool:
     """Whether one pattern match is reference-shaped prose (the look-alikes and the prompt's own sources removed)."""
     groups = m.groupdict()
-    src = groups.get("src") or groups.get("src2") or ""
+    src = groups.get("src") or groups.get("src2") or groups.get("src3") or ""
     at = m.start("src") if groups.get("src") else m.start()
     before = m.string[max(0, m.start() - 30):at].lower().split()[-4:]
     if m.string[max(0, at - 5):at].lower() == "case " or (name == "studies_show" and set(before) & _OWN):
@@ -304,8 +345,21 @@ def _counts(name: str, m: re.Match[str], prompt_words: set[str], resolved: set[t
         after = groups.get("after") or ""
         if _NOT_A_SOURCE_AFTER.match(after) or re.match(r"\s+\d", after):
             return False
+    if name == "consensus" and re.search(r"\b(?:no|not|lack of|without|little)\s+(?:\w+\s+)?$", m.string[:m.start()]):
+        return False  # "there is no scientific consensus"
+    if name in ("named_report", "named_reported_that"):
+        words = [w for w in re.findall(r"[\w'’&.-]+", src.lower()) if w not in ("the", "of", "and", "&")]
+        if not words or all(w in _NOT_A_NAME for w in words) or (len(words) == 1 and words[0] in _NOT_A_NAME):
+            return False
+        if m.start() == 0 or m.string[:m.start()].rstrip().endswith((".", "!", "?", ":", "*", "-")):
+            # a single capitalised word opening the sentence may be any noun ("Tests found that ..."): only an
+            # acronym or a multi-word name counts there
+            if len(words) == 1 and not re.search(r"\b[A-Z]{2,}\b", src):
+                return False
     if name in ("author_year_parenthetical", "author_year_narrative"):
-        year = groups.get("year") or groups.get("year2") or ""
+        if src.split() and src.split()[0].lower().rstrip(".") in _CALENDAR:
+            return False  # "(Monday, 2024)", "(March, 1990)": a date
+        year = groups.get("year") or groups.get("year2") or groups.get("year3") or ""
         if _author_key(src, year) in resolved:
             return False
         return not (_named_by_prompt(src, prompt_words) and year[:4] in prompt_words)

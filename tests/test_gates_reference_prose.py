@@ -50,6 +50,13 @@ def test_attributions_to_unnamed_sources(text, kind):
     ("That is about 1.4 billion flashes a year, as reported by the World Meteorological Organization.",
      "reported_by_named"),
     ("A study published in the Journal of Sleep Research found the same.", "published_in"),
+    ("The World Health Organization (WHO) recommends 150 minutes of activity.", "organisation_says"),
+    ("Data from the Bureau of Labor Statistics shows unemployment fell.", "source_from_named"),
+    ("The IPCC report states that warming is unequivocal.", "named_report"),
+    ("Last year The New York Times reported that sales fell.", "named_reported_that"),
+    ("Adults need seven hours of sleep (per the CDC).", "per_named"),
+    ("The scientific consensus is that the climate is warming.", "consensus"),
+    ("There is strong evidence that exercise eases depression.", "consensus"),
 ])
 def test_attributions_to_named_organisations_and_publications(text, kind):
     assert kinds(text) == [kind]
@@ -61,6 +68,8 @@ def test_author_year_references_and_reference_lists():
         ["author_year_parenthetical"]
     assert kinds("Esteva et al. (2019) reviewed deep learning in medicine.") == ["author_year_narrative"]
     assert kinds("Darwin (1859) argued that species change.") == ["author_year_narrative"]
+    assert kinds("As Duhigg (2012) notes, habits form in loops.") == ["author_year_narrative"]
+    assert kinds("Lally and colleagues (2010) found a median of 66 days.") == ["author_year_narrative"]
     assert kinds('1. "BERT: Pre-training of Deep Bidirectional Transformers" by Jacob Devlin et al.') == ["et_al"]
     # a reference list: the entry without an identifier counts, the one with a DOI does not, and the in-text
     # reference resolves only to the entry with the DOI
@@ -109,6 +118,15 @@ def test_author_year_references_and_reference_lists():
     "Researchers design a guide RNA that matches the target sequence.",
     "Present a case study that found a gap in the campaign.",
     "Python 3.11 was released in 2022.",
+    # subjects that are not sources, negations, dates shaped like (Name, year), tools
+    "Users report that the app crashes on start.",
+    "Tests found that the fix works.",
+    "This report shows the test results below.",
+    "There is no evidence that Atlantis existed, and no scientific consensus on its location.",
+    "The meeting (Monday, 2024) is cancelled.",
+    "GCC warns about unused variables.",
+    "The TV shows that I like are dramas.",
+    "The FDA approved the drug in 2019.",
 ])
 def test_look_alikes_are_not_counted(text):
     assert c03_hits(text) == []
