@@ -140,6 +140,10 @@ def test_sources_the_prompt_names_are_its_subject():
                  prompt="Summarise the article: A study published this year by Zee examined sleep.") == []
     assert kinds("Some scientists believe that God's existence cannot be proven.",
                  prompt="Why do a lot of scientists not believe in God?") == []
+    # a reference the user supplied, reformatted
+    entry = "Jones, A. (2019). Sleep and memory. Journal of Sleep, 3(2), 1-9."
+    assert kinds(entry) == ["reference_list_entry"]
+    assert kinds(entry, prompt="Format this in APA: A. Jones, Sleep and memory, Journal of Sleep 2019") == []
     # a sentence quoted from the prompt
     quoted = "A statistical model is a formal representation of a theory (Bollen, 1989)."
     assert kinds(quoted) == ["author_year_parenthetical"]
