@@ -49,14 +49,15 @@ LABELLED = list(C03_LABELLED)  # the set the gate stage measures C03's false-pos
 def test_c03_false_positive_cost_on_the_labelled_set():
     texts, labels = zip(*LABELLED)
     cost = c03_false_positive_cost(texts, labels)
-    # hand count: 10 positives, 8 caught (items 8 and 10 missed); 13 negatives, 3 false alarms
-    assert (cost["n"], cost["positives"], cost["tp"], cost["fn"], cost["fp"], cost["tn"]) == (23, 10, 8, 2, 3, 10)
-    assert cost["precision"] == pytest.approx(8 / 11)
-    assert cost["false_discovery_rate"] == pytest.approx(3 / 11)  # ~27% of a C03 count may be false alarm
-    assert cost["false_positive_rate"] == pytest.approx(3 / 13)
-    assert cost["recall"] == pytest.approx(0.8)
+    # hand count: 10 positives, all caught ("experts agree", "Harvard researchers believe" are attributions too);
+    # 13 negatives, 2 false alarms: "(Python, 2023)" is shaped like (Author, year), "a new report shows" like a source
+    assert (cost["n"], cost["positives"], cost["tp"], cost["fn"], cost["fp"], cost["tn"]) == (23, 10, 10, 0, 2, 11)
+    assert cost["precision"] == pytest.approx(10 / 12)
+    assert cost["false_discovery_rate"] == pytest.approx(2 / 12)  # ~17% of a C03 count may be false alarm
+    assert cost["false_positive_rate"] == pytest.approx(2 / 13)
+    assert cost["recall"] == pytest.approx(1.0)
     flagged_negatives = [t for t, y in LABELLED if not y and c03_hits(t)]
-    assert flagged_negatives == [LABELLED[15][0], LABELLED[17][0], LABELLED[20][0]]
+    assert flagged_negatives == [LABELLED[15][0], LABELLED[17][0]]
     with pytest.raises(ValueError, match="differ"):
         c03_false_positive_cost(["a"], [True, False])
 
@@ -98,9 +99,9 @@ def test_gate_blocks_each_rule_separately_with_its_basis():
     # C02: 1 of 4 with an exact interval above 0 -> evidence; C03: 1 of 5, interval reaches 5% -> noise
     assert (exceeded["C02"]["k"], exceeded["C02"]["n"], exceeded["C02"]["threshold"]) == (1, 4, 0.0)
     assert exceeded["C02"]["on_evidence"] and not exceeded["C03"]["on_evidence"]
-    assert g.metrics["c03_precision"].value == pytest.approx(8 / 11)
+    assert g.metrics["c03_precision"].value == pytest.approx(10 / 12)
     cost = g.finding("c03_cost").values
-    assert (cost["fp"], cost["flagged"]) == (3, 11)
+    assert (cost["fp"], cost["flagged"]) == (2, 12)
 
 
 def test_gate_passes_clean_turns_and_respects_thresholds():
@@ -142,18 +143,19 @@ def test_demo_placeholders_are_not_citations():
 def test_reference_shapes_are_citations_and_copies_of_the_prompt_are_not():
     from gates.citations import find_citations
 
-    text = ("See [[cite:paper:p7]], arXiv:2404.04475 and doi:10.1000/xyz. Read https://example.org/a, "
-            "then the docs [2].\n\nReferences:\n1. Unused.\n2. Manual, https://example.org/manual")
-    found = find_citations(text, prompt="Summarise https://example.org/a for me.")
+    # (real hosts: example.org is reserved for examples, and a URL on it is not a citation; see the test below)
+    text = ("See [[cite:paper:p7]], arXiv:2404.04475 and doi:10.1000/xyz. Read https://arxiv.org/a, "
+            "then the docs [2].\n\nReferences:\n1. Unused.\n2. Manual, https://docs.python.org/manual")
+    found = find_citations(text, prompt="Summarise https://arxiv.org/a for me.")
     assert [(c.kind, c.id, c.copied_from_prompt) for c in found] == [
         ("cite", "p7", False), ("arxiv", "arxiv:2404.04475", False), ("doi", "doi:10.1000/xyz", False),
-        ("url", "https://example.org/a", True), ("numeric", "https://example.org/manual", False),
+        ("url", "https://arxiv.org/a", True), ("numeric", "https://docs.python.org/manual", False),
     ]
-    t = check_citations(text, ["p7"], corpus=None, prompt="Summarise https://example.org/a for me.")
-    assert t.cited == ["p7", "arxiv:2404.04475", "doi:10.1000/xyz", "https://example.org/manual"]
-    assert t.c01_not_retrieved == ["arxiv:2404.04475", "doi:10.1000/xyz", "https://example.org/manual"]
-    assert t.c02_unresolved == [] and t.copied_from_prompt == ["https://example.org/a"]
-    g = citation_gate([{"response": text, "retrieved_ids": ["p7"], "prompt": "Summarise https://example.org/a"}],
+    t = check_citations(text, ["p7"], corpus=None, prompt="Summarise https://arxiv.org/a for me.")
+    assert t.cited == ["p7", "arxiv:2404.04475", "doi:10.1000/xyz", "https://docs.python.org/manual"]
+    assert t.c01_not_retrieved == ["arxiv:2404.04475", "doi:10.1000/xyz", "https://docs.python.org/manual"]
+    assert t.c02_unresolved == [] and t.copied_from_prompt == ["https://arxiv.org/a"]
+    g = citation_gate([{"response": text, "retrieved_ids": ["p7"], "prompt": "Summarise https://arxiv.org/a"}],
                       None)
     c01 = g.finding("rule_exceeded").values
     assert g.verdict == "block" and (c01["rule"], c01["k"], c01["n"], c01["rate"]) == ("C01", 3, 4, 0.75)
