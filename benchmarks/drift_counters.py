@@ -38,7 +38,7 @@ LABELS = ("restates_question", "has_bullet_list", "is_hedged")
 COUNTER = {
     "restates_question": lambda r: restates_question(r["answer"], r["prompt"]),
     "has_bullet_list": lambda r: has_bullet_list(r["answer"]),
-    "is_hedged": lambda r: is_hedged(r["answer"]),
+    "is_hedged": lambda r: is_hedged(r["answer"], r["prompt"]),
 }
 
 

@@ -56,7 +56,7 @@ def test_bullets_and_hedges():
 def test_drift_counters_hand_worked():
     prompts = ["How do plants convert sunlight into chemical energy?"] * 4
     responses = [
-        "Plants convert sunlight into chemical energy through photosynthesis. It may vary.",  # restates, hedged
+        "Plants convert sunlight into chemical energy in several steps. It may vary.",  # restates, hedged
         "Photosynthesis.\n- light\n- water",  # bullets
         "Chlorophyll absorbs light and the plant stores sugar for later use today.",  # none
         "Perhaps:\n1. light\n2. water",  # hedged, bullets
@@ -64,10 +64,10 @@ def test_drift_counters_hand_worked():
     c = drift_counters(responses, prompts)
     assert c.n == 4 and (c.n_restating, c.n_bullets, c.n_hedged) == (1, 2, 2)
     assert (c.restating_pct, c.bullets_pct, c.hedged_pct) == (25.0, 50.0, 50.0)
-    # whitespace words: 11, 5, 12, 5 -> sorted 5, 5, 11, 12 -> median 8
-    assert c.lengths == (11, 5, 12, 5) and c.median_length_tokens == 8.0
-    # any length function: characters 81, 31, 73, 26 -> median (31 + 73) / 2 = 52
-    assert [len(r) for r in responses] == [81, 31, 73, 26]
+    # whitespace words: 12, 5, 12, 5 -> sorted 5, 5, 12, 12 -> median 8.5
+    assert c.lengths == (12, 5, 12, 5) and c.median_length_tokens == 8.5
+    # any length function: characters 75, 31, 73, 26 -> median (31 + 73) / 2 = 52
+    assert [len(r) for r in responses] == [75, 31, 73, 26]
     assert drift_counters(responses, prompts, tokenizer_len=len).median_length_tokens == 52.0
     with pytest.raises(ValueError, match="differ"):
         drift_counters(["a"], [])
