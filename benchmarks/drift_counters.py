@@ -116,7 +116,8 @@ def measure(path: Path = DATA) -> list[dict]:
                             "target": f">= {TARGET}", "n": len(rr), "set": f"{SET_NAME} {part}",
                             "passed": None if v != v else bool(v >= TARGET)})
     out.append({"instrument": "drift counters", "metric": "seconds per 1000 answers (3 counters)",
-                "value": round(counters_seconds_per_1000(rows), 3), "target": "", "n": 1000, "set": f"{SET_NAME} answers",
+                "value": round(counters_seconds_per_1000(rows), 3), "target": "", "n": 1000,
+                "set": f"{SET_NAME} answers",
                 "passed": None})
     return out
 

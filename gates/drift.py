@@ -10,8 +10,12 @@ gates", personality-drift row), each measured on the same prompt set every round
   :func:`restates_question`);
 * ``bullets_pct`` - percent of responses with a list: at least 2 lines that start with a bullet
   (``-``, ``*``, ``+``, ``•``) or an enumerator (``1.``, ``2)``) (:func:`has_bullet_list`);
-* ``hedged_pct`` - percent of responses with at least one epistemic hedge from a fixed lexicon
-  (:data:`HEDGES`, after Hyland 1998/2005's hedging devices; :func:`is_hedged`).
+* ``hedged_pct`` - percent of responses that hedge at least one claim: a phrase of :data:`HEDGES` (after
+  Hyland 1998/2005's hedging devices) or an epistemic may/might/could, not advice to the reader
+  (:func:`is_hedged`).
+
+The three per-response rules are measured against 300 hand-labelled real answers from six models
+(``benchmarks/drift_counters.py``, labels and their definitions in ``benchmarks/data/``).
 
 The gate blocks when a counter moves (up or down) more than its configured step:
 ``median_length_tokens`` by a relative step (0.25 = 25 %), the shares by percentage points.
@@ -135,7 +139,8 @@ _ANNOUNCE = re.compile(
 _FRAME = re.compile(
     r"\b(?:there (?:are|is) (?:several|many|a few|a number of|various|numerous|multiple|a variety of|a range of)\b"
     r"|(?:involves?|requires?|entails?)\b[^.:\n]{0,30}?\b(?:several|a few|various|a number of|multiple|"
-    r"combination|series)\b|is one of the most\b|is (?:a|an) (?:complex|complicated|challenging|difficult|philosophical|broad|big|common|"
+    r"combination|series)\b|is one of the most\b"
+    r"|is (?:a|an) (?:complex|complicated|challenging|difficult|philosophical|broad|big|common|"
     r"important|fascinating|interesting|great|multifaceted|multi-faceted)\b|(?:can|may) be (?:quite |a |an |very "
     r"|fairly |relatively |somewhat )*(?:challenging|complex|complicated|difficult|daunting|tricky|simple|easy|"
     r"straightforward|rewarding|fun|task|process|journey)\b|is (?:essential|important|crucial|key|vital)\b"
@@ -185,6 +190,8 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
         return False
     words = _content_words(s)
     new = words - prompt_words - FRAME_WORDS
+    # inline code the prompt does not contain ("use `my_list[::-1]`") is the answer itself
+    new |= {c for c in _INLINE_CODE.findall(s) if c.strip("`") not in prompt}
     if end == ":" and len(new) <= (5 if _DEFER.search(low) else 2):  # "To X, you can follow these steps:"
         return True
     if _FRAME.search(low) and len(new) <= 3:  # "X involves several steps", "X can be a challenging journey"
@@ -213,8 +220,10 @@ def restates_question(response: str, prompt: str) -> bool:
       * adds at most 5 words and the next sentence announces the deliverable ("Colorado is home to numerous
         hiking trails ... Here are some of the well-known trails:").
     Content words: lower-cased words of 3+ characters not in scikit-learn's English stop-word list, lightly
-    stemmed. An opening that gives any of the answer ("To reverse a list, use ``l[::-1]``.", "Some popular 1920s
-    music includes jazz") does not restate, even when it reuses the question's words.
+    stemmed; inline code the prompt does not contain counts as added. An opening that gives any of the answer
+    ("To reverse a list, use ``l[::-1]``.", "Some popular 1920s music includes jazz", "It is not illegal to
+    keep it"), starts with code or is a title ("Kale Salad with Apple Vinaigrette:") does not restate, even when
+    it reuses the question's words.
 
     Measured on 240 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
@@ -300,8 +309,6 @@ def _modal_hedges(text: str) -> bool:
         before, modal, after = (m.group(1) or "").lower(), m.group(2).lower(), (m.group(4) or "").lower()
         if not after or (modal == "could" and m.group(3)):  # "could not" reports inability
             continue
-        if modal == "might" and after in _NOT_VERB:
-            continue
         if after in _NOT_VERB:
             continue
         if before in ("you", "we"):
@@ -342,11 +349,18 @@ def is_hedged(response: str, prompt: str | None = None) -> bool:
         raise TypeError("response (and prompt) must be str")
     text = _prose(response)
     if prompt is not None:
-        # drop 3-word windows copied from the prompt around a cue so an echoed "might prefer" is not a hedge
-        echo = " ".join(_WORD.findall(prompt.replace("\u2019", "'").lower()))
+        # a cue whose next two words follow it in the prompt too (within 3 words: the question's inversion,
+        # "Why might someone prefer to" -> "someone might prefer to") repeats the prompt, not the writer's doubt
+        pw = _WORD.findall(prompt.replace("\u2019", "'").lower())
+
         def _echoed(m: re.Match) -> str:
-            ctx = " ".join(_WORD.findall(text[m.start():m.end() + 30].lower())[:3])
-            return " " if ctx and f" {ctx} " in f" {echo} " else m.group(0)
+            nxt = _WORD.findall(text[m.end():m.end() + 40].lower())[:2]
+            cue = m.group(0).lower()
+            for j, w in enumerate(pw):
+                window = pw[j + 1:j + 4]
+                if w == cue and len(nxt) == 2 and any(window[k:k + 2] == nxt for k in range(len(window) - 1)):
+                    return " "
+            return m.group(0)
         text = _ECHO_CUE.sub(_echoed, text)
     return _HEDGE.search(text) is not None or _modal_hedges(text)
 
@@ -416,7 +430,8 @@ def drift_counters(
 
     Args:
         responses: shape (n,), the model's responses.
-        prompts: shape (n,), the prompts they answer (for the restating rule).
+        prompts: shape (n,), the prompts they answer (for the restating rule, and so a hedge that only
+            repeats the prompt is not counted).
         tokenizer_len: text -> number of tokens (e.g. ``lambda t: len(tok(t).input_ids)``);
             default whitespace words.
 
