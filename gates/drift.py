@@ -117,7 +117,7 @@ FRAME_WORDS: frozenset[str] = frozenset(_stem(w) for w in (
     "particular also well step-by-step possible definitely quite fairly relatively really very lot desired "
     "described mentioned requested asked wanted looking suggested recommended highly regarded well-known "
     "known famous classic traditional delicious recipe instructions below include includes including consider "
-    "complicated utilize"
+    "complicated utilize subjective personal"
 ).split())
 _ACK = re.compile(
     r"^(?:(?:sure|certainly|absolutely|of course|okay|ok|yes|great|excellent|alright|hello|hi|hey|indeed|"
@@ -130,7 +130,8 @@ _RESTATE_OPENERS = re.compile(
     r"^(?:so,?\s+)?(?:you(?:'re| are)? ask(?:ed|ing)|you(?:'d| would)? (?:like|want) to know|you want to know"
     r"|the question (?:is|of|asks|about)|your question (?:is|about|asks)|(?:to answer|regarding|as for) your question"
     r"|in (?:response|answer) to your question|it (?:sounds|seems|looks) like you|i understand (?:that )?you"
-    r"|(?:it's|it is) (?:great|good|wonderful) (?:that|to hear) you)\b")
+    r"|(?:it's|it is) (?:great|good|wonderful) (?:that|to hear) you|i'm (?:so |very |really )?sorry to hear"
+    r"|i am (?:so |very |really )?sorry to hear)\b")
 _ANNOUNCE = re.compile(
     r"^(?:here(?:'s| is| are)|below (?:is|are)|the following (?:is|are)|(?:i'll|i will|let me|let's|let us) "
     r"(?:provide|give|show|walk|outline|explain|delve|break|go|create|write|share|explore|look|dive)|i can (?:help|"
@@ -142,9 +143,11 @@ _FRAME = re.compile(
     r"combination|series)\b|is one of the most\b"
     r"|is (?:a|an) (?:complex|complicated|challenging|difficult|philosophical|broad|big|common|"
     r"important|fascinating|interesting|great|multifaceted|multi-faceted)\b|(?:can|may) be (?:quite |a |an |very "
-    r"|fairly |relatively |somewhat )*(?:challenging|complex|complicated|difficult|daunting|tricky|simple|easy|"
+    r"|fairly |relatively |somewhat )*(?:challenging|complex|complicated|difficult|daunting|tricky|simple|easy|subjective|"
     r"straightforward|rewarding|fun|task|process|journey)\b|is (?:essential|important|crucial|key|vital)\b"
-    r"|(?:can|could) be (?:achieved|done|accomplished|approached|implemented|solved|improved) (?:by|in|using|through)"
+    r"|(?:can|could) be (?:achieved|done|accomplished|approached|implemented|solved|improved|proven|proved|shown|"
+    r"calculated|computed|determined|found) (?:by|in|using|through|with)"
+    r"|\bis (?:quite |very |relatively |fairly |pretty )?(?:easy|simple|straightforward)\b"
     r"|in a (?:number|variety) of ways|(?:several|various|a few|many|key|some|different) "
     r"(?:ways|steps|factors|reasons|methods|options|features|approaches|things|aspects)\b)")
 
@@ -240,6 +243,8 @@ def restates_question(response: str, prompt: str) -> bool:
     i, after_disclaimer = 0, False
     while i < min(2, len(sents) - 1):
         s = _ACK.sub("", sents[i][0]).strip()
+        if _RESTATE_OPENERS.match(s.lower()):  # "I'm sorry to hear that ..." reflects, it does not disclaim
+            break
         if _DISCLAIMER.match(s):
             after_disclaimer = True
         elif len(s.split()) > 3 or _ANNOUNCE.match(s.lower()):
