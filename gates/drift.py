@@ -135,7 +135,7 @@ _RESTATE_OPENERS = re.compile(
 _ANNOUNCE = re.compile(
     r"^(?:here(?:'s| is| are)|below (?:is|are)|the following (?:is|are)|(?:i'll|i will|let me|let's|let us) "
     r"(?:provide|give|show|walk|outline|explain|delve|break|go|create|write|share|explore|look|dive)|i can (?:help|"
-    r"guide|provide|give|show|walk|offer)|i(?:'d| would) be (?:happy|glad) to|i(?:'ve| have) (?:written|created|"
+    r"guide|provide|give|show|walk|offer|create|write|share|suggest|outline|explain)|i(?:'d| would) be (?:happy|glad) to|i(?:'ve| have) (?:written|created|"
     r"prepared|put together))\b")
 _FRAME = re.compile(
     r"\b(?:there (?:are|is) (?:several|many|a few|a number of|various|numerous|multiple|a variety of|a range of)\b"
@@ -149,7 +149,9 @@ _FRAME = re.compile(
     r"calculated|computed|determined|found) (?:by|in|using|through|with)"
     r"|\bis (?:quite |very |relatively |fairly |pretty )?(?:easy|simple|straightforward)\b"
     r"|in a (?:number|variety) of ways|(?:several|various|a few|many|key|some|different) "
-    r"(?:ways|steps|factors|reasons|methods|options|features|approaches|things|aspects)\b)")
+    r"(?:ways|steps|factors|reasons|methods|options|features|approaches|things|aspects|stages|types|kinds)\b"
+    r"|there (?:are|is) (?:some |a few |several |many )?(?:steps|ways|things|options|measures) (?:you|that|to)\b"
+    r"|(?:can|may) be a (?:great|good|fun|excellent|wonderful) way\b)")
 
 
 _CODE_LIKE = re.compile(r"^\W|^(?:def|class|function|import|from|#include|select|public|var|let|const|SELECT)\b|[{};=]")
@@ -168,6 +170,13 @@ def _is_heading(s: str) -> bool:
         return True
     words = [w for w in re.findall(r"[A-Za-z][\w'-]*", s) if w.lower() not in _TITLE_SMALL]
     return len(words) >= 2 and sum(w[0].isupper() for w in words) >= 0.8 * len(words)
+
+
+# the evaluative part of the frames: a sentence that only says how important, hard or good the task is
+_EVALUATIVE = re.compile(
+    r"\b(?:is (?:essential|important|crucial|key|vital)|(?:can|may) be a (?:great|good|fun|excellent|wonderful) way"
+    r"|is one of the most|(?:can|may) be (?:quite |a |an |very |fairly |relatively |somewhat )*(?:challenging|complex|"
+    r"complicated|difficult|daunting|tricky|rewarding|subjective))\b")
 
 
 def _sentences(text: str, k: int) -> list[tuple[str, str]]:
@@ -197,6 +206,8 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
     new |= {c for c in _INLINE_CODE.findall(s) if c.strip("`") not in prompt}
     if end == ":" and len(new) <= (5 if _DEFER.search(low) else 2):  # "To X, you can follow these steps:"
         return True
+    if not end:  # a bare line without end punctuation is a heading, not a sentence about the request
+        return False
     if _FRAME.search(low) and len(new) <= 3:  # "X involves several steps", "X can be a challenging journey"
         return True
     need = max(2, math.ceil(0.5 * min(len(prompt_words), 8)))
@@ -262,10 +273,10 @@ def restates_question(response: str, prompt: str) -> bool:
     if i + 1 < len(sents) and not _YES_NO.match(sent) and not _ADDRESSED.search(sent):
         # a topic sentence that adds little, then the announcement: "Colorado is home to many hiking trails.
         # Here are some of them:"; not "To X, you can use Y. Here's an example:" (the method is the answer)
-        nxt, nxt_end = sents[i + 1]
         w = _content_words(sent)
-        if (len(w & p) >= 2 and len(w - p - FRAME_WORDS) <= 5 and not _is_heading(sent) and not _CODE_LIKE.search(sent)
-                and (_ANNOUNCE.match(_ACK.sub("", nxt).strip().lower()) or _is_restatement(nxt, nxt_end, p, prompt))):
+        limit = 7 if _EVALUATIVE.search(sent.lower()) else 5  # "X is vital for ...", "X can be a great way to ..."
+        if (len(w & p) >= 2 and len(w - p - FRAME_WORDS) <= limit and not _is_heading(sent)
+                and not _CODE_LIKE.search(sent) and _ANNOUNCE.match(_ACK.sub("", sents[i + 1][0]).strip().lower())):
             return True
     return False
 
@@ -292,7 +303,7 @@ HEDGES: tuple[str, ...] = (
     "arguably", "seemingly", "conceivably", "it seems", "it appears", "seems to", "seem to", "appears to",
     "appear to", "seems like", "it is possible that", "it's possible that", "there is a chance", "there's a chance",
     "a good chance", "i think", "i believe", "i suspect", "i guess", "i'd say", "i would say", "in my opinion",
-    "in general", "generally", "typically", "usually", "tends to", "tend to", "in most cases", "for the most part",
+    "it looks like", "in general", "generally", "typically", "usually", "tends to", "tend to", "in most cases", "for the most part",
     "it depends", "that depends", "this depends", "it all depends", "the answer depends", "not necessarily",
     "to some extent", "to a certain extent", "somewhat", "more or less", "not sure", "not certain", "uncertain",
     "it is unclear", "it's unclear", "it is not clear", "it's not clear", "hard to say", "difficult to say",
