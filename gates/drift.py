@@ -130,6 +130,7 @@ _RESTATE_OPENERS = re.compile(
     r"^(?:so,?\s+)?(?:you(?:'re| are)? ask(?:ed|ing)|you(?:'d| would)? (?:like|want) to know|you want to know"
     r"|the question (?:is|of|asks|about)|your question (?:is|about|asks)|(?:to answer|regarding|as for) your question"
     r"|in (?:response|answer) to your question|it (?:sounds|seems|looks) like you|i understand (?:that )?you"
+    r"|(?:it's|it is) (?:completely |totally )?understandable (?:that )?(?:you|to)"
     r"|(?:it's|it is) (?:great|good|wonderful) (?:that|to hear) you|i'm (?:so |very |really )?sorry to hear"
     r"|i am (?:so |very |really )?sorry to hear)\b")
 _ANNOUNCE = re.compile(
@@ -179,6 +180,13 @@ _EVALUATIVE = re.compile(
     r"complicated|difficult|daunting|tricky|rewarding|subjective))\b")
 
 
+# "It's impossible to determine the exact number of X": how hard the request is, before any of the answer
+_DIFFICULTY = re.compile(
+    r"\b(?:(?:it's|it is|is) (?:practically |nearly |almost |virtually |quite |very |extremely )?(?:impossible|difficult|"
+    r"hard|challenging|not possible) to (?:determine|know|say|calculate|estimate|count|give|provide|predict|answer|"
+    r"pinpoint|quantify)|is a (?:complex|difficult|challenging|complicated) (?:task|question|problem|undertaking))\b")
+
+
 def _sentences(text: str, k: int) -> list[tuple[str, str]]:
     """The first ``k`` sentences of ``text`` as (sentence, the character that ended it: ``.!?:``, or "")."""
     out, rest = [], text.strip()
@@ -198,6 +206,8 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
         return True
     if _YES_NO.match(sentence):  # "Yes, there are several free tools" answers a yes/no question
         return False
+    if len(s.split()) <= 3:  # a label ("Company:", "Answer:") after skipped headings, not a sentence
+        return False
     if _CODE_LIKE.search(s) or _is_heading(s):  # the answer starts with its code or a title: no preamble
         return False
     words = _content_words(s)
@@ -210,10 +220,15 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
         return False
     if _FRAME.search(low) and len(new) <= 3:  # "X involves several steps", "X can be a challenging journey"
         return True
-    need = max(2, math.ceil(0.5 * min(len(prompt_words), 8)))
+    if _DIFFICULTY.search(low) and len(words & prompt_words) >= 2:
+        return True
+    # repeating the request means repeating its instruction (the prompt's first paragraph): an answer that copies
+    # the material given after it ("Sentence: A giant spider blocks your path") is the transformed deliverable
+    instruction = _content_words(re.split(r"\n\s*\n", prompt.strip(), maxsplit=1)[0])
+    need = max(2, math.ceil(0.5 * min(len(instruction), 8)))
     if _NEGATION.search(low) and not _NEGATION.search(prompt):  # "It is not illegal to keep ..." answers
         return False
-    return len(words & prompt_words) >= need and not new
+    return len(words & instruction) >= need and not new
 
 
 def restates_question(response: str, prompt: str) -> bool:
