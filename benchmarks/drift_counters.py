@@ -2,20 +2,20 @@
 
     python benchmarks/drift_counters.py                  # precision/recall per counter, tune and held-out parts
     python benchmarks/drift_counters.py --show-errors    # also every false positive / negative of the tune part
-    python benchmarks/drift_counters.py --show-errors --errors-split heldout_d # ... of held-out D
+    python benchmarks/drift_counters.py --show-errors --errors-split heldout_e # ... of held-out E
 
 Counters measured (``gates/drift.py``): :func:`restates_question`, :func:`has_bullet_list`, :func:`is_hedged`; the
-fourth drift counter, median length, is a plain count and has no label. The labelled set: 438 (prompt, answer) pairs
+fourth drift counter, median length, is a plain count and has no label. The labelled set: 504 (prompt, answer) pairs
 from six models (AlpacaEval 2 annotations: gpt4_1106_preview, alpaca-7b, gpt-3.5-turbo-1106, its "concise" variant;
 Arena-Hard: gpt-4-0314, gpt-3.5-turbo-0125), each labelled by reading it (definitions:
 ``benchmarks/data/drift_labels.md``). Parts, by the ``split`` field:
 
-* tuned on: "tune" (170 rows: 120 random, 50 drawn among candidates for positives and look-alikes),
-  "heldout_b" (60 random rows) and "heldout_c" (72 random rows): each of the last two was labelled after the rules
-  of the moment were frozen and measured once, and its errors were then used for tuning;
+* tuned on: "tune" (170 rows: 120 random, 50 drawn among candidates for positives and look-alikes), and
+  "heldout_b" (60), "heldout_c" (72), "heldout_d" (66), all random: each was labelled after the rules of the moment
+  were frozen and measured once, then its errors were used for tuning (first-read figures in the note);
 * held-out A ("heldout", 70 rows drawn at random from the first 240 after labelling): never used for a rule, its
-  figures read along the way (and its errors listed once, after the last rule change);
-* held-out D ("heldout_d", 66 random rows, 11 per model): labelled after the final rules, measured once.
+  figures read along the way (and its errors listed once, late);
+* held-out E ("heldout_e", 66 random rows, 11 per model): labelled after the final rules, measured once.
 
 Target per counter: precision and recall >= 0.85.
 
@@ -107,11 +107,11 @@ def measure(path: Path = DATA) -> list[dict]:
     plus the time per 1000 answers. Keys as the benchmark contract (instrument, metric, value, target, n, set,
     passed)."""
     rows = load(path)
-    # rows the rules were tuned on: "tune", and held-out B and C (their errors were read after a first measurement)
-    tuned = [r for r in rows if r["split"] in ("tune", "heldout_b", "heldout_c")]
+    # rows the rules were tuned on: "tune", and held-out B, C and D (each measured once, then its errors were read)
+    tuned = [r for r in rows if r["split"] in ("tune", "heldout_b", "heldout_c", "heldout_d")]
     held_a = [r for r in rows if r["split"] == "heldout"]
-    held_d = [r for r in rows if r["split"] == "heldout_d"]
-    parts = {"tuned-on": tuned, "held-out A": held_a, "held-out D": held_d, "held-out A+D": held_a + held_d,
+    held_e = [r for r in rows if r["split"] == "heldout_e"]
+    parts = {"tuned-on": tuned, "held-out A": held_a, "held-out E": held_e, "held-out A+E": held_a + held_e,
              "all": rows}
     out = []
     for label in LABELS:
@@ -133,14 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--show-errors", action="store_true", help="list the rows each counter gets wrong")
-    ap.add_argument("--errors-split", choices=["tune", "heldout", "heldout_b", "heldout_c", "heldout_d", "all"], default="tune",
-                    help="which part --show-errors lists (tune by default: the held-out part is not for tuning)")
+    ap.add_argument("--errors-split", default="tune",
+                    choices=["tune", "heldout", "heldout_b", "heldout_c", "heldout_d", "heldout_e", "all"],
+                    help="which split --show-errors lists (tune by default: held-out rows are not for tuning)")
     args = ap.parse_args(argv)
     path = Path(args.data)
     rows = load(path)
-    n = {k: sum(r["split"] == k for r in rows) for k in ("tune", "heldout", "heldout_b", "heldout_c", "heldout_d")}
-    print(f"set: {path}: {len(rows)} labelled answers (tuned on: {n['tune']} tune + {n['heldout_b']} held-out B + "
-          f"{n['heldout_c']} held-out C; held-out A {n['heldout']}, held-out D {n['heldout_d']}); positives: "
+    n = {k: sum(r["split"] == k for r in rows) for k in ("tune", "heldout", "heldout_b", "heldout_c", "heldout_d",
+                                                          "heldout_e")}
+    print(f"set: {path}: {len(rows)} labelled answers (tuned on: {n['tune']} tune + {n['heldout_b']} B + "
+          f"{n['heldout_c']} C + {n['heldout_d']} D; held-out A {n['heldout']}, held-out E {n['heldout_e']}); "
+          "positives: "
           + ", ".join(f"{k} {sum(r['labels'][k] for r in rows)}" for k in LABELS))
     print(pd.DataFrame(measure(path)).to_string(index=False))
     if args.show_errors:

@@ -14,7 +14,7 @@ gates", personality-drift row), each measured on the same prompt set every round
   Hyland 1998/2005's hedging devices) or an epistemic may/might/could, not advice to the reader
   (:func:`is_hedged`).
 
-The three per-response rules are measured against 300 hand-labelled real answers from six models
+The three per-response rules are measured against 504 hand-labelled real answers from six models
 (``benchmarks/drift_counters.py``, labels and their definitions in ``benchmarks/data/``).
 
 The gate blocks when a counter moves (up or down) more than its configured step:
@@ -136,7 +136,8 @@ _RESTATE_OPENERS = re.compile(
 _ANNOUNCE = re.compile(
     r"^(?:here(?:'s| is| are)|below (?:is|are)|the following (?:is|are)|(?:i'll|i will|let me|let's|let us) "
     r"(?:provide|give|show|walk|outline|explain|delve|break|go|create|write|share|explore|look|dive)|i can (?:help|"
-    r"guide|provide|give|show|walk|offer|create|write|share|suggest|outline|explain)|i(?:'d| would) be (?:happy|glad) to|i(?:'ve| have) (?:written|created|"
+    r"guide|provide|give|show|walk|offer|create|write|share|suggest|outline|explain)"
+    r"|i(?:'d| would) be (?:happy|glad) to|i(?:'ve| have) (?:written|created|"
     r"prepared|put together))\b")
 _FRAME = re.compile(
     r"\b(?:there (?:are|is) (?:several|many|a few|a number of|various|numerous|multiple|a variety of|a range of)\b"
@@ -144,7 +145,8 @@ _FRAME = re.compile(
     r"combination|series)\b|is one of the most\b"
     r"|is (?:a|an) (?:complex|complicated|challenging|difficult|philosophical|broad|big|common|"
     r"important|fascinating|interesting|great|multifaceted|multi-faceted)\b|(?:can|may) be (?:quite |a |an |very "
-    r"|fairly |relatively |somewhat )*(?:challenging|complex|complicated|difficult|daunting|tricky|simple|easy|subjective|"
+    r"|fairly |relatively |somewhat )*(?:challenging|complex|complicated|difficult|daunting|tricky|simple|easy|"
+    r"subjective|"
     r"straightforward|rewarding|fun|task|process|journey)\b|is (?:essential|important|crucial|key|vital)\b"
     r"|(?:can|could) be (?:achieved|done|accomplished|approached|implemented|solved|improved|proven|proved|shown|"
     r"calculated|computed|determined|found) (?:by|in|using|through|with)"
@@ -182,7 +184,8 @@ _EVALUATIVE = re.compile(
 
 # "It's impossible to determine the exact number of X": how hard the request is, before any of the answer
 _DIFFICULTY = re.compile(
-    r"\b(?:(?:it's|it is|is) (?:practically |nearly |almost |virtually |quite |very |extremely )?(?:impossible|difficult|"
+    r"\b(?:(?:it's|it is|is) (?:practically |nearly |almost |virtually |quite |very |extremely )?"
+    r"(?:impossible|difficult|"
     r"hard|challenging|not possible) to (?:determine|know|say|calculate|estimate|count|give|provide|predict|answer|"
     r"pinpoint|quantify)|is a (?:complex|difficult|challenging|complicated) (?:task|question|problem|undertaking))\b")
 
@@ -238,23 +241,33 @@ def restates_question(response: str, prompt: str) -> bool:
     followed by a space, or at a newline), after acknowledgements ("Sure!", "Certainly,", "Great question!").
     A sentence of at most 3 words or an inability disclaimer ("As an AI ...", "I'm sorry, but I can't ...") is
     skipped for the next one (twice at most). The opening restates when it
-      * starts with a restating formula ("You asked ...", "It sounds like you ...", "The question is ...") or
-        announces the deliverable ("Here is ...", "Below is ...", "I can help ...", "Let's delve into ...");
-        after a disclaimer the announcement must also share 2 content words with the prompt; or
-      * (not a yes/no answer) ends with ``:`` and adds at most 2 content words beyond the prompt's and
-        :data:`FRAME_WORDS` ("To reverse a list in Python, you can use the following code:"); or
+      * starts with a restating formula ("You asked ...", "It sounds like you ...", "I'm sorry to hear ...",
+        "It's understandable that you ...") or announces the deliverable ("Here is ...", "Below is ...",
+        "I can help ...", "Let's delve into ..."); after a disclaimer the announcement must also share 2 content
+        words with the prompt; or, when it is a sentence (not a yes/no answer, a label of at most 3 words, code,
+        a Title Case heading or a line without end punctuation):
+      * ends with ``:`` and adds at most 2 content words beyond the prompt's and :data:`FRAME_WORDS` (5 when it
+        defers: "the following", "these steps", "here are"): "To reverse a list in Python, you can use the
+        following code:"; or
       * frames the task ("X involves several steps", "There are many ways to X", "X can be a complex task") and
-        adds at most 3 such words; or
-      * repeats at least ``max(2, ceil(0.5 * min(P, 8)))`` of the prompt's P content words and adds none; or
-      * adds at most 5 words and the next sentence announces the deliverable ("Colorado is home to numerous
-        hiking trails ... Here are some of the well-known trails:").
+        adds at most 3 such words; or says how hard the request is and shares 2 words with the prompt ("It's
+        impossible to determine the exact number of X"); or
+      * repeats at least ``max(2, ceil(0.5 * min(P, 8)))`` of the P content words of the prompt's instruction
+        (its first paragraph) and adds none (no negation the prompt lacks, either); or
+      * shares 2 words with the prompt, adds at most 5 (7 when it only evaluates: "X is vital for ...",
+        "X can be a great way to ...") and the next sentence announces the deliverable ("Colorado is home to
+        numerous hiking trails ... Here are some of the well-known trails:").
     Content words: lower-cased words of 3+ characters not in scikit-learn's English stop-word list, lightly
     stemmed; inline code the prompt does not contain counts as added. An opening that gives any of the answer
     ("To reverse a list, use ``l[::-1]``.", "Some popular 1920s music includes jazz", "It is not illegal to
-    keep it"), starts with code or is a title ("Kale Salad with Apple Vinaigrette:") does not restate, even when
-    it reuses the question's words.
+    keep it") does not restate, even when it reuses the question's words.
 
-    Measured on 240 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Known limit: platitude openers that add many generic words ("Securing your router is essential to protect
+    your network and devices from unauthorized access ...") are missed, and topic sentences that name a little
+    content before an announcement can be taken for one; on answers the rules were not tuned on, precision and
+    recall are about 0.84 and 0.74 (``benchmarks/drift_counters.py``).
+
+    Measured on 504 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Args:
         response, prompt: texts.
@@ -318,7 +331,8 @@ HEDGES: tuple[str, ...] = (
     "arguably", "seemingly", "conceivably", "it seems", "it appears", "seems to", "seem to", "appears to",
     "appear to", "seems like", "it is possible that", "it's possible that", "there is a chance", "there's a chance",
     "a good chance", "i think", "i believe", "i suspect", "i guess", "i'd say", "i would say", "in my opinion",
-    "it looks like", "in general", "generally", "typically", "usually", "tends to", "tend to", "in most cases", "for the most part",
+    "it looks like", "in general", "generally", "typically", "usually", "tends to", "tend to", "in most cases",
+    "for the most part",
     "it depends", "that depends", "this depends", "it all depends", "the answer depends", "not necessarily",
     "to some extent", "to a certain extent", "somewhat", "more or less", "not sure", "not certain", "uncertain",
     "it is unclear", "it's unclear", "it is not clear", "it's not clear", "hard to say", "difficult to say",
@@ -371,7 +385,7 @@ def is_hedged(response: str, prompt: str | None = None) -> bool:
     phrase that repeats the prompt's wording ("Why might someone prefer ..." -> "reasons why someone might
     prefer") is not the writer's and is not counted.
 
-    Measured on 240 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Measured on 504 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Raises:
         TypeError: ``response`` (or a given ``prompt``) is not a str.
