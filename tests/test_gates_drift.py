@@ -27,36 +27,119 @@ SEED = {
 # ---------------------------------------------------------------------------------------------
 
 
+REVERSE = "How do I reverse a list in Python?"
+
+
 @pytest.mark.parametrize(
     "response, prompt, expected",
     [
         ("You asked how plants make food. They use light.", "How do plants make food?", True),  # formula
         ("Great question! Plants convert sunlight into chemical energy.",
-         "How do plants convert sunlight into chemical energy?", True),  # 4 of 5 content words after the interjection
+         "How do plants convert sunlight into chemical energy?", True),  # the prompt's words only
         ("Through photosynthesis.", "How do plants convert sunlight into chemical energy?", False),
-        ("The capital of France is Paris.", "What is the capital of France?", False),  # only 2 content words
+        ("The capital of France is Paris.", "What is the capital of France?", False),  # "Paris" answers
         ("", "How do plants convert sunlight into chemical energy?", False),
+        # announcing the deliverable in the request's words
+        ("Sure! Here's a Python function that reverses a list:\n```python\ndef rev(xs):\n    return xs[::-1]\n```",
+         "Write a Python function that reverses a list.", True),
+        ("To reverse a list in Python, you can use the following code:\n```python\nxs[::-1]\n```", REVERSE, True),
+        # a task frame, a reflection of the user's message, an announcement after a disclaimer
+        ("There are several reasons why cats purr. They purr when content.", "Why do cats purr?", True),
+        ("It sounds like you're worried about your exam. Start by sleeping well.",
+         "I have an exam tomorrow and can't stop worrying.", True),
+        ("As an AI, I can't browse the web. However, I can give you an overview of how solar panels convert sunlight.",
+         "How do solar panels convert sunlight into electricity?", True),
+        # a topic sentence that adds one word ("home"), then the announcement
+        ("Colorado is home to many famous hiking trails. Here are some of them:\n1. Hanging Lake\n2. Maroon Bells",
+         "What are some well known hiking trails in Colorado?", True),
+        # look-alikes: the opening reuses the question's words but already answers
+        ("To reverse a list in Python, use `my_list[::-1]`.", REVERSE, False),  # inline code is the answer
+        ("Some popular music from the 1920s includes jazz and blues.", "What is some cool music from the 1920s?",
+         False),
+        ("Yes, there are several free SAST tools, such as Bandit and SonarQube.",
+         "Are there any free SAST tools out there?", False),
+        ("It is not illegal to keep a dollar bill that you find.",
+         "If I found a dollar bill, would it be illegal to keep it?", False),  # the negation is the answer
+        ("Plants convert sunlight into chemical energy through photosynthesis.",
+         "How do plants convert sunlight into chemical energy?", False),  # "photosynthesis" answers
+        # the deliverable starts at once: code, a title; an apology that offers something else
+        ("def reverse(xs):\n    return xs[::-1]", "Write a Python function that reverses a list.", False),
+        ("Kale Salad with Apple Vinaigrette:\nIngredients: kale, apple, vinegar.",
+         "Create a dinner recipe with kale, apple and vinegar.", False),
+        ("I'm sorry, but I can't share copyrighted lyrics. However, I can help with a summary of the song.",
+         "Give me the lyrics of Bohemian Rhapsody", False),
     ],
 )
 def test_restates_question(response, prompt, expected):
     assert restates_question(response, prompt) is expected
 
 
-def test_bullets_and_hedges():
+def test_bullet_list_rules():
     assert has_bullet_list("Steps:\n- mix\n- bake")
     assert has_bullet_list("1. mix\n2) bake")
+    # numbered items separated by code blocks
+    assert has_bullet_list("1. **Install:**\n```bash\npip install x\n```\n2. **Run:**\n```bash\nx\n```")
     assert not has_bullet_list("- only one line")
     assert not has_bullet_list("**Bold** text\n**more** bold")  # emphasis, not bullets
     assert not has_bullet_list("We won 1. 2. 3. in a row")
-    assert is_hedged("This may help.") and is_hedged("It is possible that it rains.") and is_hedged("I think so")
-    assert not is_hedged("The meeting is in May.")  # the month is not a hedge
-    assert not is_hedged("You could try the other door.")  # ability/advice, excluded from the lexicon
+    assert not has_bullet_list("Config:\n```yaml\n- a\n- b\n```")  # list-like lines inside code
+    assert not has_bullet_list("Monday: run\nTuesday: rest")  # no markers
+    assert not has_bullet_list("| a | b |\n|---|---|\n| 1 | 2 |")  # a table
+
+
+@pytest.mark.parametrize("response", [
+    "This may help.", "It is possible that it rains.", "I think so", "This may not work on every website.",
+    "The issue is likely a caching problem.", "Results generally improve with more data.", "It depends on your budget.",
+    "You may experience mild side effects.",  # a prediction about the reader, not advice
+    "A leak under the sink could indicate a loose fitting.", "Hops are usually added late in the boil.",
+])
+def test_hedged(response):
+    assert is_hedged(response)
+
+
+@pytest.mark.parametrize("response", [
+    "The meeting is in May.",  # the month
+    "You could try the other door.", "You may want to restart the router.", "You may need to install it first.",
+    "If you enjoyed Dune, you might also enjoy Hyperion.",  # advice / a step addressed to the reader
+    "May I suggest a walk?", "Could you clarify the question?", "I could not find the file.",
+    "Caesar's military might was decisive.",  # the noun
+    "A quick routine could include:\n- squats\n- lunges",  # a list frame
+    "It is possible to grow tomatoes indoors.",  # feasibility
+    "There are potential risks and possible side effects at typical doses.",  # adjectives
+    "Cats often sleep during the day.", "Walking around the world takes about 22 years.",  # frequency, approximation
+    "```python\nmonths = {'may': 5, 'june': 6}\n```",  # code
+])
+def test_not_hedged(response):
+    assert not is_hedged(response)
+
+
+def test_hedge_that_repeats_the_prompt_is_not_the_writers():
+    answer = "There are several reasons why someone might prefer to shop locally."
+    assert is_hedged(answer)  # without the prompt "might prefer" reads as a hedge
+    assert not is_hedged(answer, "Why might someone prefer to shop locally?")  # the question's inversion
+    assert not is_hedged("Time can seem to slow down in danger.", "Why can time seem to slow down in danger?")
+    assert is_hedged("It may rain.", "Why might someone prefer to shop locally?")  # a different phrase counts
+    assert drift_counters([answer], ["Why might someone prefer to shop locally?"]).n_hedged == 0
+    with pytest.raises(TypeError):
+        is_hedged("It may rain.", 3)
+
+
+def test_counters_on_the_labelled_real_answers():
+    # 504 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl); the whole set, so a change that
+    # breaks a rule on real answers fails here (the per-part figures are the benchmark's)
+    from benchmarks.drift_counters import LABELS, confusion, load
+
+    rows = load()
+    assert len(rows) == 504
+    for label in LABELS:
+        c = confusion(rows, label)
+        assert c["precision"] >= 0.85 and c["recall"] >= 0.85, (label, c["precision"], c["recall"])
 
 
 def test_drift_counters_hand_worked():
     prompts = ["How do plants convert sunlight into chemical energy?"] * 4
     responses = [
-        "Plants convert sunlight into chemical energy through photosynthesis. It may vary.",  # restates, hedged
+        "Plants convert sunlight into chemical energy in several steps. It may vary.",  # restates, hedged
         "Photosynthesis.\n- light\n- water",  # bullets
         "Chlorophyll absorbs light and the plant stores sugar for later use today.",  # none
         "Perhaps:\n1. light\n2. water",  # hedged, bullets
@@ -64,10 +147,10 @@ def test_drift_counters_hand_worked():
     c = drift_counters(responses, prompts)
     assert c.n == 4 and (c.n_restating, c.n_bullets, c.n_hedged) == (1, 2, 2)
     assert (c.restating_pct, c.bullets_pct, c.hedged_pct) == (25.0, 50.0, 50.0)
-    # whitespace words: 11, 5, 12, 5 -> sorted 5, 5, 11, 12 -> median 8
-    assert c.lengths == (11, 5, 12, 5) and c.median_length_tokens == 8.0
-    # any length function: characters 81, 31, 73, 26 -> median (31 + 73) / 2 = 52
-    assert [len(r) for r in responses] == [81, 31, 73, 26]
+    # whitespace words: 12, 5, 12, 5 -> sorted 5, 5, 12, 12 -> median 8.5
+    assert c.lengths == (12, 5, 12, 5) and c.median_length_tokens == 8.5
+    # any length function: characters 75, 31, 73, 26 -> median (31 + 73) / 2 = 52
+    assert [len(r) for r in responses] == [75, 31, 73, 26]
     assert drift_counters(responses, prompts, tokenizer_len=len).median_length_tokens == 52.0
     with pytest.raises(ValueError, match="differ"):
         drift_counters(["a"], [])

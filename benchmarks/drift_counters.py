@@ -1,0 +1,161 @@
+"""The drift gate's per-response counters against hand labels on real answers (``benchmarks/data/drift_labels.jsonl``).
+
+    python benchmarks/drift_counters.py                  # precision/recall per counter, tune and held-out parts
+    python benchmarks/drift_counters.py --show-errors    # also every false positive / negative of the tune part
+    python benchmarks/drift_counters.py --show-errors --errors-split heldout_e # ... of held-out E
+
+Counters measured (``gates/drift.py``): :func:`restates_question`, :func:`has_bullet_list`, :func:`is_hedged`; the
+fourth drift counter, median length, is a plain count and has no label. The labelled set: 504 (prompt, answer) pairs
+from six models (AlpacaEval 2 annotations: gpt4_1106_preview, alpaca-7b, gpt-3.5-turbo-1106, its "concise" variant;
+Arena-Hard: gpt-4-0314, gpt-3.5-turbo-0125), each labelled by reading it (definitions:
+``benchmarks/data/drift_labels.md``). Parts, by the ``split`` field:
+
+* tuned on: "tune" (170 rows: 120 random, 50 drawn among candidates for positives and look-alikes), and
+  "heldout_b" (60), "heldout_c" (72), "heldout_d" (66), all random: each was labelled after the rules of the moment
+  were frozen and measured once, then its errors were used for tuning (first-read figures in the note);
+* held-out A ("heldout", 70 rows drawn at random from the first 240 after labelling): never used for a rule, its
+  figures read along the way (and its errors listed once, late);
+* held-out E ("heldout_e", 66 random rows, 11 per model): labelled after the final rules, measured once.
+
+Target per counter: precision and recall >= 0.85.
+
+Also reported: the time to run the three counters over 1000 answers (the gate's scale), from the set's answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gates.drift import has_bullet_list, is_hedged, restates_question  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data" / "drift_labels.jsonl"
+SET_NAME = "benchmarks/data/drift_labels.jsonl"
+TARGET = 0.85
+LABELS = ("restates_question", "has_bullet_list", "is_hedged")
+COUNTER = {
+    "restates_question": lambda r: restates_question(r["answer"], r["prompt"]),
+    "has_bullet_list": lambda r: has_bullet_list(r["answer"]),
+    "is_hedged": lambda r: is_hedged(r["answer"], r["prompt"]),
+}
+
+
+def load(path: Path = DATA) -> list[dict]:
+    """Rows of the labelled set.
+
+    Raises:
+        ValueError: a row without a field the benchmark needs (names file, line and field).
+    """
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        for k in ("id", "split", "prompt", "answer", "labels"):
+            if k not in row:
+                raise ValueError(f"{path}:{i}: missing field {k!r}")
+        for k in LABELS:
+            if not isinstance(row["labels"].get(k), bool):
+                raise ValueError(f"{path}:{i}: labels.{k} must be true/false")
+        rows.append(row)
+    return rows
+
+
+def confusion(rows: list[dict], label: str) -> dict:
+    """tp, fp, fn, tn, precision, recall of one counter on ``rows`` (precision/recall NaN when undefined) and the
+    ids it got wrong."""
+    tp = fp = fn = tn = 0
+    fps, fns = [], []
+    for r in rows:
+        pred, gold = bool(COUNTER[label](r)), r["labels"][label]
+        if pred and gold:
+            tp += 1
+        elif pred:
+            fp += 1
+            fps.append(r["id"])
+        elif gold:
+            fn += 1
+            fns.append(r["id"])
+        else:
+            tn += 1
+    nan = float("nan")
+    return {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "precision": tp / (tp + fp) if tp + fp else nan,
+            "recall": tp / (tp + fn) if tp + fn else nan, "fp_ids": fps, "fn_ids": fns}
+
+
+def counters_seconds_per_1000(rows: list[dict]) -> float:
+    """Seconds to run the three counters over 1000 answers (the set's answers cycled)."""
+    pairs = [(rows[i % len(rows)]["answer"], rows[i % len(rows)]["prompt"]) for i in range(1000)]
+    t0 = time.perf_counter()
+    for a, p in pairs:
+        restates_question(a, p)
+        has_bullet_list(a)
+        is_hedged(a)
+    return time.perf_counter() - t0
+
+
+def measure(path: Path = DATA) -> list[dict]:
+    """One row per (counter, metric, part): precision and recall on the tune part, the held-out part and all rows,
+    plus the time per 1000 answers. Keys as the benchmark contract (instrument, metric, value, target, n, set,
+    passed)."""
+    rows = load(path)
+    # rows the rules were tuned on: "tune", and held-out B, C and D (each measured once, then its errors were read)
+    tuned = [r for r in rows if r["split"] in ("tune", "heldout_b", "heldout_c", "heldout_d")]
+    held_a = [r for r in rows if r["split"] == "heldout"]
+    held_e = [r for r in rows if r["split"] == "heldout_e"]
+    parts = {"tuned-on": tuned, "held-out A": held_a, "held-out E": held_e, "held-out A+E": held_a + held_e,
+             "all": rows}
+    out = []
+    for label in LABELS:
+        for part, rr in parts.items():
+            c = confusion(rr, label)
+            for metric in ("precision", "recall"):
+                v = c[metric]
+                out.append({"instrument": "drift counters", "metric": f"{label} {metric}", "value": round(v, 3),
+                            "target": f">= {TARGET}", "n": len(rr), "set": f"{SET_NAME} {part}",
+                            "passed": None if v != v else bool(v >= TARGET)})
+    out.append({"instrument": "drift counters", "metric": "seconds per 1000 answers (3 counters)",
+                "value": round(counters_seconds_per_1000(rows), 3), "target": "", "n": 1000,
+                "set": f"{SET_NAME} answers",
+                "passed": None})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--show-errors", action="store_true", help="list the rows each counter gets wrong")
+    ap.add_argument("--errors-split", default="tune",
+                    choices=["tune", "heldout", "heldout_b", "heldout_c", "heldout_d", "heldout_e", "all"],
+                    help="which split --show-errors lists (tune by default: held-out rows are not for tuning)")
+    args = ap.parse_args(argv)
+    path = Path(args.data)
+    rows = load(path)
+    n = {k: sum(r["split"] == k for r in rows) for k in ("tune", "heldout", "heldout_b", "heldout_c", "heldout_d",
+                                                          "heldout_e")}
+    print(f"set: {path}: {len(rows)} labelled answers (tuned on: {n['tune']} tune + {n['heldout_b']} B + "
+          f"{n['heldout_c']} C + {n['heldout_d']} D; held-out A {n['heldout']}, held-out E {n['heldout_e']}); "
+          "positives: "
+          + ", ".join(f"{k} {sum(r['labels'][k] for r in rows)}" for k in LABELS))
+    print(pd.DataFrame(measure(path)).to_string(index=False))
+    if args.show_errors:
+        by_id = {r["id"]: r for r in rows}
+        for label in LABELS:
+            c = confusion([r for r in rows if args.errors_split in ("all", r["split"])], label)
+            for kind, ids in (("FP", c["fp_ids"]), ("FN", c["fn_ids"])):
+                for i in ids:
+                    r = by_id[i]
+                    print(f"{label} {kind} {i} [{r['split']}] Q: {r['prompt'][:90]!r} A: {r['answer'][:140]!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
