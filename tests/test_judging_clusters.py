@@ -219,11 +219,12 @@ def test_win_rate_interval_clusters_items_sharing_an_instruction():
     assert bal_c.metrics["length_controlled_win_rate"].ci_low < bal_i.metrics["length_controlled_win_rate"].ci_low
 
 
-def test_demo_held_out_pairs_form_eleven_clusters():
+def test_demo_held_out_pairs_form_eleven_clusters(tmp_path):
     from data.loaders import load_pairs
     from judging.agreement import preference_pair_clusters
 
-    pairs = load_pairs("demo:pandalm/testset-v1.jsonl.gz", mode="lenient", max_reject_rate=0.07)
+    pairs = load_pairs("demo:pandalm/testset-v1.jsonl.gz", mode="lenient", max_reject_rate=0.07,
+                       rejects_path=tmp_path / "rejects.jsonl")
     held_out = pairs[:48]  # recipes/demo/reward_model.yaml: max_agreement_pairs 48
     assert len({p.chosen for p in held_out}) == 30
     assert int(preference_pair_clusters(held_out).max()) + 1 == 11
