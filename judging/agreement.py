@@ -217,8 +217,9 @@ def pair_clusters(prompts: Any, first: Any = None, second: Any = None) -> np.nda
     every pair it takes part in (an answer the judge misreads is misread in each), so either link makes the
     verdicts dependent. Components are the smallest partition in which no two linked pairs fall in different
     clusters, which is what a cluster-robust variance needs; a coarser partition is still valid (only fewer
-    clusters). On PandaLM the response links join 5 of the 170 instructions' groups to others (placeholder answers
-    such as ``<nooutput>`` shared across instructions), giving 165 clusters for its 939 usable pairs.
+    clusters). On PandaLM's 939 usable pairs (164 instructions) five answers recur across instructions (the
+    placeholders ``<noinput>`` and ``<nooutput>``, "Offensive", two stock sentences): they join 8 instructions into
+    one cluster of 64 pairs and two more pairs of instructions, giving 155 clusters.
 
     Texts are compared after collapsing whitespace; a prompt given as a list of messages is compared as its
     role/content sequence. ``None`` links nothing.

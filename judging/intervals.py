@@ -15,6 +15,11 @@ two reports that say "Wilson" or "Newcombe" mean the same computation:
 * ``percentile_bootstrap(...)`` / ``bootstrap_ratio(...)``: percentile bootstrap over items with
   ``scipy.stats.bootstrap`` (fixed seed); ``bootstrap_means`` + ``percentile`` for the hand-stratified
   resampling the intent matrix and the drift gate need (several samples sharing one generator).
+* clustered items (pairs sharing an instruction or a response): ``connected_clusters(*keys)`` (cluster ids),
+  ``ratio_design`` / ``mean_design_effect`` (cluster-robust variance, design effect, n_eff = n / deff; Cochran
+  1977 ch. 6 and 9A, Kish 1965, Cameron & Miller 2015), ``cluster_wilson`` (Wilson on n_eff; Korn & Graubard
+  1998), ``cluster_bootstrap_ratio`` / ``cluster_bootstrap`` (whole clusters resampled; Davison & Hinkley 1997
+  section 3.8). With every item its own cluster each returns the item-level figure exactly.
 
 All bounds are fractions unless the caller scales them; an interval that cannot be computed (n == 0)
 is (NaN, NaN), never a made-up number.
@@ -381,10 +386,10 @@ def ratio_design(num: Any, den: Any, clusters: Any = None) -> ClusterDesign:
 
         v_c = G / (G - 1) * sum_g (y_g - p m_g)^2 / n^2
 
-    the with-replacement variance estimator of a ratio estimator from a one-stage cluster sample (Cochran 1977,
-    Sampling Techniques, 3rd ed., section 6.11 eq. 6.13 with f = 0 and the G/(G-1) factor of 11.7; Kish 1965,
-    Survey Sampling, section 6.4; for agreement rates Donner & Klar 2000, Design and Analysis of Cluster
-    Randomization Trials, ch. 5). The design effect compares it with the same estimator computed as if every
+    the variance estimator of a ratio estimator with the clusters as sampling units and no finite-population
+    correction (Cochran 1977, Sampling Techniques, 3rd ed., ch. 6, v(R) = sum (y_g - R m_g)^2 / ((G - 1) G mbar^2)
+    with f = 0, applied to clusters of unequal size as in ch. 9A; Kish 1965, Survey Sampling, section 6.4; for
+    agreement rates Donner & Klar 2000, Design and Analysis of Cluster Randomization Trials, ch. 5). The design effect compares it with the same estimator computed as if every
     trial were its own cluster, p(1 - p)/(n - 1) for 0/1 trials (each num/den is successes/trials):
 
         deff = max(1, v_c / (p (1 - p) / (n - 1))),   n_eff = n / deff
