@@ -41,6 +41,7 @@ from sklearn.linear_model import LogisticRegression
 
 from gates.refusal_rules import REFUSAL_LABELS, XSTEST_LABELS, _first_sentences, _norm, classify_refusal, is_refusal
 from gates.refusal_stats import RefusalClassifierQuality, label_agreement, refusal_rates
+from rlhf.manifest import dumps_strict
 
 XSTEST_MODELS: tuple[str, ...] = ("llama2new", "llama2orig", "mistralinstruct")
 HEAD_SENTENCES = 3
@@ -338,9 +339,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     frames = {m: load_xstest_completions(m, args.xstest) for m in XSTEST_MODELS}
     result = leave_one_model_out(frames)
-    Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    Path(args.out).write_text(dumps_strict(result, indent=1, sort_keys=True) + "\n")
     print(format_folds(result))
-    print(json.dumps(result["summary"], indent=1))
+    print(dumps_strict(result["summary"], indent=1))
 
 
 if __name__ == "__main__":

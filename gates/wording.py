@@ -123,6 +123,17 @@ def _refusal_reason(findings: Sequence[Finding]) -> str:
     return out
 
 
+def _clusters_said(v: dict[str, Any]) -> str:
+    """How many independent pairs the interval counts: clusters and effective n, or that it is item-level."""
+    rule = v.get("cluster_rule")
+    if rule is None or v.get("n_eff") is None:
+        return ""
+    if rule == "item":
+        return " (item-level: no cluster key)"
+    return (f" on the effective n {v['n_eff']:.1f} of {v['n_clusters']} clusters ({rule}; design effect "
+            f"{v['design_effect']:.2f})")
+
+
 def _judge_reason(findings: Sequence[Finding]) -> str:
     by = {f.code: f.values for f in findings}
     if "judge_unmeasured" in by:
@@ -136,8 +147,8 @@ def _judge_reason(findings: Sequence[Finding]) -> str:
         return "no decisive expert labels, so judge agreement is unknown."
     v = by["agreement"]
     txt = (f"judge agreement a = {v['agreement']:.3f} (share of {v['n']} decisive expert labels whose side the judge "
-           f"picked; 95% Wilson CI {v['ci_low']:.3f}-{v['ci_high']:.3f}; {v['n_expert_tie']} expert ties reported "
-           "apart)")
+           f"picked; 95% Wilson CI {v['ci_low']:.3f}-{v['ci_high']:.3f}{_clusters_said(v)}; {v['n_expert_tie']} "
+           "expert ties reported apart)")
     att = f" Attenuation 2a-1 = {v['attenuation']:.3f}: a true win-rate gap shows up multiplied by it."
     floor = v["floor"]
     if "below_floor" in by:
