@@ -304,6 +304,9 @@ class PPOTrainer:
         self.log_history: list[dict[str, float]] = []
         self.kl_coef = config.kl_coef
         self.global_step = 0
+        # tokens through the update passes (prompt + completion, real / with padding), for tokens/s and MFU
+        self.tokens_trained = 0
+        self.tokens_batched = 0
 
         self.reward_tokenizer = reward_tokenizer or tokenizer
         self._check_models(policy, ref_model, reward_model, value_model, tokenizer, self.reward_tokenizer)
@@ -568,44 +571,85 @@ class PPOTrainer:
 
     # ---- update -----------------------------------------------------------------------------------
 
-    def update(self, ro: Rollout) -> dict[str, float]:
-        """``ppo_epochs`` passes of minibatch updates on one rollout. Returns mean update statistics."""
+    def minibatch_token_normalizer(self, mask: torch.Tensor) -> tuple[float, int]:
+        """What each micro-batch's summed token loss is divided by, and this process's real tokens.
+
+        ``mask`` (b, T): the completion mask of this process's mini-batch. Returns ``(num_tokens / processes,
+        local_tokens)`` where ``num_tokens`` = the real completion tokens of the mini-batch summed over every
+        process (an all-reduce of one number; verl and OpenRLHF normalise by the global count the same way).
+        Dividing by ``num_tokens / processes`` rather than ``num_tokens``: DDP (and DeepSpeed) *average* the
+        gradients over processes, so that average is then exactly the gradient of the token mean over the whole
+        global mini-batch, whatever the micro-batch size and however the tokens fall across processes. With one
+        process it is the mini-batch's own token count.
+        """
+        local = int(mask.sum())
+        if self.accelerator.num_processes == 1:
+            return float(max(local, 1)), local
+        total = self.accelerator.reduce(torch.tensor(float(local), device=self.accelerator.device), "sum")
+        return max(float(total), 1.0) / self.accelerator.num_processes, local
+
+    def accumulate_minibatch(self, ro: Rollout, minibatch: torch.Tensor) -> dict[str, float]:
+        """Forward/backward of one mini-batch (rows ``minibatch`` of ``ro``) in micro-batches of
+        ``micro_batch_size``, gradients accumulated in ``.grad``; no optimizer step. Returns the mini-batch's
+        statistics (losses and per-token statistics as token means over the mini-batch, micro-batch independent).
+
+        Loss of micro-batch m: (sum over its real tokens of the policy loss + vf_coef * the value loss) divided by
+        :meth:`minibatch_token_normalizer`: the accumulated gradient is that of the mini-batch's token mean, the
+        same at any micro-batch size (``tests/test_ppo_trainer.py`` checks 1, 2 and the whole mini-batch at 1e-6).
+        """
         cfg = self.config
-        self.model.train()
         T = ro.completion_ids.shape[1]
-        B = ro.prompt_ids.shape[0]
         input_ids, attention_mask = ro.input_ids, ro.attention_mask
         position_ids = position_ids_from_mask(attention_mask)
+        normalizer, n_local = self.minibatch_token_normalizer(ro.completion_mask[minibatch])
+        stats: dict[str, float] = defaultdict(float)
+        micro_starts = list(range(0, len(minibatch), cfg.micro_batch_size))
+        for k, m_start in enumerate(micro_starts):
+            idx = minibatch[m_start : m_start + cfg.micro_batch_size]
+            last_micro = k == len(micro_starts) - 1
+            sync = contextlib.nullcontext() if last_micro else self.accelerator.no_sync(self.model)
+            with sync:
+                logits, values = self.model(input_ids[idx], attention_mask[idx], position_ids[idx], T)
+                mask = ro.completion_mask[idx]
+                new_logprobs = core.logprobs_from_logits(logits, ro.completion_ids[idx], cfg.temperature)
+                pl = core.ppo_policy_loss(
+                    new_logprobs, ro.logprobs[idx], ro.advantages[idx], mask, cfg.cliprange, num_tokens=normalizer
+                )
+                vl = core.ppo_value_loss(
+                    values, ro.values[idx], ro.returns[idx], mask, cfg.cliprange_value, num_tokens=normalizer
+                )
+                loss = pl.loss + cfg.vf_coef * vl.loss
+                self.accelerator.backward(loss)
+            with torch.no_grad():
+                entropy = core.masked_mean(core.entropy_from_logits(logits.detach(), cfg.temperature), mask)
+            # statistics over this process's mini-batch: sums rescaled to its own token count, and per-token means
+            # weighted by each micro-batch's share of the tokens
+            rescale = normalizer / max(n_local, 1)
+            share = int(mask.sum()) / max(n_local, 1)
+            stats["loss/policy"] += pl.loss.item() * rescale
+            stats["loss/value"] += vl.loss.item() * rescale
+            stats["loss/total"] += loss.item() * rescale
+            stats["policy/clipfrac"] += pl.clipfrac.item() * share
+            stats["policy/approx_kl"] += pl.approx_kl.item() * share
+            stats["policy/ratio"] += pl.ratio.item() * share
+            stats["policy/entropy"] += entropy.item() * share
+            stats["value/clipfrac"] += vl.clipfrac.item() * share
+        self.tokens_trained += int(attention_mask[minibatch].sum())
+        self.tokens_batched += int(attention_mask[minibatch].numel())
+        return dict(stats)
+
+    def update(self, ro: Rollout) -> dict[str, float]:
+        """``ppo_epochs`` passes of minibatch updates on one rollout. Returns mean update statistics (over the
+        mini-batches; each mini-batch's figures are token means, :meth:`accumulate_minibatch`)."""
+        cfg = self.config
+        self.model.train()
+        B = ro.prompt_ids.shape[0]
         stats: dict[str, list[float]] = defaultdict(list)
         for _epoch in range(cfg.ppo_epochs):
-            perm = torch.randperm(B, device=input_ids.device)
+            perm = torch.randperm(B, device=ro.prompt_ids.device)
             for start in range(0, B, cfg.mini_batch_size):
-                minibatch = perm[start : start + cfg.mini_batch_size]
-                micro_starts = list(range(0, len(minibatch), cfg.micro_batch_size))
-                for k, m_start in enumerate(micro_starts):
-                    idx = minibatch[m_start : m_start + cfg.micro_batch_size]
-                    last_micro = k == len(micro_starts) - 1
-                    sync = contextlib.nullcontext() if last_micro else self.accelerator.no_sync(self.model)
-                    with sync:
-                        logits, values = self.model(input_ids[idx], attention_mask[idx], position_ids[idx], T)
-                        mask = ro.completion_mask[idx]
-                        new_logprobs = core.logprobs_from_logits(logits, ro.completion_ids[idx], cfg.temperature)
-                        pl = core.ppo_policy_loss(
-                            new_logprobs, ro.logprobs[idx], ro.advantages[idx], mask, cfg.cliprange
-                        )
-                        vl = core.ppo_value_loss(values, ro.values[idx], ro.returns[idx], mask, cfg.cliprange_value)
-                        loss = pl.loss + cfg.vf_coef * vl.loss
-                        self.accelerator.backward(loss * (len(idx) / len(minibatch)))
-                    with torch.no_grad():
-                        entropy = core.masked_mean(core.entropy_from_logits(logits.detach(), cfg.temperature), mask)
-                    stats["loss/policy"].append(pl.loss.item())
-                    stats["loss/value"].append(vl.loss.item())
-                    stats["loss/total"].append(loss.item())
-                    stats["policy/clipfrac"].append(pl.clipfrac.item())
-                    stats["policy/approx_kl"].append(pl.approx_kl.item())
-                    stats["policy/ratio"].append(pl.ratio.item())
-                    stats["policy/entropy"].append(entropy.item())
-                    stats["value/clipfrac"].append(vl.clipfrac.item())
+                for key, value in self.accumulate_minibatch(ro, perm[start : start + cfg.mini_batch_size]).items():
+                    stats[key].append(value)
                 grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 if grad_norm is not None:
                     stats["policy/grad_norm"].append(float(grad_norm))
