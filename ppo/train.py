@@ -56,6 +56,7 @@ from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
 from rlhf.config import parse_stage_config
+from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import setup_stage, setup_tracking
 from rlhf.lineage import content_hash
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
@@ -360,6 +361,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         raise
 
     precision_dtypes = precision_record("ppo", precision, loaded, weighed, probe)
+    efficiency = trainer.efficiency(train_seconds, precision)
     final = history[-1] if history else {}
     metrics: dict[str, Any] = {
         **final,
@@ -371,7 +373,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         "seconds_total": time.time() - started,
         "num_processes": accelerator.num_processes,
         "threads": torch.get_num_threads(),  # shows the flow's --num_cpu_threads_per_process reached the stage
-        "efficiency": {"threads": torch.get_num_threads(), "train_seconds": train_seconds},
+        "efficiency": efficiency,
         "pi_ref_unchanged": True,  # verify_hash raised otherwise
         "history": history,
     }
@@ -386,7 +388,8 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
         if use_wandb:
-            log_summary({k: v for k, v in metrics.items() if k != "history"}, report_to=config.report_to)
+            log_summary({**{k: v for k, v in metrics.items() if not isinstance(v, (dict, list))},
+                         **efficiency_summary(efficiency)}, report_to=config.report_to)
     _close(all_callbacks)
     accelerator.wait_for_everyone()
     return manifest

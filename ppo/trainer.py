@@ -307,6 +307,9 @@ class PPOTrainer:
         # tokens through the update passes (prompt + completion, real / with padding), for tokens/s and MFU
         self.tokens_trained = 0
         self.tokens_batched = 0
+        self.tokens_generated = 0  # real completion tokens sampled in the rollouts
+        self.rollout_seconds = 0.0
+        self.step_seconds: list[float] = []  # wall seconds of each step of this run (rollout + update)
 
         self.reward_tokenizer = reward_tokenizer or tokenizer
         self._check_models(policy, ref_model, reward_model, value_model, tokenizer, self.reward_tokenizer)
@@ -724,6 +727,9 @@ class PPOTrainer:
         metrics["step"] = float(self.global_step)
         metrics["time/rollout_s"] = t_rollout
         metrics["time/step_s"] = time.perf_counter() - t0
+        self.tokens_generated += int(mask.sum())
+        self.rollout_seconds += t_rollout
+        self.step_seconds.append(metrics["time/step_s"])
         self.last_rollout = ro
         return metrics
 
@@ -747,6 +753,49 @@ class PPOTrainer:
         self.accelerator.wait_for_everyone()
         self.verify_frozen()
         return self.log_history
+
+    # ---- efficiency -------------------------------------------------------------------------------
+
+    def efficiency(self, seconds: float, dtype: str) -> dict[str, Any]:
+        """Throughput and MFU of this process's run, as the other stages report them (``rlhf.efficiency``).
+
+        ``tokens`` = the real (prompt + completion) tokens that went through the update's forward and backward
+        passes (each rollout token counted ``ppo_epochs`` times); N = the parameters of the trained pair (policy +
+        value model); ``mfu = 6 N tokens_per_s / peak`` over ``seconds`` (the whole loop, rollouts included). The
+        rollout's FLOPs (sampling, and the scoring forwards of policy, pi_ref, value and reward models) are not
+        counted, as the frozen reference model's forward is not in DPO's MFU: the figure understates what the
+        hardware did, by the share ``rollout_seconds / train_seconds`` shows. ``generated_tokens_per_s`` is the
+        sampling rate over the rollouts' wall time (scoring included). Per process: multiply by the number of
+        processes for the whole run.
+
+        Returns:
+            :func:`rlhf.efficiency.efficiency`'s dict plus ``padding_share``, ``batched_tokens``, ``train_seconds``,
+            ``generated_tokens``, ``rollout_seconds``, ``generated_tokens_per_s``, ``first_step_seconds``,
+            ``steady_step_seconds`` (median of the later steps; None with one step) and ``warmup_seconds``.
+        """
+        import statistics
+
+        from rlhf.efficiency import efficiency, n_parameters
+
+        out = efficiency(n_parameters(self.accelerator.unwrap_model(self.model)), self.tokens_trained, seconds, dtype)
+        first = self.step_seconds[0] if self.step_seconds else None
+        steady = statistics.median(self.step_seconds[1:]) if len(self.step_seconds) > 1 else None
+        out.update(
+            padding_share=1 - self.tokens_trained / self.tokens_batched if self.tokens_batched else None,
+            batched_tokens=self.tokens_batched,
+            train_seconds=seconds,
+            generated_tokens=self.tokens_generated,
+            rollout_seconds=self.rollout_seconds,
+            generated_tokens_per_s=self.tokens_generated / self.rollout_seconds if self.rollout_seconds else None,
+            first_step_seconds=first,
+            steady_step_seconds=steady,
+            warmup_seconds=None if steady is None else first - steady,
+        )
+        logger.info("efficiency: %d threads, %.0f update tokens/s, MFU %.2f%% of %.3g FLOP/s (%s), %.0f generated "
+                    "tokens/s, rollouts %.0f%% of the time", out["threads"], out["tokens_per_s"],
+                    100 * (out["mfu"] or 0), out["peak_flops"], out["peak_source"],
+                    out["generated_tokens_per_s"] or 0, 100 * self.rollout_seconds / seconds if seconds else 0)
+        return out
 
     # ---- save -------------------------------------------------------------------------------------
 

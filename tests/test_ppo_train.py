@@ -133,6 +133,24 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
     metrics = m["metrics"]
     assert metrics["num_steps"] == 2 and len(metrics["history"]) == 2 and metrics["n_prompts"] == 8
     assert metrics["objective/kl_k3"] >= 0 and metrics["pi_ref_unchanged"] is True
+    # tokens/s and MFU as the other stages report them (rlhf.efficiency): 6 N tokens/s over the peak, N = policy +
+    # value model, tokens = the real prompt + completion tokens of the update passes (ppo_epochs 1: each once)
+    eff = metrics["efficiency"]
+    generated = sum(round(h["response/length_mean"] * 4) for h in metrics["history"])  # batch_size 4
+    assert eff["generated_tokens"] == generated and eff["tokens"] > generated  # the prompts' tokens too
+    assert eff["batched_tokens"] >= eff["tokens"]
+    assert eff["padding_share"] == pytest.approx(1 - eff["tokens"] / eff["batched_tokens"])
+    assert eff["tokens_per_s"] == pytest.approx(eff["tokens"] / metrics["seconds_train"])
+    assert eff["train_seconds"] == metrics["seconds_train"] and eff["threads"] == metrics["threads"]
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(stages["dpo"] / "checkpoint").parameters())
+    n += sum(p.numel() for p in AutoModelForSequenceClassification.from_pretrained(stages["rm"] / "checkpoint")
+             .parameters())
+    assert eff["mfu"] == pytest.approx(6 * n * eff["tokens_per_s"] / eff["peak_flops"]) and 0 < eff["mfu"] <= 1
+    assert 0 < eff["rollout_seconds"] < eff["train_seconds"]
+    assert eff["generated_tokens_per_s"] == pytest.approx(generated / eff["rollout_seconds"])
+    assert eff["first_step_seconds"] > 0 and eff["steady_step_seconds"] > 0
     assert returned["outputs"] == m["outputs"]
 
     # W&B: one run, named "ppo", grouped by the round, under output_dir, with every step's metrics and a summary
@@ -145,6 +163,7 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
                                     "disable_code": True, "disable_git": True}
     assert [step for step, _ in run.logs] == [1, 2] and "objective/score" in run.logs[0][1]
     assert run.summary["num_steps"] == 2 and "history" not in run.summary
+    assert run.summary["efficiency/tokens_per_s"] == eff["tokens_per_s"] and run.summary["efficiency/mfu"] == eff["mfu"]
     assert run.finished
 
 
