@@ -68,8 +68,9 @@ from rlhf.precision import (
     stage_accelerator,
     weight_dtypes,
 )
+from rlhf.resume import prune_trainer_checkpoints, refused_checkpoints, resolve_resume
 from rlhf.rundir import install_failure_hook
-from rlhf.tracking import init_run, log_summary
+from rlhf.tracking import init_run, log_summary, wandb_run_id
 
 logger = logging.getLogger("ppo.train")
 
@@ -351,6 +352,15 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         check_precision("ppo", precision, weighed, trainer.mixed_precision)
         loaded = {what: weight_dtypes(m) for what, m in weighed.items()}
         probe = AutocastProbe(models["policy"])  # the autocast of the first training-mode forward of the policy
+        # --resume_from_checkpoint (a path, or 'last'; the flow passes the newest complete one when it reruns an
+        # unfinished stage): checked (files, sha256 marker, shapes, world size, step < num_steps), then restored
+        resume_args = SimpleNamespace(resume_from_checkpoint=config.resume_from_checkpoint,
+                                      output_dir=config.output_dir, max_steps=config.num_steps,
+                                      world_size=accelerator.num_processes)
+        resumed_from = resolve_resume(resume_args, accelerator.unwrap_model(trainer.model))
+        if resumed_from is not None:
+            config.resume_from_checkpoint = run_config["resume_from_checkpoint"] = resumed_from
+            trainer.load_state(resumed_from)
         train_started = time.time()
         history = trainer.train()  # raises if pi_ref or the reward model moved in memory
         train_seconds = time.time() - train_started
@@ -368,8 +378,8 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         "num_steps": len(history),
         "n_prompts": len(prompts),
         "n_prompts_rejected": n_rejected,
-        "seconds_train": train_seconds,
-        "seconds_per_step": train_seconds / max(len(history), 1),
+        "seconds_train": train_seconds,  # this run's (a resumed run: the steps after the checkpoint)
+        "seconds_per_step": train_seconds / max(trainer.global_step - (trainer.resumed_from_step or 0), 1),
         "seconds_total": time.time() - started,
         "num_processes": accelerator.num_processes,
         "threads": torch.get_num_threads(),  # shows the flow's --num_cpu_threads_per_process reached the stage
@@ -382,9 +392,23 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     manifest: dict[str, Any] = {"outputs": outputs}
     if accelerator.is_main_process:
         outputs["checkpoint_hash"] = content_hash(checkpoint)
+        training = {
+            "resumed_from": trainer.resumed_from,
+            "resumed_from_step": trainer.resumed_from_step,
+            "steps_this_run": trainer.global_step - (trainer.resumed_from_step or 0),
+            "global_step": trainer.global_step,
+            "max_steps": config.num_steps,
+            "save_steps": config.save_steps,
+            "save_total_limit": config.save_total_limit,
+            "wandb_run_id": wandb_run_id(),
+            # resume checkpoints that failed their checks and were kept aside (rlhf.resume.set_aside), with why
+            "refused_checkpoints": refused_checkpoints(output_dir),
+        }
         path = stage_manifest("ppo", SimpleNamespace(**run_config), inputs=inputs, outputs=outputs, metrics=metrics,
                               precision=precision,
-                              extra={"versions": _versions(), "precision_dtypes": precision_dtypes})
+                              extra={"versions": _versions(), "precision_dtypes": precision_dtypes,
+                                     "training": training})
+        prune_trainer_checkpoints(output_dir)  # resume state only; after the manifest, so a kill before it keeps them
         manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
         if use_wandb:

@@ -44,6 +44,7 @@ import inspect
 import logging
 import math
 import os
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -65,6 +66,7 @@ from judging.scoring import score as rm_score
 from rlhf.generation import chat_prompt
 from rlhf.checkpoint import check_checkpoint, save_checkpoint
 from rlhf.precision import accelerate_mixed_precision, stage_accelerator
+from rlhf.resume import FAULT_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -304,6 +306,9 @@ class PPOTrainer:
         self.log_history: list[dict[str, float]] = []
         self.kl_coef = config.kl_coef
         self.global_step = 0
+        self.data_position = (0, 0)  # (data epoch, batches of it used): where a resumed run continues
+        self.resumed_from: str | None = None
+        self.resumed_from_step: int | None = None
         # tokens through the update passes (prompt + completion, real / with padding), for tokens/s and MFU
         self.tokens_trained = 0
         self.tokens_batched = 0
@@ -349,12 +354,17 @@ class PPOTrainer:
         needed = config.batch_size * self.accelerator.num_processes
         if len(self.prompt_ids) < needed:
             raise ValueError(f"{len(self.prompt_ids)} prompts < batch_size x processes = {needed}")
+        # the order of epoch e is drawn from this generator seeded with seed + e (:meth:`_cycle`), never from the
+        # global RNG: a resumed run then draws the prompts the killed one would have, and the global RNG (sampling,
+        # minibatch shuffles) is a function of the steps taken alone, so restoring it restores the run
+        self._data_generator = torch.Generator()
         dataloader = DataLoader(
             list(range(len(self.prompt_ids))),  # type: ignore[arg-type]
             batch_size=config.batch_size,
             shuffle=True,
             drop_last=True,
             collate_fn=self._collate,
+            generator=self._data_generator,
         )
 
         # optimisation
@@ -414,9 +424,18 @@ class PPOTrainer:
         ids, mask = left_pad([self.prompt_ids[i] for i in batch], self.pad_token_id)
         return {"prompt_ids": ids, "prompt_mask": mask, "prompt_index": torch.as_tensor(batch, dtype=torch.long)}
 
-    def _cycle(self) -> Iterator[dict[str, torch.Tensor]]:
+    def _cycle(self, epoch: int = 0, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        """Batches forever, epoch after epoch, starting at batch ``skip`` of ``epoch``; the order of epoch e is a
+        function of (seed, e) alone. ``self.data_position`` is (epoch, batches of it handed out) after each yield."""
         while True:
-            yield from self.dataloader
+            self._data_generator.manual_seed(self.config.seed + epoch)
+            self.data_position = (epoch, 0)
+            for i, batch in enumerate(self.dataloader):
+                if i < skip:
+                    continue
+                self.data_position = (epoch, i + 1)
+                yield batch
+            epoch, skip = epoch + 1, 0
 
     @property
     def policy(self) -> nn.Module:
@@ -734,12 +753,22 @@ class PPOTrainer:
         return metrics
 
     def train(self) -> list[dict[str, float]]:
-        """Run ``num_steps`` PPO steps with a progress bar; verify pi_ref is unchanged at the end."""
+        """Run the PPO steps from ``global_step`` (0, or a resumed checkpoint's step) to ``num_steps`` with a progress
+        bar, writing a resume checkpoint every ``save_steps`` (:meth:`save_state`); verify pi_ref is unchanged at
+        the end. Returns the metrics of every step of the run (a resumed run's include the checkpoint's).
+
+        Fault injection for the resume tests (``rlhf.resume.FAULT_ENV`` = N, never set outside tests): SIGKILL to
+        this process when step N is done (and saved, if it was a save step), at the start of step N + 1.
+        """
         self.verify_frozen()
-        bar = tqdm(
-            range(self.config.num_steps), desc="PPO", disable=not self.accelerator.is_local_main_process
-        )
+        raw = os.environ.get(FAULT_ENV)
+        kill_after = int(raw) if raw else None
+        bar = tqdm(range(self.global_step, self.config.num_steps), desc="PPO", initial=self.global_step,
+                   total=self.config.num_steps, disable=not self.accelerator.is_local_main_process)
         for _ in bar:
+            if kill_after is not None and self.global_step == kill_after:
+                logger.warning("%s=%d: sending SIGKILL to this process (pid %d)", FAULT_ENV, kill_after, os.getpid())
+                os.kill(os.getpid(), signal.SIGKILL)
             metrics = self.step()
             self.log_history.append(metrics)
             bar.set_postfix(
@@ -750,9 +779,134 @@ class PPOTrainer:
             if self.global_step % self.config.logging_steps == 0 and self.accelerator.is_main_process:
                 for callback in self.callbacks:
                     callback(self.global_step, metrics)
+            save_steps = self.config.save_steps
+            if save_steps and self.global_step % save_steps == 0 and self.global_step < self.config.num_steps:
+                self.save_state()
         self.accelerator.wait_for_everyone()
         self.verify_frozen()
         return self.log_history
+
+    # ---- resume checkpoints -----------------------------------------------------------------------
+
+    def _check_resumable_layout(self) -> None:
+        kind = str(self.accelerator.distributed_type).split(".")[-1]
+        if kind in ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA"):
+            raise ValueError(f"PPO resume checkpoints hold whole (unsharded) optimizer states: one process or DDP "
+                             f"only, this run is {kind}; set save_steps: 0 and no resume_from_checkpoint")
+
+    def _rng_file(self) -> str:
+        n = self.accelerator.num_processes
+        return "rng_state.pth" if n == 1 else f"rng_state_{self.accelerator.process_index}.pth"
+
+    def save_state(self) -> Path:
+        """Write ``output_dir/checkpoint-<global_step>``, everything a resumed run needs to continue as this one
+        would, in the layout ``rlhf.resume`` checks (and ``flows.stages.run_stage`` resumes from):
+
+            model.safetensors   the policy and value model (``PolicyAndValue``'s state dict, tied tensors once)
+            optimizer.pt, scheduler.pt
+            rng_state.pth       python, numpy, torch CPU and CUDA RNG states (``rng_state_<rank>.pth`` per process)
+            trainer_state.json  transformers' ``TrainerState`` (step, num_steps, data epoch, loss per step)
+            ppo_state.json      the loop's state: step, kl_coef (adaptive), data position, every step's metrics
+            .rlhf-complete      written last, once every rank wrote its files: each file's sha256
+                                (``rlhf.resume.mark_complete``); a folder without it is an interrupted save
+
+        Refuses (``rlhf.training_health.TrainingDiverged``) to save non-finite or exploded weights. Keeps the newest
+        ``save_total_limit`` checkpoints. Every process calls it. Returns the folder.
+        """
+        import json
+        import random
+        import shutil
+
+        import numpy as np
+        from safetensors.torch import save_model
+        from transformers import TrainerState
+
+        from rlhf.resume import mark_complete, trainer_checkpoints
+        from rlhf.training_health import check_weights, local_tensors
+
+        self._check_resumable_layout()
+        cfg, step = self.config, self.global_step
+        folder = Path(cfg.output_dir) / f"checkpoint-{step}"
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        check_weights(local_tensors(unwrapped), step)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            if folder.exists():  # an interrupted save of this step (no marker: never resumed from)
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            save_model(unwrapped, str(folder / "model.safetensors"))
+            torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), folder / "scheduler.pt")
+            epoch, used = self.data_position
+            epoch_float = epoch + used / max(len(self.dataloader), 1)
+            TrainerState(
+                global_step=step, max_steps=cfg.num_steps, epoch=epoch_float, train_batch_size=cfg.batch_size,
+                log_history=[{"step": int(m["step"]), "loss": m["loss/total"]} for m in self.log_history],
+            ).save_to_json(str(folder / "trainer_state.json"))
+            state = {"global_step": step, "kl_coef": self.kl_coef, "data_epoch": epoch, "data_batches": used,
+                     "world_size": self.accelerator.num_processes, "history": self.log_history}
+            (folder / "ppo_state.json").write_text(json.dumps(state) + "\n")
+        self.accelerator.wait_for_everyone()
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, folder / self._rng_file())
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            mark_complete(folder, global_step=step, epoch=epoch_float, world_size=self.accelerator.num_processes)
+            for old in trainer_checkpoints(cfg.output_dir)[cfg.save_total_limit :]:
+                shutil.rmtree(old)
+        self.accelerator.wait_for_everyone()
+        logger.info("resume checkpoint %s written", folder)
+        return folder
+
+    def load_state(self, folder: str | os.PathLike[str]) -> int:
+        """Continue from a checkpoint :meth:`save_state` wrote (check it first: ``rlhf.resume.resolve_resume``):
+        weights, optimizer, scheduler, step, kl_coef, metrics so far, data position, and this process's RNG states,
+        restored last. Returns the step. Every process calls it.
+
+        Raises:
+            ValueError: the checkpoint was written by another number of processes, or is not a PPO checkpoint
+                (no ``ppo_state.json``), or its weights do not match the models.
+        """
+        import json
+        import random
+
+        import numpy as np
+        from safetensors.torch import load_model
+
+        self._check_resumable_layout()
+        folder = Path(folder)
+        state_file = folder / "ppo_state.json"
+        if not state_file.is_file():
+            raise ValueError(f"{folder}: no ppo_state.json: not a PPO resume checkpoint")
+        state = json.loads(state_file.read_text())
+        if int(state["world_size"]) != self.accelerator.num_processes:
+            raise ValueError(f"{folder}: written by {state['world_size']} process(es), this run has "
+                             f"{self.accelerator.num_processes}")
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        missing, unexpected = load_model(unwrapped, str(folder / "model.safetensors"), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{folder / 'model.safetensors'}: does not match the policy and value models "
+                             f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+        device = self.accelerator.device
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device, weights_only=True))
+        self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+        self.global_step = int(state["global_step"])
+        self.kl_coef = float(state["kl_coef"])
+        self.log_history = list(state["history"])
+        self._batches = self._cycle(int(state["data_epoch"]), int(state["data_batches"]))
+        self.data_position = (int(state["data_epoch"]), int(state["data_batches"]))
+        self.resumed_from, self.resumed_from_step = str(folder.resolve()), self.global_step
+        # the file's sha256 was checked against the completion marker before this: only then is it unpickled
+        rng = torch.load(folder / self._rng_file(), weights_only=False)
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        logger.info("resumed from %s at step %d of %d", folder, self.global_step, self.config.num_steps)
+        return self.global_step
 
     # ---- efficiency -------------------------------------------------------------------------------
 
