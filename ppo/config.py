@@ -11,7 +11,8 @@ Batch arithmetic (per process; multiply by the number of processes for a global 
     each step generates ``batch_size`` completions (one per prompt); they are cut into
     ``batch_size / mini_batch_size`` minibatches, each one optimizer step, so a step makes
     ``ppo_epochs * batch_size / mini_batch_size`` optimizer steps. A minibatch is run as
-    ``mini_batch_size / micro_batch_size`` forward/backward passes with accumulated gradients.
+    ``mini_batch_size / micro_batch_size`` forward/backward passes with accumulated gradients; the losses are token
+    means over the mini-batch (the micro-batch size changes memory, not the update).
     Example (defaults): 8 prompts, minibatches of 4, 4 epochs -> 8 optimizer steps per PPO step.
 
 Defaults that differ from TRL 0.x's removed PPOConfig, and why:

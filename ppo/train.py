@@ -20,7 +20,15 @@ Outputs (main process):
                                  empty-tensor check, rename)
     ``output_dir/manifest.json`` lineage as every stage writes it (stage, round_id, inputs with their hashes,
                                  config_hash, code_version, precision, outputs.checkpoint + checkpoint_hash,
-                                 metrics with the per-step history); written last, atomically
+                                 metrics with the per-step history and ``efficiency`` (tokens/s, MFU:
+                                 ``PPOTrainer.efficiency``), ``training`` (resumed_from, resumed_from_step, ...));
+                                 written last, atomically
+    ``output_dir/checkpoint-<step>/`` resume checkpoints every ``save_steps`` (``PPOTrainer.save_state``), removed
+                                 once the manifest is written
+
+Resume: ``--resume_from_checkpoint <path | last>`` (the flow passes the newest complete checkpoint when it reruns
+a killed stage with the same inputs, ``flows.stages.run_stage``) is checked by ``rlhf.resume.resolve_resume``
+(files, sha256 completion marker, shapes, world size) and restored by ``PPOTrainer.load_state``.
 
 Tracking: with ``report_to: [wandb]``, ``rlhf.tracking.setup_wandb`` (offline unless configured, run "ppo",
 group = round_id, under output_dir) and one W&B run that gets every step's metrics, then the summary

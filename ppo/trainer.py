@@ -6,7 +6,12 @@ One step:
        the reward model's score of (prompt, decoded completion), placed at the last real completion token; the
        missing-EOS penalty (completion tokens only);
        per-token rewards -kl_coef * KL_t (+ score at the last real token); GAE; whitened advantages.
-    2. ``ppo_epochs`` passes of shuffled minibatches: clipped policy loss + vf_coef * clipped value loss.
+    2. ``ppo_epochs`` passes of shuffled minibatches: clipped policy loss + vf_coef * clipped value loss, each a
+       token mean over the whole mini-batch whatever the micro-batch split (every micro-batch's summed token loss
+       divided by the mini-batch's real-token count, all-reduced over processes: :meth:`PPOTrainer.accumulate_minibatch`).
+
+Resume: every ``save_steps`` a checkpoint holds weights, optimizer, scheduler, RNG states and the loop state
+(:meth:`PPOTrainer.save_state`); :meth:`PPOTrainer.load_state` continues from it to the uninterrupted run's result.
 
 Models:
     - policy: ``AutoModelForCausalLM``, trained.
