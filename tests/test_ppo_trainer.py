@@ -303,3 +303,36 @@ def test_accumulated_gradient_is_the_same_at_every_micro_batch_size(models, toke
     gap = math.sqrt(sum(float((sequence_weighted[k] - grads[4][k]).pow(2).sum()) for k in grads[4])) / norm
     print(f"sequence-weighted micro-batches of 1: gradient {100 * gap:.0f}% off the token mean")
     assert gap > 0.1, gap
+
+
+def test_the_mini_batch_gradient_on_two_processes_equals_one_process(tmp_path):
+    """DDP (2 CPU processes, gloo; tests/ppo_ddp_grads.py): rank 0 holds the completions of 1 and 13 tokens, rank 1
+    those of 2 and 8. Each divides its summed token loss by the all-reduced mini-batch count over the processes
+    (24 / 2), DDP averages: the gradient equals the 1-process gradient of the same 4 completions within 1e-6.
+    (Dividing by each rank's own count, 14 and 10, would weight rank 1's tokens 1.4 times rank 0's.)"""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env.pop("RLHF_EXPECTED_WORLD_SIZE", None)
+    grads = {}
+    for nproc in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = tmp_path / f"grads-{nproc}.pt"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+               "127.0.0.1", "--master_port", str(port), str(root / "tests" / "ppo_ddp_grads.py"), str(out)]
+        done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        grads[nproc] = torch.load(out)
+    assert grads[1].keys() == grads[2].keys() and len(grads[1]) > 0
+    norm = math.sqrt(sum(float(v.pow(2).sum()) for v in grads[1].values()))
+    diff = max(float((grads[2][k] - grads[1][k]).abs().max()) for k in grads[1])
+    print(f"2 processes vs 1: max |grad diff| {diff:.3g} (gradient norm {norm:.3g})")
+    assert norm > 1e-3 and diff <= 1e-6
