@@ -925,7 +925,7 @@ class PPOTrainer:
         counted, as the frozen reference model's forward is not in DPO's MFU: the figure understates what the
         hardware did, by the share ``rollout_seconds / train_seconds`` shows. ``generated_tokens_per_s`` is the
         sampling rate over the rollouts' wall time (scoring included). Per process: multiply by the number of
-        processes for the whole run.
+        processes for the whole run. A resumed run reports the steps it ran itself (after the checkpoint).
 
         Returns:
             :func:`rlhf.efficiency.efficiency`'s dict plus ``padding_share``, ``batched_tokens``, ``train_seconds``,
