@@ -64,6 +64,7 @@ from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
 from rlhf.config import parse_stage_config
+from rlhf.distributed import init_state
 from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import setup_stage, setup_tracking
 from rlhf.lineage import content_hash
@@ -327,6 +328,10 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     inputs = resolve_inputs(script_args)
     verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="before training")
 
+    if launch["world_size"] > 1:
+        # the process group first (gloo on CPU, NCCL on GPU): without cpu=True accelerate's Accelerator sees one
+        # process on a multi-CPU launch, and every rank would train alone, with its own token counts
+        init_state(launch["collective_timeout_s"])
     accelerator = stage_accelerator(
         accelerate_mixed_precision(config.precision),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=launch["collective_timeout_s"]))],

@@ -367,3 +367,26 @@ def test_ppo_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(stage
                 assert abs(a[key] - b[key]) <= 1e-6, (b["step"], key, a[key], b[key])
     assert h_want[-1]["objective/kl_coef"] != h_want[0]["objective/kl_coef"], "the adaptive KL coefficient moved"
     assert trainer_checkpoints(out) == [] and trainer_checkpoints(reference) == []  # resume state removed at the end
+
+
+def test_ppo_on_two_cpu_processes_is_one_data_parallel_run(stages):
+    """torchrun with 2 CPU processes: the stage makes the process group (gloo) before its Accelerator, so accelerate
+    sees 2 processes (DDP) and not 2 separate single-process runs, which would each train alone and normalise the
+    loss by their own tokens only. Rank 0 alone writes the manifest."""
+    import socket
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RLHF_EXPECTED_WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), "-m", "ppo.train", *stages["argv"], "--batch_size", "2", "--num_steps", "1",
+           "--precision", "fp32", "--report_to", "none"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    m = read_manifest(stages["out"])
+    assert m["metrics"]["num_processes"] == 2 and m["metrics"]["efficiency"]["tokens"] > 0
