@@ -603,7 +603,7 @@ class PPOTrainer:
 
         ``mask`` (b, T): the completion mask of this process's mini-batch. Returns ``(num_tokens / processes,
         local_tokens)`` where ``num_tokens`` = the real completion tokens of the mini-batch summed over every
-        process (an all-reduce of one number; verl and OpenRLHF normalise by the global count the same way).
+        process (an all-reduce of one number).
         Dividing by ``num_tokens / processes`` rather than ``num_tokens``: DDP (and DeepSpeed) *average* the
         gradients over processes, so that average is then exactly the gradient of the token mean over the whole
         global mini-batch, whatever the micro-batch size and however the tokens fall across processes. With one
