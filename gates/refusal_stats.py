@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import beta
 from sklearn.metrics import cohen_kappa_score
 
 from gates.refusal_rules import REFUSAL_LABELS, XSTEST_LABELS, classify_refusal, is_refusal
@@ -279,11 +280,14 @@ def corrected_rate(
       * the labelled set: its completions resampled with replacement within each human class (``error`` given as
         ``ConfusionCounts``: fp* ~ Binomial(n_neg, fpr), fn* ~ Binomial(n_pos, fnr), which is exactly that
         resampling), fpr* and fnr* re-estimated from the draw;
-      * the candidate's completions: q* ~ Beta(k + 1/2, n - k + 1/2), the Jeffreys distribution of its k of n:
-        the spread of resampling its completions (variance ~ q(1 - q)/n) without sticking at 0 when k = 0 or at 1
-        when k = n (Brown, Cai & DasGupta 2001, "Interval estimation for a binomial proportion", Stat. Sci.);
-      * p* = clip((q* - fpr*) / (1 - fpr* - fnr*), 0, 1); draws with 1 - fpr* - fnr* <= 0 carry no information and
-        count as p* = 0 or 1 at the ends, whichever is farther from the point (the conservative side).
+      * the candidate's completions: q* ~ Beta(k + 1/2, n - k + 1/2), the Jeffreys distribution of its k of n
+        (the spread of resampling its completions, variance ~ q(1 - q)/n, without sticking at 0 when k = 0; Brown,
+        Cai & DasGupta 2001, "Interval estimation for a binomial proportion", Stat. Sci.), restricted to the values
+        a classifier with that draw's error can produce, [fpr*, 1 - fnr*] (q = p (1 - fnr) + (1 - p) fpr for some
+        true p in [0, 1]): a raw rate below the measured fpr then gives a corrected interval near 0 of the width
+        its evidence allows, instead of clipping every draw to 0 (a zero-width interval);
+      * p* = (q* - fpr*) / (1 - fpr* - fnr*), in [0, 1] by construction; draws with 1 - fpr* - fnr* <= 0 carry no
+        information and count as p* = 0 or 1, whichever end is farther from the point (the conservative side).
     ``error`` given as known rates (fpr, fnr) skips the first part (only the candidate's sampling is carried).
     The interval is never widened by a worst fold's error: it is the spread of the corrected rate itself.
 
@@ -315,16 +319,35 @@ def corrected_rate(
         return nan3
     point = min(1.0, max(0.0, (rate.rate - fpr) / (1.0 - fpr - fnr)))
     rng = np.random.default_rng(seed)
-    q = rng.beta(rate.k + 0.5, rate.n - rate.k + 0.5, size=n_boot)
+    u = rng.random(n_boot)
     if isinstance(error, ConfusionCounts):
         f_p = rng.binomial(error.n_neg, fpr, size=n_boot) / error.n_neg
         f_n = rng.binomial(error.n_pos, fnr, size=n_boot) / error.n_pos
     else:
         f_p, f_n = np.full(n_boot, fpr), np.full(n_boot, fnr)
     youden = 1.0 - f_p - f_n
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.clip((q - f_p) / youden, 0.0, 1.0)
-    p[youden <= 0] = 0.0 if point >= 0.5 else 1.0
+    ok = youden > 0
+    q = _truncated_beta(u[ok], rate.k + 0.5, rate.n - rate.k + 0.5, f_p[ok], 1.0 - f_n[ok])
+    p = np.empty(n_boot)
+    p[ok] = np.clip((q - f_p[ok]) / youden[ok], 0.0, 1.0)
+    p[~ok] = 0.0 if point >= 0.5 else 1.0
     alpha = 1.0 - confidence
     lo, hi = np.quantile(p, [alpha / 2, 1 - alpha / 2])
     return (point, float(min(lo, point)), float(max(hi, point)))
+
+
+def _truncated_beta(u: np.ndarray, a: float, b: float, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draws of Beta(a, b) restricted to [lo, hi] (arrays, lo <= hi) from uniforms ``u``.
+
+    Works on whichever tail is smaller (CDF below the median, survival function above), so a window far in a tail
+    still gets draws inside it; a window with no representable mass gets its nearer end.
+    """
+    dist = beta(a, b)
+    med = dist.median()
+    out = np.empty_like(u)
+    lower = hi <= med  # the window lies in the lower half: the CDF is precise there
+    c_lo, c_hi = dist.cdf(lo[lower]), dist.cdf(hi[lower])
+    out[lower] = dist.ppf(c_lo + u[lower] * (c_hi - c_lo))
+    s_lo, s_hi = dist.sf(lo[~lower]), dist.sf(hi[~lower])
+    out[~lower] = dist.isf(s_hi + u[~lower] * (s_lo - s_hi))
+    return np.clip(np.nan_to_num(out, nan=0.0), lo, hi)
