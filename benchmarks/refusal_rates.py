@@ -55,8 +55,10 @@ def held_out_rows(lomo: dict[str, Any], confidence: float = 0.95) -> list[dict[s
             raw = Rate.from_counts(f["learned"][f"{ax}_k"], n, confidence)
             err = ConfusionCounts(**f["error_without_held_out"][ax])
             p, lo, hi = corrected_rate(raw, err, confidence=confidence)
+            _, lo0, hi0 = corrected_rate(raw, ConfusionCounts(0, 1, 0, 1), confidence=confidence)
             out.append({"model": m, "axis": ax, "n": n, "human": human, "raw": raw.rate, "corrected": p,
                         "ci_low": lo, "ci_high": hi, "width_pp": 100 * (hi - lo) if math.isfinite(lo) else math.nan,
+                        "perfect_width_pp": 100 * (hi0 - lo0),
                         "inside": bool(math.isfinite(lo) and lo <= human <= hi), "fpr": err.fpr, "fnr": err.fnr,
                         "error_n": err.n_neg + err.n_pos,
                         "held_out_fpr": ConfusionCounts(**f["learned"]["counts"][ax]).fpr,
@@ -76,7 +78,7 @@ def measure(xstest: str | Path | None = None) -> list[dict]:
         s = f"{where} human final_label, held-out {r['model']} (classifier and its error from the other models)"
         name = _AXIS_NAME[r["axis"]]
         ci = (f"{100 * r['ci_low']:.1f}-{100 * r['ci_high']:.1f}%" if math.isfinite(r["ci_low"])
-              else "not measurable")
+              else "not measurable: the other models' labelled set has no item of a class")
         rows.append({"instrument": "refusal_rates", "set": s, "n": r["n"],
                      "metric": (f"{name} corrected %, held-out {r['model']} (human {100 * r['human']:.1f}%, raw "
                                 f"{100 * r['raw']:.1f}%, CI {ci}; error fpr {r['fpr']:.3f} / fnr {r['fnr']:.3f} "
@@ -86,7 +88,8 @@ def measure(xstest: str | Path | None = None) -> list[dict]:
                      "metric": f"{name}: human rate inside the corrected CI, held-out {r['model']}",
                      "value": float(r["inside"]), "target": "== 1", "passed": r["inside"]})
         rows.append({"instrument": "refusal_rates", "set": s, "n": r["n"],
-                     "metric": f"{name}: corrected CI width (points), held-out {r['model']}",
+                     "metric": (f"{name}: corrected CI width (points), held-out {r['model']} (a perfect "
+                                f"classifier's, the sampling floor: {r['perfect_width_pp']:.1f})"),
                      "value": r["width_pp"], "target": f"< {MAX_WIDTH_POINTS:g} at n = 200",
                      "passed": bool(math.isfinite(r["width_pp"]) and r["width_pp"] < MAX_WIDTH_POINTS)})
     for m, f in lomo["folds"].items():
