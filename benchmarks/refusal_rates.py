@@ -96,7 +96,8 @@ def measure(xstest: str | Path | None = None) -> list[dict]:
         s = f"{where} human final_label, held-out {m}"
         lf, st = f["learned"], f["strmatch"]
         rows.append({"instrument": "refusal_rates", "set": s, "n": lf["n"],
-                     "metric": f"classifier 3-class agreement, held-out {m} (XSTest string match {st['agreement']:.3f})",
+                     "metric": (f"classifier 3-class agreement, held-out {m} "
+                                f"(XSTest string match {st['agreement']:.3f})"),
                      "value": lf["agreement"], "target": ">= string match",
                      "passed": bool(lf["agreement"] >= st["agreement"])})
         for ax, kind in (("violation", "unsafe"), ("false_refusal", "safe")):
