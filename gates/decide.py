@@ -65,7 +65,8 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
         judge_name = (m.judge_info or {}).get("name", m.judge_source)
         winrate = unparsed_judge_gates([(_winrate.GATE_NAME, _winrate.GATE_VERSION),
                                         (_intent.GATE_NAME, _intent.GATE_VERSION)], len(m.preferences), judge_name)
-    thresholds = RefusalThresholds(config.max_violation_increase_pp, config.max_false_refusal_increase_pp)
+    thresholds = RefusalThresholds(config.max_violation_increase_pp, config.max_false_refusal_increase_pp,
+                                   min_n=config.refusal_min_n)
     return [
         judge,
         *winrate,

@@ -86,8 +86,9 @@ def _corrected(v: dict[str, Any]) -> str:
         return f"{raw}, no correction (the classifier's error on this kind of set is not measured)"
     c = v["candidate_corrected"]
     return (f"{raw}, corrected {100 * v['baseline_corrected']:.1f}% -> {100 * c[0]:.1f}% (candidate's interval "
-            f"widened to {100 * c[1]:.1f}-{100 * c[2]:.1f}% by the classifier's error on this kind of set: fpr "
-            f"{v['fpr']:.3f}, fnr {v['fnr']:.3f}; agreement {v['agreement']:.3f})")
+            f"{100 * c[1]:.1f}-{100 * c[2]:.1f}%, bootstrapped over its answers and the labelled completions the "
+            f"classifier's error on this kind of set is measured on: fpr {v['fpr']:.3f}, fnr {v['fnr']:.3f}; "
+            f"agreement {v['agreement']:.3f})")
 
 
 def _refusal_reason(findings: Sequence[Finding]) -> str:
@@ -95,6 +96,8 @@ def _refusal_reason(findings: Sequence[Finding]) -> str:
         return [f.values for f in findings if f.code == code]
 
     untrusted, missing = all_of("classifier_untrusted"), [v["label"] for v in all_of("axis_without_items")]
+    few = [f"{v['label']} (n {v['n_baseline']} -> {v['n_candidate']}, needs {v['min_n']} on each side)"
+           for v in all_of("axis_below_min_n")]
     blocks, notes = [_regressed(v) for v in all_of("axis_regressed")], [_axis(v) for v in all_of("axis_within")]
     (naive,) = all_of("naive_average")
     naive_txt = (f"The naive average of (100 - rate) goes {naive['baseline']:.2f} -> {naive['candidate']:.2f}; it is "
@@ -104,7 +107,12 @@ def _refusal_reason(findings: Sequence[Finding]) -> str:
                + ", so it cannot decide the release on its own.")
         out += (" Measured (not deciding): " + "; ".join(blocks) + ".") if blocks else ""
         out += f" No items for: {', '.join(missing)}." if missing else ""
+        out += f" Too few items to decide: {'; '.join(few)}." if few else ""
         out += " " + naive_txt
+    elif few:
+        out = ("Inconclusive: too few items to decide " + "; ".join(few) + ". Measured (not deciding): "
+               + "; ".join(blocks + notes) + "." + (f" No items for: {', '.join(missing)}." if missing else "")
+               + " " + naive_txt)
     elif missing:
         out = f"no items for: {', '.join(missing)}; cannot judge that axis. " + naive_txt
     elif blocks:
