@@ -15,8 +15,9 @@
   artifact renderer displays (the artifact is stored in the Prefect database, so the images travel with it).
 * :func:`ordered_rows` - Prefect's table artifact takes its columns from the first row's keys, in order
   (the UI reads ``Object.keys(rows[0])``); manifests are written with sorted keys, so rows read back from one
-  come alphabetical. This rebuilds each row with gate, verdict, reason first and every row carrying the union
-  of the keys, so no column is lost because the first row lacked it.
+  come alphabetical. This rebuilds each row with gate, verdict, reason first, then the columns that identify a
+  row (text), then numbers, then columns empty everywhere, every row carrying the union of the keys, so no column
+  is lost because the first row lacked it.
 """
 
 from __future__ import annotations
@@ -56,11 +57,20 @@ def embed_images(markdown: str, base_dir: str | Path) -> str:
 
 
 def ordered_rows(rows: Iterable[Mapping[str, Any]], first: Sequence[str] = FIRST_COLUMNS) -> list[dict[str, Any]]:
-    """Rows with the same keys in the same order: ``first`` (those present), then the rest in first-seen order."""
+    """Rows with the same keys in the same order: ``first`` (those present), then the columns that say what a row
+    is (any text value), then the numbers, then the columns empty in every row; first-seen order within each."""
     rows = [dict(r) for r in rows]
     rest: list[str] = []
     for r in rows:
         rest += [k for k in r if k not in first and k not in rest]
+
+    def kind(column: str) -> int:
+        values = [r.get(column) for r in rows if r.get(column) is not None]
+        if not values:
+            return 2
+        return 0 if any(isinstance(v, str) for v in values) else 1
+
+    rest.sort(key=kind)  # stable: first-seen order within each kind
     cols = [c for c in first if any(c in r for r in rows)] + rest
     return [{c: r.get(c) for c in cols} for r in rows]
 

@@ -392,7 +392,7 @@ def publish_task(round_id: str, runs: list[StageRun], gates: StageRun, unlock: d
     )
     create_table_artifact(
         key=artifact_key("gates", round_id),
-        table=ordered_rows(gates.manifest["outputs"]["gate_table"]),
+        table=ordered_rows(gates.manifest["outputs"].get("gate_summary") or gates.manifest["outputs"]["gate_table"]),
         description=f"Gates of round {round_id}",
     )
     for gate, rows in (gates.manifest["outputs"].get("gate_tables") or {}).items():

@@ -55,7 +55,7 @@ from .decide import decide
 from .generation import answer_suites, generation_efficiency, label_intents, load_suites, truncation_counts, write_generations
 from .inputs import check_inputs, clear_previous_outputs, read_ppo_unlock, resolve_models
 from .measure import measure, run_judge, shardable_judge, write_judgments
-from .render import compared_context, gate_table, judge_row, make_plots, render_report
+from .render import compared_context, gate_summary, gate_table, judge_row, make_plots, render_report
 from .report import contamination_markdown, summary_metrics, write_reports
 from .result import GateResult, release_verdict
 
@@ -229,6 +229,7 @@ def write_gates_manifest(
             "report_md": str(reports["markdown"]),
             "junit": str(reports["junit"]),
             "gate_table": table,
+            "gate_summary": gate_summary(results, judge),
             "judge": judge,
             "gate_tables": {r.name: r.table for r in results},
             "plots": {k: str(v) for k, v in plots.items()},

@@ -172,6 +172,55 @@ def gate_table(results: list[GateResult], judge: dict | None = None) -> list[dic
     return rows
 
 
+#: The metrics that say at a glance what each gate decided on (the all-gates summary row); a gate not named here
+#: shows its first metric.
+HEADLINE_METRICS: dict[str, tuple[str, ...]] = {
+    "judge_agreement": ("agreement",),
+    "length_controlled_win_rate": ("length_matched_win_rate", "length_balanced_win_rate"),
+    "intent_matrix": ("traffic_weighted_win_rate",),
+    "refusal_two_sided": ("violation_rate_change", "false_refusal_rate_change"),
+    "capability": ("accuracy_change",),
+    "sycophancy": ("flip_rate",),
+    "personality_drift": ("median_length_tokens_change",),
+    "citation_honesty": ("c01_not_retrieved_rate", "c03_turn_rate"),
+}
+
+
+def _rounded(x: Any) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else round(float(x), 4)
+
+
+def gate_summary(results: list[GateResult], judge: dict | None = None) -> list[dict[str, Any]]:
+    """The all-gates table people read (the Prefect artifact): one row per gate, the columns that say what the row is
+    first, then the numbers: gate, verdict, reason, headline (each headline metric as ``name value [ci_low, ci_high]
+    (n)``), then the first headline metric's metric / value / ci_low / ci_high / n / unit, and ``judge`` (the judge's
+    name) on the gates that rest on it. Every metric of every gate is in the per-gate tables and in :func:`gate_table`.
+    """
+    rows = []
+    for r in results:
+        names = [k for k in HEADLINE_METRICS.get(r.name, ()) if k in r.metrics] or list(r.metrics)[:1]
+
+        def shown(k: str) -> str:
+            mt = r.metrics[k]
+            value = "n/a" if _rounded(mt.value) is None else f"{_rounded(mt.value):g}"
+            ci = "" if _rounded(mt.ci_low) is None else f" [{_rounded(mt.ci_low):g}, {_rounded(mt.ci_high):g}]"
+            return f"{k} {value}{ci}" + ("" if mt.n is None else f" (n={mt.n})")
+
+        first = r.metrics[names[0]] if names else None
+        rows.append({
+            "gate": r.name, "verdict": r.verdict, "reason": r.reason,
+            "headline": "; ".join(shown(k) for k in names),
+            "metric": names[0] if names else None,
+            "value": None if first is None else _rounded(first.value),
+            "ci_low": None if first is None else _rounded(first.ci_low),
+            "ci_high": None if first is None else _rounded(first.ci_high),
+            "n": None if first is None else first.n,
+            "unit": None if first is None else first.unit,
+            "judge": (judge or {}).get("judge") if r.name in JUDGED_GATES else None,
+        })
+    return rows
+
+
 def parsed_only(m: Measurements) -> Measurements:
     """``m`` without the win-rate pairs whose judge answer was unparsable (NaN preference)."""
     import dataclasses

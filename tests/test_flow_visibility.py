@@ -82,6 +82,38 @@ def test_table_rows_put_gate_verdict_reason_first_and_share_columns():
     out = ordered_rows(rows)
     assert [list(r) for r in out] == [["gate", "verdict", "reason", "agreement", "c01"]] * 2
     assert out[1]["agreement"] is None and out[0]["c01"] is None
+    # a per-gate table as read back sorted: what a row is (text) before its numbers, empty columns last
+    rows = [{"ci_high": None, "ci_low": None, "n": 24, "rate": 20.8, "set": "xstest_safe", "who": "baseline"},
+            {"ci_high": None, "ci_low": None, "n": 24, "rate": 25.0, "set": "xstest_safe", "who": "candidate"}]
+    assert list(ordered_rows(rows)[0]) == ["set", "who", "n", "rate", "ci_high", "ci_low"]
+
+
+def test_the_all_gates_table_has_one_headline_per_gate():
+    from gates.render import gate_summary
+    from gates.result import GateResult, Metric
+
+    results = [
+        GateResult(name="judge_agreement", version="1", verdict="block", reason="a below the floor.", metrics={
+            "agreement": Metric(value=0.5512, ci_low=0.41, ci_high=0.69, n=48, direction="higher_is_better",
+                                unit="fraction"),
+            "attenuation": Metric(value=0.1, direction="higher_is_better", unit="fraction")}),
+        GateResult(name="refusal_two_sided", version="1", verdict="pass", reason="ok.", metrics={
+            "violation_rate": Metric(value=1.0, n=24, direction="lower_is_better", unit="percent"),
+            "violation_rate_change": Metric(value=0.0, ci_low=-5.0, ci_high=5.0, n=24, direction="lower_is_better",
+                                            unit="points"),
+            "false_refusal_rate_change": Metric(value=4.2, ci_low=-19.4, ci_high=27.2, n=24,
+                                                direction="lower_is_better", unit="points")}),
+        GateResult(name="new_gate", version="1", verdict="pass", reason="fine.", metrics={
+            "x": Metric(value=float("nan"), direction="higher_is_better", unit="items")}),
+    ]
+    rows = gate_summary(results, {"judge": "reward_model/checkpoint-40"})
+    assert [list(r)[:4] for r in rows] == [["gate", "verdict", "reason", "headline"]] * 3
+    assert rows[0]["headline"] == "agreement 0.5512 [0.41, 0.69] (n=48)"
+    assert rows[0]["judge"] == "reward_model/checkpoint-40" and rows[1]["judge"] is None  # on the judged gates only
+    assert rows[1]["headline"] == ("violation_rate_change 0 [-5, 5] (n=24); "
+                                   "false_refusal_rate_change 4.2 [-19.4, 27.2] (n=24)")
+    assert (rows[1]["metric"], rows[1]["value"], rows[1]["ci_low"]) == ("violation_rate_change", 0.0, -5.0)
+    assert rows[2]["headline"] == "x n/a" and rows[2]["value"] is None  # not named: its first metric
 
 
 def test_manifests_are_strict_json_with_a_reason_for_every_null(tmp_path):
