@@ -108,8 +108,13 @@ def round_cmd(
         )
     except ValidationError as err:
         raise typer.BadParameter("; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())) from None
+    from flows.round import check_recipes, checked_stages
     from flows.stages import StageFailed
 
+    try:  # a recipe typo or a mistyped --set key is a usage error (exit 2), said before Prefect starts
+        check_recipes(params, checked_stages(params))
+    except (ValueError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err), param_hint="--preset/--set") from None
     install_signal_handlers()
     try:
         manifest = run_round(params)

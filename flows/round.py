@@ -232,14 +232,30 @@ def gate_suites_file(params: RoundParameters, round_dir: Path) -> Path:
     return path.resolve()
 
 
-@task(cache_policy=NO_CACHE, task_run_name="check-recipes", retries=0)
-def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
-    """Every stage's recipe and overrides parse, and named data files exist, before anything trains."""
+def checked_stages(params: RoundParameters) -> list[str]:
+    """The stages whose recipes are checked before a round starts: all but PPO, which only the override makes run
+    for sure (an unlocked PPO's recipe is checked when it starts)."""
+    return [name for name in STAGES if name != "ppo" or params.ppo_override]
+
+
+def check_recipes(params: RoundParameters, stages: list[str]) -> None:
+    """Every stage's recipe and overrides parse, and named data files exist, before anything trains.
+
+    Raises:
+        FileNotFoundError: a stage's recipe is missing; ValueError: a recipe or override key is unknown or renamed,
+            a value does not parse, a named data file is missing (the message names the stage, file and key).
+    """
     for stage in stages:
         recipe = _recipe(params, stage)
         if not recipe.is_file():
             raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage} (preset {params.preset!r})")
         check_stage_config(stage, recipe, params.overrides.get(stage, []))
+
+
+@task(cache_policy=NO_CACHE, task_run_name="check-recipes", retries=0)
+def check_recipes_task(params: RoundParameters, stages: list[str]) -> None:
+    """:func:`check_recipes` as the round's first task (a deployment's run checks its recipes on its worker)."""
+    check_recipes(params, stages)
 
 
 def flow_run_name() -> str:
@@ -310,7 +326,7 @@ def _locked_round(params: RoundParameters) -> tuple[dict, dict]:
     if params.ppo_override_reason and not params.ppo_override:
         raise ValueError("ppo_override_reason given without ppo_override; set ppo_override to run PPO anyway")
     # PPO's recipe is checked up front only when the override makes it run for sure
-    check_recipes_task(params, [name for name in STAGES if name != "ppo" or params.ppo_override])
+    check_recipes_task(params, checked_stages(params))
     # One round per folder: the lock is held until this process exits (a second round fails at once, naming us).
     with RoundLock(round_dir, round_id):
         return _round(params, round_id, round_dir)

@@ -80,3 +80,14 @@ def test_cli_refuses_an_unknown_preset_before_anything_exists(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "no such preset" in proc.stderr and "smoke" in proc.stderr  # the presets there are, named
     assert not (tmp_path / "runs").exists()
+
+
+def test_cli_refuses_a_mistyped_override_key_before_anything_exists(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "round", "--preset", "smoke", "--set", "sft.learnin_rate=1e-4",
+         "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "unknown key(s) 'learnin_rate'" in proc.stderr
+    assert not (tmp_path / "runs").exists()
