@@ -377,10 +377,11 @@ def write_to_report(report_md: str | Path, report_json: str | Path, approval: Ma
     from rlhf.manifest import atomic_write_text, strict_json
 
     md, js = Path(report_md), Path(report_json)
-    # nothing asked and no previous waivers: no section (an older one, from a rerun with approval, is removed)
-    section = approval_markdown(approval, previous) if approval["mode"] != "none" or previous else ""
-    atomic_write_text(md, with_approval_section(md.read_text(), section))
     report = json.loads(js.read_text())
+    verdicts = {g["name"]: g["verdict"] for g in report.get("gates", [])}
+    # nothing asked and no previous waivers: no section (an older one, from a rerun with approval, is removed)
+    section = approval_markdown(approval, previous, verdicts) if approval["mode"] != "none" or previous else ""
+    atomic_write_text(md, with_approval_section(md.read_text(), section))
     report.setdefault("metadata", {})["release_approval"] = strict_json({**approval,
                                                                         "previous_waivers": list(previous)})
     atomic_write_text(js, json.dumps(report, indent=2, allow_nan=False) + "\n")

@@ -283,10 +283,12 @@ def summary_metrics(results: Sequence[GateResult], *, prefix: str = "gates") -> 
 APPROVAL_HEADING = "## Release approval"
 
 
-def approval_markdown(approval: Mapping[str, Any], previous: Sequence[Mapping[str, Any]] = ()) -> str:
+def approval_markdown(approval: Mapping[str, Any], previous: Sequence[Mapping[str, Any]] = (),
+                      gate_verdicts: Mapping[str, str] | None = None) -> str:
     """The report's "Release approval" section from the flow's approval record (``flows.approval``): the decision,
     who made it and why, one row per gate that blocks (its own verdict kept, "waived" where a waiver covers it) and
-    the previous round's waivers (``previous``: ``flows.approval.previous_waivers``), an expired one flagged."""
+    the previous round's waivers (``previous``: ``flows.approval.previous_waivers``), an expired one flagged.
+    ``gate_verdicts``: gate -> its own verdict (``block`` / ``inconclusive``), shown as is; "blocks" where not given."""
     decision = approval.get("decision", "none")
     lines = [APPROVAL_HEADING, ""]
     if decision == "none":
@@ -303,7 +305,7 @@ def approval_markdown(approval: Mapping[str, Any], previous: Sequence[Mapping[st
     for r in approval.get("refused") or []:
         lines.append(f"- refused answer: {r}")
     waivers = {w["gate"]: w for w in approval.get("waivers") or []}
-    rows = [{"gate": g, "gate verdict": "blocks", "release": "waived" if g in waivers else "blocks",
+    rows = [{"gate": g, "gate verdict": (gate_verdicts or {}).get(g, "blocks"), "release": "waived" if g in waivers else "blocks",
              "waived by": waivers.get(g, {}).get("approver"), "expires": waivers.get(g, {}).get("expires"),
              "waiver reason": waivers.get(g, {}).get("reason")} for g in approval.get("blocking_gates") or []]
     if rows:

@@ -123,6 +123,8 @@ def test_the_report_section_marks_waived_gates_and_flags_expired_previous_waiver
     section = approval_markdown(approval, prev)
     assert section.startswith(APPROVAL_HEADING) and "**APPROVED** by rm at 2026-12-02T05:00:00+00:00: ship" in section
     assert f"| judge_agreement | blocks | waived | rm@example.org | {LATER} |" in section
+    marked = approval_markdown(approval, prev, {"judge_agreement": "block", "sycophancy": "inconclusive"})
+    assert f"| sycophancy | inconclusive | waived | rm@example.org | {LATER} |" in marked
     assert "| r1 | judge_agreement | rm@example.org | 2026-11-30 | **EXPIRED** |" in section
     assert "| r1 | sycophancy | rm@example.org | 2026-12-02 | in force |" in section
 
@@ -132,6 +134,7 @@ def test_the_report_section_marks_waived_gates_and_flags_expired_previous_waiver
     write_to_report(md, js, approval, prev)
     write_to_report(md, js, approval, prev)  # a rerun replaces the section, never stacks it
     text = md.read_text()
+    assert "| judge_agreement | block | waived |" in text  # the gate's own verdict, from the JSON report
     assert text.count(APPROVAL_HEADING) == 1 and text.index("## Plots") < text.index(APPROVAL_HEADING)
     back = json.loads(js.read_text())
     assert back["verdict"] == "block" and back["metadata"]["round_id"] == "r2"  # the gates' verdict stays
@@ -254,3 +257,15 @@ def test_a_past_expiry_is_refused_and_no_decision_before_the_timeout_is_a_reject
         assert approval["timed_out"] and approval["release"] == "block" and approval["approver"] is None
         assert approval["refused"] == ["waivers.0.expires: expires 2020-01-01 is not in the future (today is "
                                        f"{TODAY.isoformat()}, UTC)"]
+
+
+def test_the_round_runs_without_approval_unless_asked():
+    from flows.round import RoundParameters
+
+    p = RoundParameters(preset="smoke")
+    assert (p.approval, p.approval_bypass, p.approval_timeout_s) == ("none", None, 24 * 3600)
+    assert RoundParameters(preset="smoke", approval="required", approval_bypass="ci").approval == "required"
+    with pytest.raises(ValidationError):
+        RoundParameters(preset="smoke", approval="sometimes")
+    with pytest.raises(ValidationError):
+        RoundParameters(preset="smoke", approval_timeout_s=0)
