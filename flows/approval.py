@@ -231,6 +231,7 @@ def release_approval(
         if left < 1:
             break
         attempt += 1
+        info("waiting up to %d s for the release decision (Prefect UI: this flow run -> Resume)", left)
         described = form.with_initial_data(description=form_description(verdict, gates, refused[-1] if refused
                                                                          else None))
         try:

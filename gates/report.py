@@ -297,10 +297,9 @@ def approval_markdown(approval: Mapping[str, Any], previous: Sequence[Mapping[st
         lines.append(f"- **BYPASSED** ({approval.get('bypass_source')}): {approval.get('bypass_reason')}; the release "
                      f"follows the gates' verdict ({approval.get('release')})")
     else:
-        who = approval.get("approver") or "nobody"
-        lines.append(f"- **{decision.upper()}** by {who} at {approval.get('decided_at')}"
-                     + (f": {approval['reason']}" if approval.get("reason") else "")
-                     + (" (no decision before the timeout)" if approval.get("timed_out") else ""))
+        who = "" if approval.get("timed_out") else f" by {approval.get('approver')}"
+        lines.append(f"- **{decision.upper()}**{who} at {approval.get('decided_at')}"
+                     + (f": {approval['reason']}" if approval.get("reason") else ""))
     lines.append(f"- release: **{str(approval.get('release')).upper()}** (gates: {approval.get('gate_verdict')})")
     for r in approval.get("refused") or []:
         lines.append(f"- refused answer: {r}")
