@@ -269,3 +269,18 @@ def test_the_round_runs_without_approval_unless_asked():
         RoundParameters(preset="smoke", approval="sometimes")
     with pytest.raises(ValidationError):
         RoundParameters(preset="smoke", approval_timeout_s=0)
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--approval", "sometimes"], "'none' or 'required'"),
+    (["--approval", "required", "--approval-timeout", "0"], "greater than or equal to 1"),
+])
+def test_the_cli_refuses_a_bad_approval_setting_before_anything_runs(args, named, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert not any(tmp_path.iterdir())
