@@ -54,6 +54,15 @@ def round_cmd(
     slurm: Annotated[
         Optional[str], typer.Option(help='Slurm job as JSON, e.g. \'{"nodes": 2, "partition": "gpu"}\' (SlurmJob).')
     ] = None,
+    approval: Annotated[
+        str, typer.Option(help="none | required (pause after the gates for a release decision in the Prefect UI).")
+    ] = "none",
+    approval_timeout: Annotated[
+        Optional[int], typer.Option(help="Seconds to wait for the release decision (then rejected).")
+    ] = None,
+    approval_bypass: Annotated[
+        Optional[str], typer.Option(help="Skip a required approval (CI); the value is the recorded reason.")
+    ] = None,
 ) -> None:
     """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed;
     130: interrupted (Ctrl-C / SIGTERM: the running stage is stopped, nothing is left that looks finished)."""
@@ -104,6 +113,9 @@ def round_cmd(
             force=force or [],
             flywheel_data=flywheel_data,
             launcher=launcher,
+            approval=approval,
+            approval_bypass=approval_bypass,
+            **({"approval_timeout_s": approval_timeout} if approval_timeout is not None else {}),
             **slurm_job,
         )
     except ValidationError as err:
@@ -124,10 +136,12 @@ def round_cmd(
     except KeyboardInterrupt as err:
         typer.echo(f"error: round interrupted ({err or 'SIGINT'}); the running stage was stopped", err=True)
         raise typer.Exit(INTERRUPTED_EXIT_CODE)
-    typer.echo(dumps_strict({k: manifest[k] for k in ("round_id", "verdict", "candidate", "gate_report")}, indent=2))
-    if manifest["verdict"] != "pass":
+    typer.echo(dumps_strict({k: manifest.get(k) for k in ("round_id", "verdict", "candidate", "gate_report", "release")},
+                           indent=2))
+    release = manifest.get("release", manifest["verdict"])  # the release decision (approval) over the gates' verdict
+    if release != "pass":
         typer.echo(f"release BLOCKED (exit {BLOCKED_EXIT_CODE}); see {manifest['gate_report']}", err=True)
-    raise typer.Exit(0 if manifest["verdict"] == "pass" else BLOCKED_EXIT_CODE)
+    raise typer.Exit(0 if release == "pass" else BLOCKED_EXIT_CODE)
 
 
 def _stage_help(name: str) -> str:

@@ -34,7 +34,9 @@ from rlhf.registry import STAGES
 from rlhf.round_id import artifact_key, check_round_id
 from rlhf.rundir import RoundLock
 
-from .artifacts import add_flow_run_tags, embed_images, error_state, ordered_rows, round_result, verdict_state
+from .approval import BYPASS_ENV, DEFAULT_TIMEOUT_S, previous_round_json, previous_waivers, release_approval
+from .approval import release_state, write_to_report
+from .artifacts import add_flow_run_tags, embed_images, error_state, ordered_rows, round_result
 from .launch.slurm import SlurmJob, slurm_launcher
 from .stages import StageFailed, StageRun, check_stage_config, dump, run_stage, summarize
 
@@ -71,6 +73,17 @@ class RoundParameters(BaseModel):
     force: list[str] = Field(default_factory=list, description="Stages to rerun even if their inputs are unchanged.")
     flywheel_data: str | None = Field(
         None, description="A flywheel dataset version (runs/flywheel/datasets/v-...): the DPO and reward-model data."
+    )
+    approval: Literal["none", "required"] = Field(
+        "none", description="required: after the gates the run pauses for a release decision (approve, reject, "
+        "waive blocking gates) in the Prefect UI's Resume form; none: the release follows the gates (flows/approval.py)."
+    )
+    approval_timeout_s: int = Field(
+        DEFAULT_TIMEOUT_S, ge=1, description="Seconds to wait for the release decision; no decision = rejected."
+    )
+    approval_bypass: str | None = Field(
+        None, description="Non-interactive runs (CI): skip a required approval; the value is the recorded reason "
+        f"(or set {BYPASS_ENV})."
     )
 
     @field_validator("preset")
@@ -280,7 +293,9 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> State:
     The flow run is named after the round id and tagged ``preset:<preset>``, ``launcher:<launcher>`` and, at the
     end, ``verdict:pass`` / ``verdict:block``, or ``error:<stage>`` (``error:input`` before any stage). It ends
     ``Completed`` (the release passes) or ``Failed`` (the gates block it), with the verdict's reasons as the state
-    message, or ``Crashed`` with the error when the round broke (flows/artifacts.py says why these three).
+    message, or ``Crashed`` with the error when the round broke (flows/artifacts.py says why these three). With
+    ``approval: required`` the release decision decides instead (flows/approval.py): approved -> ``Completed``
+    (who approved, the waivers), rejected or timed out -> ``Failed``; tag ``approval:<decision>``.
     """
     logger = get_run_logger()
     preset = Path(params.preset).name if Path(params.preset).is_dir() else params.preset
@@ -291,8 +306,10 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> State:
         add_flow_run_tags(f"error:{err.stage}" if isinstance(err, StageFailed) else "error:input", log=logger)
         logger.error("round broke: %s", err)
         return error_state(err)
-    add_flow_run_tags(f"verdict:{manifest['verdict']}", log=logger)
-    return verdict_state(manifest["verdict"], gates_report["gates"], manifest)
+    approval = manifest["approval"]
+    add_flow_run_tags(f"verdict:{manifest['verdict']}", *([f"approval:{approval['decision']}"]
+                                                          if params.approval == "required" else []), log=logger)
+    return release_state(gates_report, approval, manifest)
 
 
 def run_round(params: RoundParameters) -> dict:
@@ -337,6 +354,12 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
     (round_dir / "round.json").unlink(missing_ok=True)
     (round_dir / UNLOCK_FILE).unlink(missing_ok=True)  # this round's decision, never a stale one
+    # the waivers the previous round (the gates' drift reference) was released under: an expired one is flagged
+    previous = previous_waivers(previous_round_json(params.overrides.get("gates", [])))
+    for w in previous:
+        if w["expired"]:
+            logger.warning("waiver of gate %s (round %s, by %s) EXPIRED on %s", w["gate"], w["round_id"],
+                           w["approver"], w["expires"])
 
     # Training data is checked against every gate suite of this round before a stage trains: a gate scored on
     # prompts a model trained on measures memory, not the model.
@@ -389,11 +412,43 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
         },
         "gate_report": gates.manifest["outputs"].get("report_md"),
     }
+    # the artifacts first: the release manager reads the gate report in the UI while the run waits for a decision
+    publish_task(round_id, runs, gates, unlock, verdict)
+    outputs = gates.manifest["outputs"]
+    gates_report = json.loads(Path(outputs["report_json"]).read_text())
+    approval = release_approval(gates_report, mode=params.approval, timeout_s=params.approval_timeout_s,
+                                bypass=params.approval_bypass, log=logger)
+    manifest["approval"] = {**approval, "previous_waivers": previous}
+    manifest["release"] = approval["release"]
+    write_to_report(outputs["report_md"], outputs["report_json"], approval, previous)
     manifest = strict_json(manifest)  # what is returned is what round.json holds: strict JSON
     atomic_write_text(round_dir / "round.json", dump(manifest))
-    publish_task(round_id, runs, gates, unlock, verdict)
-    logger.info("round %s: verdict %s (report %s)", round_id, verdict.upper(), manifest["gate_report"])
-    return manifest, json.loads(Path(gates.manifest["outputs"]["report_json"]).read_text())
+    if params.approval == "required" or previous:
+        publish_approval_task(round_id, gates, manifest["approval"])
+    logger.info("round %s: verdict %s, release %s (report %s)", round_id, verdict.upper(),
+                manifest["release"].upper(), manifest["gate_report"])
+    return manifest, gates_report
+
+
+@task(cache_policy=NO_CACHE, task_run_name="publish-approval", retries=3, retry_delay_seconds=5)
+def publish_approval_task(round_id: str, gates: StageRun, approval: dict) -> None:
+    """The gate-report artifact again (now with its "Release approval" section) and the approval as a table."""
+    report = Path(gates.manifest["outputs"]["report_md"])
+    create_markdown_artifact(
+        key=artifact_key("gate-report", round_id),
+        markdown=embed_images(report.read_text(), report.parent),
+        description=f"Release verdict of round {round_id}: {approval['gate_verdict']}, release {approval['release']}",
+    )
+    create_table_artifact(
+        key=artifact_key("release-approval", round_id),
+        table=[{"decision": approval["decision"], "release": approval["release"], "approver": approval.get("approver"),
+                "reason": approval.get("reason") or approval.get("bypass_reason"), "gate_verdict": approval["gate_verdict"],
+                "waivers": "; ".join(f"{w['gate']} by {w['approver']} until {w['expires']}: {w['reason']}"
+                                     for w in approval["waivers"]) or None,
+                "expired_previous_waivers": "; ".join(f"{w['gate']} ({w['round_id']}, {w['expires']})"
+                                                      for w in approval["previous_waivers"] if w["expired"]) or None}],
+        description=f"Release approval, round {round_id}",
+    )
 
 
 @task(cache_policy=NO_CACHE, task_run_name="publish", retries=3, retry_delay_seconds=5)

@@ -274,3 +274,59 @@ def summary_metrics(results: Sequence[GateResult], *, prefix: str = "gates") -> 
                 if v is not None and math.isfinite(float(v)):
                     out[base + suffix] = float(v) if suffix != "/n" else int(v)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# release approval: the decision, the waivers, the previous round's waivers
+# --------------------------------------------------------------------------------------------
+
+APPROVAL_HEADING = "## Release approval"
+
+
+def approval_markdown(approval: Mapping[str, Any], previous: Sequence[Mapping[str, Any]] = (),
+                      gate_verdicts: Mapping[str, str] | None = None) -> str:
+    """The report's "Release approval" section from the flow's approval record (``flows.approval``): the decision,
+    who made it and why, one row per gate that blocks (its own verdict kept, "waived" where a waiver covers it) and
+    the previous round's waivers (``previous``: ``flows.approval.previous_waivers``), an expired one flagged.
+    ``gate_verdicts``: gate -> its own verdict (``block`` / ``inconclusive``), shown as is; "blocks" where not given."""
+    decision = approval.get("decision", "none")
+    lines = [APPROVAL_HEADING, ""]
+    if decision == "none":
+        lines.append(f"- not required: the release follows the gates' verdict ({approval.get('release')})")
+    elif decision == "bypassed":
+        lines.append(f"- **BYPASSED** ({approval.get('bypass_source')}): {approval.get('bypass_reason')}; the release "
+                     f"follows the gates' verdict ({approval.get('release')})")
+    else:
+        who = "" if approval.get("timed_out") else f" by {approval.get('approver')}"
+        lines.append(f"- **{decision.upper()}**{who} at {approval.get('decided_at')}"
+                     + (f": {approval['reason']}" if approval.get("reason") else ""))
+    lines.append(f"- release: **{str(approval.get('release')).upper()}** (gates: {approval.get('gate_verdict')})")
+    for r in approval.get("refused") or []:
+        lines.append(f"- refused answer: {r}")
+    waivers = {w["gate"]: w for w in approval.get("waivers") or []}
+    rows = [{"gate": g, "gate verdict": (gate_verdicts or {}).get(g, "blocks"), "release": "waived" if g in waivers else "blocks",
+             "waived by": waivers.get(g, {}).get("approver"), "expires": waivers.get(g, {}).get("expires"),
+             "waiver reason": waivers.get(g, {}).get("reason")} for g in approval.get("blocking_gates") or []]
+    if rows:
+        lines += ["", markdown_table(rows, ["gate", "gate verdict", "release", "waived by", "expires", "waiver reason"])]
+    if previous:
+        lines += ["", "Waivers the previous round was released under (they do not carry over):", ""]
+        lines.append(markdown_table(
+            [{"round": w.get("round_id"), "gate": w.get("gate"), "waived by": w.get("approver"),
+              "expires": w.get("expires"), "status": "**EXPIRED**" if w.get("expired") else "in force",
+              "reason": w.get("reason")} for w in previous],
+            ["round", "gate", "waived by", "expires", "status", "reason"]))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def with_approval_section(markdown: str, section: str) -> str:
+    """``markdown`` with its "Release approval" section replaced by ``section`` (or added at the end); an empty
+    ``section`` removes it. Idempotent: a report rewritten for a rerun of the round never holds an old decision."""
+    head, sep, rest = markdown.partition("\n" + APPROVAL_HEADING + "\n")
+    if sep:
+        nxt = rest.find("\n## ")
+        tail = rest[nxt + 1:] if nxt >= 0 else ""
+        markdown = head.rstrip("\n") + "\n" + ("\n" + tail if tail else "")
+    if not section:
+        return markdown
+    return markdown.rstrip("\n") + "\n\n" + section
