@@ -183,7 +183,8 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
         {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}, **summary_metrics(results),
          **axes_summary(axes), **efficiency_summary(efficiency),
          **{f"judge/{k}": v for k, v in judge.items() if v is None or isinstance(v, (int, float, str))}},
-        table={"gates": table, "axes": axes_table(axes), "judge": [judge], **{f"gate_{r.name}": r.table for r in results if r.table}},
+        table={"gates": table, "axes": axes_table(axes), "judge": [judge],
+               **{f"gate_{r.name}": r.table for r in results if r.table}},
         images={k: str(v) for k, v in plots.items()},
         report_to=args.report_to,
     )

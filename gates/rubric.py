@@ -25,10 +25,11 @@ from typing import Any
 import yaml
 
 from . import capability, citations, drift, intent, judge, refusal, sycophancy, winrate
+from .config import DEFAULT_RUBRIC_PATH
 from .result import GateResult
 
 #: The packaged default rubric (helpfulness, capability, honesty, safety both ways, consistency, style).
-DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")
+DEFAULT_RUBRIC = Path(DEFAULT_RUBRIC_PATH)
 
 #: Every gate name ``gates.decide.decide`` can return, in its order (tests/test_gates_rubric.py runs decide() on
 #: both of its branches and checks this list against what it returns).
@@ -323,9 +324,9 @@ def group_by_axis(results: Sequence[GateResult], rubric: Rubric, config: Any = N
                 m = r.metrics.get(d.metric)
                 directions[d.name] = {
                     "metric": d.metric,
-                    "value": None if m is None or not math.isfinite(m.value) else m.value,
-                    "ci_low": None if m is None else m.ci_low,
-                    "ci_high": None if m is None else m.ci_high,
+                    "value": None if m is None else _finite(m.value),
+                    "ci_low": None if m is None else _finite(m.ci_low),
+                    "ci_high": None if m is None else _finite(m.ci_high),
                     "unit": None if m is None else m.unit,
                     "threshold": d.threshold,
                     "threshold_value": None if d.threshold is None else value(d.threshold),
@@ -341,6 +342,11 @@ def group_by_axis(results: Sequence[GateResult], rubric: Rubric, config: Any = N
             "gates": gates,
         }
     return out
+
+
+def _finite(v: float | None) -> float | None:
+    """``v`` as a float, None when missing or not finite (strict JSON; the gate's reason says why)."""
+    return None if v is None or not math.isfinite(float(v)) else float(v)
 
 
 def _num(v: Any) -> str:
