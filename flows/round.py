@@ -466,6 +466,10 @@ def publish_task(round_id: str, runs: list[StageRun], gates: StageRun, unlock: d
         table=ordered_rows(gates.manifest["outputs"].get("gate_summary") or gates.manifest["outputs"]["gate_table"]),
         description=f"Gates of round {round_id}",
     )
+    axis_rows = gates.manifest["outputs"].get("axis_table")
+    if axis_rows:  # the gates grouped by the rubric's quality axes, each axis's verdict
+        create_table_artifact(key=artifact_key("axes", round_id), table=ordered_rows(axis_rows, ("axis",)),
+                              description=f"Quality axes of round {round_id}")
     for gate, rows in (gates.manifest["outputs"].get("gate_tables") or {}).items():
         if rows:
             create_table_artifact(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from judging.judges import JudgeConfig
 
@@ -15,7 +16,11 @@ DATA_FIELDS = (
     "capability_data",
     "sycophancy_data",
     "intent_training_data",
+    "rubric",
 )
+
+#: The packaged rubric (gates/rubric.yaml; gates.rubric.DEFAULT_RUBRIC), the default of ``rubric``.
+DEFAULT_RUBRIC_PATH = str(Path(__file__).with_name("rubric.yaml"))
 
 
 @dataclass
@@ -73,6 +78,13 @@ class GateStageConfig:
             "help": "Labelled prompts that train the embedding intent classifier used for win-rate prompts "
             "without an intent (gates/intent_classifier.py)."
         },
+    )
+    rubric: str = field(
+        default=DEFAULT_RUBRIC_PATH,
+        metadata={"help": "The round's rubric (YAML, gates/rubric.py): quality axes, each mapped to its gates and "
+                  "their thresholds, and what it trades against; the report is grouped by axis. Default: the "
+                  "packaged gates/rubric.yaml. A gate on no axis, or an axis with no gate and no "
+                  "`status: not_measured`, is refused at start-up."},
     )
     n_winrate: int = field(default=32, metadata={"help": "Win-rate prompts (stratified by intent)."})
     n_safe: int = field(default=32, metadata={"help": "Benign-but-scary prompts used."})

@@ -58,6 +58,7 @@ from .measure import measure, run_judge, shardable_judge, write_judgments
 from .render import compared_context, gate_summary, gate_table, judge_row, make_plots, render_report
 from .report import contamination_markdown, summary_metrics, write_reports
 from .result import GateResult, release_verdict
+from .rubric import axes_markdown, axes_summary, axes_table, group_by_axis, load_rubric
 
 __all__ = ["GateStageConfig", "main"]
 
@@ -168,9 +169,10 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
         "ppo_unlock": ppo_unlock, "plots": {k: str(v) for k, v in plots.items()},
         "prompts_truncated": truncation_counts(answers), "max_prompt_length": args.max_prompt_length,
     }
+    axes = group_by_axis(results, load_rubric(args.rubric), args)  # the report, W&B and Prefect, by axis
     reports = write_reports(results, out, stem="report", metadata=metadata, started_at=started_at,
-                            seconds=None if t_start is None else time.perf_counter() - t_start)
-    context = compared_context(args, models, m, answers, drift_label=drift_label,
+                            seconds=None if t_start is None else time.perf_counter() - t_start, axes=axes)
+    context = axes_markdown(axes) + compared_context(args, models, m, answers, drift_label=drift_label,
                                intent_classifier=intent_classifier, ppo_unlock=ppo_unlock)
     context += contamination_markdown(seen).splitlines() + ["", ""]
     title = f"Release gates: {args.round_id or out.name}"
@@ -179,15 +181,16 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
     table = gate_table(results, judge)
     log_summary(
         {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}, **summary_metrics(results),
-         **efficiency_summary(efficiency),
+         **axes_summary(axes), **efficiency_summary(efficiency),
          **{f"judge/{k}": v for k, v in judge.items() if v is None or isinstance(v, (int, float, str))}},
-        table={"gates": table, "judge": [judge], **{f"gate_{r.name}": r.table for r in results if r.table}},
+        table={"gates": table, "axes": axes_table(axes), "judge": [judge],
+               **{f"gate_{r.name}": r.table for r in results if r.table}},
         images={k: str(v) for k, v in plots.items()},
         report_to=args.report_to,
     )
     return write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots,
                                 m.drift["candidate"], prompts_truncated=metadata["prompts_truncated"], judge=judge,
-                                seen_in_training=seen, efficiency=efficiency)
+                                seen_in_training=seen, efficiency=efficiency, axes=axes)
 
 
 def write_gates_manifest(
@@ -205,9 +208,11 @@ def write_gates_manifest(
     judge: dict | None = None,
     seen_in_training: dict | None = None,
     efficiency: dict | None = None,
+    axes: dict | None = None,
 ) -> Path:
-    """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, plots, this
-    round's drift counters (the next round's drift reference) and the over-long prompts per suite."""
+    """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, the gates grouped by
+    rubric axis (``axes``, ``axis_table``), plots, this round's drift counters (the next round's drift reference)
+    and the over-long prompts per suite."""
     inputs = {
         **{k: models[k] for k in ("baseline", "candidate", "judge")},
         **{f"{k}_hash": content_hash(models[k]) for k in ("baseline", "candidate")},
@@ -232,6 +237,8 @@ def write_gates_manifest(
             "gate_summary": gate_summary(results, judge),
             "judge": judge,
             "gate_tables": {r.name: r.table for r in results},
+            "axes": axes or {},
+            "axis_table": axes_table(axes or {}),
             "plots": {k: str(v) for k, v in plots.items()},
             "drift_counters": dict(asdict(drift_counters)),
             "prompts_truncated": prompts_truncated or {},

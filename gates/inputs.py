@@ -18,6 +18,7 @@ from .drift import DriftCounters
 from .evidence import check_distinct_models
 from .intent import traffic_shares
 from .refusal import RefusalThresholds
+from .rubric import check_rubric, load_rubric
 
 #: Keys the report needs from the PPO unlock file (``judging.unlock.UnlockDecision.to_dict()``).
 PPO_UNLOCK_KEYS = ("unlocked", "rule_verdict", "rm_agreement", "inter_annotator_agreement", "overridden",
@@ -63,7 +64,8 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
     """Validate the config before generating anything; returns (traffic shares, previous drift counters, thresholds).
 
     Raises:
-        ValueError: naming the config key and the reason.
+        ValueError: naming the config key and the reason; for the rubric (``gates.rubric.check_rubric``), its file
+            and the axis key or gate.
     """
     for key in ("n_winrate", "n_safe", "n_redteam", "n_capability", "n_sycophancy", "intent_min_items",
                 "capability_min_parsed", "max_prompt_length", "min_decisive", "sycophancy_min_eligible",
@@ -109,6 +111,8 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
         previous = DriftCounters(**counters)
     thresholds = RefusalThresholds(args.max_violation_increase_pp, args.max_false_refusal_increase_pp,
                                    min_n=args.refusal_min_n)
+    # Every gate on an axis, every axis measured or declared not measured: refused before any model is loaded.
+    check_rubric(load_rubric(args.rubric), config=args)
     return traffic, previous, thresholds
 
 

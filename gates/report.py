@@ -40,9 +40,11 @@ def _checked_verdict(results: Sequence[GateResult], verdict: str | None) -> str:
 
 
 def report_dict(
-    results: Sequence[GateResult], *, verdict: str | None = None, metadata: Mapping[str, Any] | None = None
+    results: Sequence[GateResult], *, verdict: str | None = None, metadata: Mapping[str, Any] | None = None,
+    axes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON report as a dict: schema_version, verdict (``release_verdict``), gates, metadata.
+    """The JSON report as a dict: schema_version, verdict (``release_verdict``), gates, metadata and, when given,
+    axes (``gates.rubric.group_by_axis``: ``{axis: {verdict, gates: [...], trades_against, ...}}``).
 
     Args:
         results: the gates' results.
@@ -59,6 +61,7 @@ def report_dict(
         "verdict": _checked_verdict(results, verdict),
         "gates": [r.to_dict() for r in results],
         "metadata": to_jsonable(dict(metadata or {})),
+        **({} if axes is None else {"axes": to_jsonable(dict(axes))}),
     }
 
 
@@ -68,9 +71,11 @@ def write_json_report(
     *,
     verdict: str | None = None,
     metadata: Mapping[str, Any] | None = None,
+    axes: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the JSON report (``report_dict``) atomically; strict JSON, NaN written as null."""
-    text = json.dumps(report_dict(results, verdict=verdict, metadata=metadata), indent=2, allow_nan=False)
+    text = json.dumps(report_dict(results, verdict=verdict, metadata=metadata, axes=axes), indent=2,
+                      allow_nan=False)
     return atomic_write_text(path, text + "\n")
 
 
@@ -213,9 +218,10 @@ def write_reports(
     metadata: Mapping[str, Any] | None = None,
     started_at: datetime | None = None,
     seconds: float | None = None,
+    axes: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write ``<stem>.md``, ``<stem>.junit.xml`` (``started_at`` and ``seconds`` as in :func:`render_junit_xml`)
-    and, last, ``<stem>.json`` into ``out_dir``.
+    and, last, ``<stem>.json`` (with ``axes`` when given) into ``out_dir``.
 
     The JSON (the machine-readable verdict) is written last so its presence means all three
     reports are complete.
@@ -227,7 +233,7 @@ def write_reports(
     out_dir = Path(out_dir)
     md = write_markdown_report(results, out_dir / f"{stem}.md")
     xml = write_junit_xml(results, out_dir / f"{stem}.junit.xml", started_at=started_at, seconds=seconds)
-    js = write_json_report(results, out_dir / f"{stem}.json", metadata=metadata)
+    js = write_json_report(results, out_dir / f"{stem}.json", metadata=metadata, axes=axes)
     return {"markdown": md, "junit": xml, "json": js}
 
 

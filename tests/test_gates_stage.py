@@ -66,6 +66,19 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
             "labels 0.6000 (n 50, n_eff 50.0 in 50 clusters, one per item: no cluster key) vs inter-annotator "
             "agreement 0.6250 (n 8, n_eff 5.0 in 4 clusters, one per item: no cluster key)") in report
     assert "## What was compared" in report and "## Plots" in report
+    # grouped by the packaged rubric's axes: report.md, report.json, the manifest's outputs (the Prefect tables)
+    assert "## Quality axes (rubric)" in report and "### consistency: NOT MEASURED" in report
+    report_json = json.loads((out / "report.json").read_text())
+    axes = report_json["axes"]
+    assert list(axes) == ["helpfulness", "capability", "honesty", "safety", "consistency", "style"]
+    for name, axis in axes.items():
+        expect = ("not_measured" if not axis["gates"] else
+                  "block" if any(gates[g["gate"]]["verdict"] != "pass" for g in axis["gates"]) else "pass")
+        assert axis["verdict"] == expect, name
+    mapped = sorted(g["gate"] for a in axes.values() for g in a["gates"])
+    assert mapped == sorted(g["name"] for g in report_json["gates"])
+    assert manifest["outputs"]["axes"] == axes and manifest["inputs"]["rubric_hash"]
+    assert {r["axis"] for r in manifest["outputs"]["axis_table"]} == set(axes)
     lines = (out / "generations.jsonl").read_text().splitlines()
     assert len(lines) == 5 + 2 + 2 + 2 + 2 + 2  # winrate, safe, redteam, capability, sycophancy, are_you_sure
 
