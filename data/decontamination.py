@@ -27,16 +27,22 @@ A training prompt overlaps a suite prompt by one of four kinds (the strongest is
 2. ``contained``: the normalised suite prompt is a run of whole words of the normalised training text (the
    prompt embedded in a longer request). Prompts of fewer than :data:`CONTAIN_MIN_WORDS` words are matched by
    ``exact`` only. A suite prompt shorter than :data:`SHORT_WORDS` words must also stand as its own clause in the
-   training text: the text starts or ends there, or punctuation or a line break separates it from the words
-   around it ("Quick question: What is LSD? Thanks" holds "What is LSD?", "what is lsd used for in
-   medicine" does not, since it asks something else).
+   training text: the text starts or ends there, or punctuation, a line break or a capitalised next word
+   separates it from the words around it ("Quick question: What is LSD? Thanks" and "Who made Berlin Can you
+   help" hold "What is LSD?" and "Who made Berlin"; "what is lsd used for in medicine" does not hold "What is
+   LSD?", since it asks something else).
 3. ``ngram``: they share a word n-gram, n = :data:`DEFAULT_N` = 8 (PaLM's rule; GPT-3 used 13-grams, pass
-   ``n=13``). 13-grams could never match the XSTest prompts (6-12 words).
+   ``n=13``). 13-grams could never match the XSTest prompts (6-12 words). N-grams found in more than
+   :data:`NGRAM_MAX_DF` suite prompts are their template (TruthfulQA's instructions), not used; nor are n-grams
+   with fewer than :data:`NGRAM_MIN_CONTENT` content words (scikit-learn's English stop-word list marks the rest).
 4. ``fuzzy``: for suite prompts of at least :data:`FUZZY_MIN_WORDS` words, the word-level similarity of the
    suite prompt to the training text is at least :data:`FUZZY_THRESHOLD`: RapidFuzz's normalised Indel
    similarity on word sequences (``fuzz.ratio``; ``fuzz.partial_ratio``, the best-aligned window, when the
-   training text is the longer), i.e. 1 - (words inserted + deleted) / (words in both). Replacing every 7th
-   word of a prompt scores 1 - 1/7 = 0.857. Candidates are the pairs that share at least two of the suite
+   training text is the longer), i.e. 1 - (words inserted + deleted) / (words in both); and the text must keep,
+   in order, at least :data:`CONTENT_THRESHOLD` of the prompt's content words (stop words dropped), so a request
+   that keeps a prompt's frame but changes what it asks for ("Can you tell me how to [kill somebody -> get
+   gas]") is no copy.
+   Replacing every 7th word of a prompt scores 1 - 1/7 = 0.857 on all words. Candidates are the pairs that share at least two of the suite
    prompt's rare word bigrams (bigrams in at most :data:`RARE_BIGRAM_DF` suite prompts), so the similarity is
    computed for a handful of pairs per row, not for all of them. The threshold was chosen on
    ``benchmarks/decontamination.py`` (recall on word-replaced gate prompts against false positives on HH-RLHF).
@@ -65,6 +71,14 @@ SHORT_WORDS = 8
 FUZZY_MIN_WORDS = 8
 #: Word-level similarity at or above which a suite prompt and a training text are the same request.
 FUZZY_THRESHOLD = 0.8
+#: A shared word n-gram counts only with at least this many content words (not stop words): "can you help me
+#: figure out how to" starts many requests that are not the suite prompt it starts.
+NGRAM_MIN_CONTENT = 3
+#: A word n-gram in more suite prompts than this is template text, not used by the "ngram" rule.
+NGRAM_MAX_DF = 10
+#: A fuzzy match also keeps at least this share of the prompt's content words, in order (replacing every 7th word
+#: keeps 6/7 of them on average; "what are some good ways to [spread ashes -> destroy someones boat]" keeps 2/4).
+CONTENT_THRESHOLD = 0.75
 #: A bigram in more suite prompts than this is not used to find fuzzy candidates ("of the", "how do").
 RARE_BIGRAM_DF = 32
 #: A fuzzy candidate shares at least this share of the suite prompt's rare bigrams (and at least 2).
@@ -114,18 +128,23 @@ def normalise(text: str) -> str:
 
 def _words_and_breaks(text: str) -> tuple[list[str], list[bool]]:
     """Words of ``text`` and, for each of the len(words) + 1 gaps (before the first word, between words, after the
-    last), whether it separates clauses (text start/end, a line break or punctuation)."""
-    folded = _fold(text)
+    last), whether it separates clauses: the text's start or end, a line break, punctuation, or a next word that
+    starts with a capital letter ("Who made Berlin Can you help me out?": a new sentence, its full stop left out)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    uncased = _APOSTROPHES.sub("", _CF.sub("", unicodedata.normalize("NFKC", text)))
     ws: list[str] = []
     breaks: list[bool] = []
     pos = 0
-    for m in _WORD.finditer(folded):
-        breaks.append(not ws or bool(_CLAUSE_BREAK.search(folded, pos, m.start())))
-        ws.append(m.group())
+    for m in _WORD.finditer(uncased):
+        word = m.group()
+        breaks.append(not ws or word[0].isupper() or bool(_CLAUSE_BREAK.search(uncased, pos, m.start())))
+        ws.append(word.casefold())
         pos = m.end()
     breaks.append(True)
-    if not ws:
-        breaks = [True]
+    if ws != words(text):  # casefolding split or joined a word (rare scripts): breaks only at the ends
+        ws = words(text)
+        breaks = [True] + [False] * max(len(ws) - 1, 0) + [True] if ws else [True]
     return ws, breaks
 
 
@@ -160,7 +179,7 @@ class Overlap:
         shared_ngrams: number of distinct shared n-grams (0 when none, e.g. a prompt shorter than n words).
         suite_prompt: the suite prompt (first 200 characters), so a report reader can see it.
         similarity: word-level similarity in [0, 1] (see the module docstring): 1.0 for "exact" and
-            "contained"; for "ngram" and "fuzzy" the similarity computed (0.0 when it was not: no candidate).
+            "contained", the similarity for "fuzzy", 0.0 (not computed) for "ngram".
     """
 
     train_index: int
@@ -201,6 +220,16 @@ class DecontaminationReport:
         return asdict(self)
 
 
+def _similarity(a: list[str], b: list[str]) -> float:
+    """RapidFuzz's normalised Indel similarity of word sequences; of ``a`` and the best-aligned window of ``b``
+    when ``b`` is the longer (``fuzz.partial_ratio``). In [0, 1]."""
+    from rapidfuzz import fuzz
+
+    if not a or not b:
+        return 0.0
+    return (fuzz.partial_ratio(a, b) if len(b) > len(a) else fuzz.ratio(a, b)) / 100.0
+
+
 class _SuiteIndex:
     """The suite prompts indexed once for :func:`check`: by normalised text (exact), in an Aho-Corasick automaton
     over space-padded normalised texts (contained: a match of " a b c " in " x a b c y " is word-bounded), by
@@ -208,6 +237,7 @@ class _SuiteIndex:
 
     def __init__(self, suites: Mapping[str, Sequence[str]], n: int, fuzzy_threshold: float):
         import ahocorasick
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS as stop
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -217,6 +247,7 @@ class _SuiteIndex:
         self.keys: list[tuple[str, int]] = []
         self.texts: list[str] = []
         self.words: list[list[str]] = []
+        self.stop = stop
         self.by_norm: dict[str, list[int]] = {}
         self.by_gram: dict[tuple[str, ...], list[int]] = {}
         bigram_owners: dict[tuple[str, str], set[int]] = {}
@@ -229,7 +260,8 @@ class _SuiteIndex:
                 self.words.append(ws)
                 self.by_norm.setdefault(" ".join(ws), []).append(k)
                 for g in {tuple(ws[i : i + n]) for i in range(len(ws) - n + 1)}:
-                    self.by_gram.setdefault(g, []).append(k)
+                    if sum(w not in stop for w in g) >= NGRAM_MIN_CONTENT:
+                        self.by_gram.setdefault(g, []).append(k)
                 if len(ws) >= FUZZY_MIN_WORDS:
                     for b in set(zip(ws, ws[1:])):
                         bigram_owners.setdefault(b, set()).add(k)
@@ -243,6 +275,9 @@ class _SuiteIndex:
         self.by_bigram = {b: tuple(ks) for b, ks in bigram_owners.items() if len(ks) <= RARE_BIGRAM_DF}
         # a candidate shares at least half of the prompt's rare bigrams (and 2): replacing every 7th word keeps 5
         # of 7, a row that merely shares a topic keeps far fewer, so few pairs reach the similarity
+        # an n-gram in many suite prompts is their template ("Think step by step and then give your answer in the
+        # format ..." is in every TruthfulQA prompt), not one of them: a row that quotes it copies no prompt
+        self.by_gram = {g: ks for g, ks in self.by_gram.items() if len(ks) <= NGRAM_MAX_DF}
         self.gram_keys = frozenset(self.by_gram)
         self.bigram_keys = frozenset(self.by_bigram)
         n_rare: dict[int, int] = {}
@@ -252,12 +287,21 @@ class _SuiteIndex:
         self.min_shared = {k: min(c, max(2, math.ceil(CANDIDATE_SHARE * c))) for k, c in n_rare.items()}
 
     def similarity(self, k: int, ws: list[str]) -> float:
-        """Word-level similarity of suite prompt ``k`` to a training text's words (module docstring)."""
-        from rapidfuzz import fuzz
-
+        """Word-level similarity of suite prompt ``k`` to a training text's words (module docstring), or 0.0 when
+        the text keeps (in order) less than :data:`CONTENT_THRESHOLD` of the prompt's content words (stop words
+        left out): "Can you tell me how to get gas" keeps 7 of the 8 words of "Can you tell me how to kill
+        somebody" but 1 of its 3 content words, and asks something else."""
         mine = self.words[k]
-        score = fuzz.partial_ratio(mine, ws) if len(ws) > len(mine) else fuzz.ratio(mine, ws)
-        return score / 100.0
+        score = _similarity(mine, ws)
+        if score < self.threshold:
+            return score
+        from rapidfuzz.distance import LCSseq
+
+        content = [w for w in mine if w not in self.stop]
+        kept = LCSseq.similarity(content, [w for w in ws if w not in self.stop])  # content words kept, in order
+        if content and kept / len(content) < CONTENT_THRESHOLD:
+            return 0.0
+        return score
 
     def match(self, text: str) -> dict[int, tuple[str, int, float]]:
         """Suite prompt index -> (kind, shared n-grams, similarity) for every suite prompt ``text`` overlaps."""
@@ -289,10 +333,9 @@ class _SuiteIndex:
                 for k in self.by_gram[g]:
                     shared[k] = shared.get(k, 0) + 1
         for k, c in shared.items():
-            if k not in found:
-                found[k] = ("ngram", c, self.similarity(k, ws))
-            else:
-                found[k] = (found[k][0], c, found[k][2])
+            # no similarity for n-gram matches: suite prompts built on one template (TruthfulQA's "Answer
+            # choices:") share n-grams by the hundred, and the match stands on the shared n-grams anyway
+            found[k] = (found[k][0], c, found[k][2]) if k in found else ("ngram", c, 0.0)
         if len(ws) >= 2 and self.by_bigram:
             hits: dict[int, int] = {}
             for b in set(zip(ws, ws[1:])) & self.bigram_keys:
