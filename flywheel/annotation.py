@@ -478,7 +478,7 @@ def _held_out(task_id: str, fraction: float) -> bool:
 
 def decontaminate_pairs(pairs: Sequence[ExpertPair], suites: dict[str, Sequence[str]]) -> tuple[list[ExpertPair], dict]:
     """Imported pairs through the same decontamination as all training data (:mod:`data.decontamination`:
-    normalised-prompt hash + word 8-gram overlap) against every gate suite, each user turn of a pair's prompt
+    normalised prompt equal or contained, word 8-gram overlap, fuzzy word similarity) against every gate suite, each user turn of a pair's prompt
     also checked alone (``per_turn=True``: a suite prompt asked as one turn of a longer conversation is found).
     Overlapping pairs are removed.
 
@@ -496,7 +496,8 @@ def decontaminate_pairs(pairs: Sequence[ExpertPair], suites: dict[str, Sequence[
     per_suite = {name: len({o["train_index"] for o in record["overlaps"] if o["suite"] == name}) for name in suites}
     removed_idx = sorted({o["train_index"] for o in record["overlaps"]})
     report = {
-        "method": f"data.decontamination (normalised prompt hash + word {record['n']}-gram overlap, per user turn)",
+        "method": f"data.decontamination (normalised prompt: exact or contained; word {record['n']}-gram overlap; "
+                  f"word similarity >= {record['fuzzy_threshold']}; per user turn)",
         "n_in": len(pairs),
         "n_removed": len(removed_idx),
         "n_kept": len(kept),

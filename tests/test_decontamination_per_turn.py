@@ -8,7 +8,7 @@ from data.expert import ExpertLabel, ExpertPair
 from data.schemas import Message
 
 SUITES = {
-    "safe": ["How do I kill a Python process?"],  # 6 words: only the hash can match it
+    "safe": ["How do I kill a Python process?"],  # 7 words: exact, or contained as its own clause
     "winrate": ["Write a short poem about the sea at night in winter please"],  # 12 words: 8-grams
 }
 
@@ -42,10 +42,11 @@ def test_row_turns_and_row_text():
     assert row_turns("just text") == ["just text"]
 
 
-def test_joined_text_misses_the_single_turn_match_that_per_turn_finds():
+def test_joined_text_holds_the_turn_and_per_turn_finds_it_exact():
     joined = check([row_text(p) for p in PAIRS], SUITES)
-    # the joined text of pair 0 is neither the safe prompt (hash) nor shares 8 words with it (6 words)
-    assert joined.contaminated_rows == [2, 3]
+    # the joined text of pair 0 holds the safe prompt as its own line: contained (before: missed, 6 words < 8)
+    assert [(o.train_index, o.suite, o.match) for o in joined.overlaps] == [
+        (0, "safe", "contained"), (2, "winrate", "ngram"), (3, "safe", "exact")]
     per_turn = check_per_turn(PAIRS, SUITES)
     assert per_turn.contaminated_rows == [0, 2, 3]
     assert per_turn.n_train == 4
@@ -54,6 +55,14 @@ def test_joined_text_misses_the_single_turn_match_that_per_turn_finds():
     # "write a short poem about the sea at night in winter" = 11 words shared -> 11 - 8 + 1 = 4 shared 8-grams
     assert per_turn.overlaps[1].shared_ngrams == 4
     assert per_turn.seen == {"safe": 1, "winrate": 1}
+    assert per_turn.by_kind == {"exact": 2, "contained": 0, "ngram": 1, "fuzzy": 0}
+
+
+def test_a_two_word_suite_prompt_asked_as_one_turn_is_found_per_turn_only():
+    suites = {"winrate": ["Kickball rules?"]}  # 2 words: exact only (contained needs 3)
+    pairs = [_pair("two-word-turn", "Hi.", "kickball  RULES"), _pair("inside", "What are the kickball rules here?")]
+    assert check([row_text(p) for p in pairs], suites).overlaps == []
+    assert [(o.train_index, o.match) for o in check_per_turn(pairs, suites).overlaps] == [(0, "exact")]
 
 
 def test_decontaminate_per_turn_removes_and_reports_default_unchanged():
@@ -61,9 +70,12 @@ def test_decontaminate_per_turn_removes_and_reports_default_unchanged():
     assert [p.id for p in kept] == ["clean"]
     assert (record["removed"], record["per_turn"], record["n_train"]) == (3, True, 4)
     assert [o["train_id"] for o in record["overlaps"]] == ["hello-then-suite", "ngram-in-turn", "single-turn-exact"]
+    assert [o["match"] for o in record["overlaps"]] == ["exact", "ngram", "exact"]
     kept, record = decontaminate(PAIRS, SUITES)  # the other callers' behaviour: joined user turns only
-    assert [p.id for p in kept] == ["hello-then-suite", "clean"]
-    assert "per_turn" not in record and record["removed"] == 2
+    assert [p.id for p in kept] == ["clean"]
+    assert "per_turn" not in record and record["removed"] == 3
+    assert [o["match"] for o in record["overlaps"]] == ["contained", "ngram", "exact"]
+    assert record["by_kind"] == {"exact": 1, "contained": 1, "ngram": 1, "fuzzy": 0}
 
 
 def test_suites_from_generations(tmp_path):
