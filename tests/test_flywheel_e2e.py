@@ -84,10 +84,13 @@ def test_two_round_flywheel(tmp_path):
             # never truncate silently), so round 2 lifts the smoke preset's cap of 256.
             overrides={
                 "gates": ["--previous_round_dir", str(r1_dir / "gates")],
-                # the version's pairs come from AlpacaEval prompts, which round 2's gate suites hold too: the stages
-                # decontaminate their first max_train_samples rows (smoke: 4), so they read all of them to keep some
-                "reward_model": ["--max_train_samples", str(version["n_pairs"]), "--max_length", "2048"],
-                "dpo": ["--max_train_samples", str(version["n_pairs"]), "--max_length", "2048"],
+                # the simulated traffic is drawn from AlpacaEval's instructions, the file round 2's win-rate suite
+                # comes from: every pair is a gate prompt (or contains one), so decontamination would remove them
+                # all. Round 2 trains on them with decontamination off, which still reports each overlap (below).
+                "reward_model": ["--max_train_samples", str(version["n_pairs"]), "--max_length", "2048",
+                                 "--decontaminate", "off"],
+                "dpo": ["--max_train_samples", str(version["n_pairs"]), "--max_length", "2048",
+                        "--decontaminate", "off"],
             },
         )
     )
@@ -96,6 +99,9 @@ def test_two_round_flywheel(tmp_path):
     rm = json.loads((r2_dir / "reward_model" / "manifest.json").read_text())
     assert dpo["inputs"]["train_data"] == version["pairs"] == rm["inputs"]["train_data"]
     assert dpo["inputs"]["train_data_hash"] == version["pairs_hash"]
+    for manifest in (dpo, rm):  # the overlap with the gate suites is found and reported, though kept
+        record = manifest["outputs"]["decontamination"]
+        assert record["mode"] == "off" and record["kept_overlapping"] > 0 and record["removed"] == 0, record
     gates = json.loads((r2_dir / "gates" / "manifest.json").read_text())
     drift = gates["outputs"]["gate_tables"]["personality_drift"]
     r1_counters = json.loads((r1_dir / "gates" / "manifest.json").read_text())["outputs"]["drift_counters"]
