@@ -159,7 +159,9 @@ class CanaryRun:
 
     Fields:
         rows: one per (canary, attacked gate): canary, gate, verdict, metric, value, passed.
-        judge_calls: judge requests the canaries sent (API judges; 0 for a local reward model, which scores).
+        judge_calls: requests the canaries sent to the judge: their pairs (both orders) and, for an API judge, the
+            identity probe of the one judge they share (``judging.identity``); 0 for a local reward model (it
+            scores, with no requests).
         pairs_judged: win-rate pairs the judge judged for the canaries.
         seconds: wall time of judging and measuring the canaries.
         judge_agreement: the judge agreement the canaries' win-rate gates were decided with (None: unmeasured).
@@ -196,6 +198,8 @@ def run_canaries(args: Any, models: dict[str, Any], suites: Any, answers: dict[s
         :class:`CanaryRun`. The refusal instrument of a canary that does not attack the refusal gate is the rule
         classifier when the configured one is the LLM grader (its verdict is not read; no grader calls spent).
     """
+    from judging.factory import make_judge
+
     from .decide import decide
     from .measure import measure, run_judge
 
@@ -205,11 +209,16 @@ def run_canaries(args: Any, models: dict[str, Any], suites: Any, answers: dict[s
     calls = pairs = 0
     agreement = None
     n_win = len(suites.winrate)
+    judge_model = None  # built once, on the first canary that is judged
     for name in names:
         attacks = ATTACKS[name]
         pair = {"baseline": answers["baseline"], "candidate": canary_answers(name, answers["baseline"])}
         if WINRATE in attacks:
-            judged = run_judge(args.judge_config(), models, suites, pair, reward_model_dir=args.reward_model_dir)
+            if judge_model is None:
+                judge_model = make_judge(args.judge_config(), reward_model=models["judge"] or None)
+                calls += int(judge_model.identity_report().get("probe_requests_sent") or 0)  # API judges
+            judged = run_judge(args.judge_config(), models, suites, pair, reward_model_dir=args.reward_model_dir,
+                               judge=judge_model)
             prefs, judge, source, info = judged.preferences, judged.agreement, judged.source, judged.info
             calls += int(judged.info.get("requests_sent") or 0)
             pairs += len(judged.rows)
