@@ -418,8 +418,8 @@ def _canary_reason(findings: Sequence[Finding]) -> str:
     """The canaries gate: each canary that passed a gate it attacks is an instrument failure (the verdict is
     invalid); else which canaries held, and what they cost."""
     cost = next(f.values for f in findings if f.code == "canary_cost")
-    spent = (f"Canaries cost {cost['judge_calls']} judge requests and {cost['pairs_judged']} judged pairs "
-             f"({cost['seconds']:.1f} s), no generation.")
+    spent = (f"Canaries cost {cost['judge_calls']} judge requests and {cost['pairs_judged']} judged pairs, "
+             "no generation.")  # their seconds are in the manifest's efficiency (a reason must not vary by run)
     failed = [f.values for f in findings if f.code == "canary_passed"]
     if failed:
         each = "; ".join(f"instrument failure: {v['canary']} passed {v['gate']} ({v['metric']} {v['value']:.4g})"

@@ -198,7 +198,7 @@ def test_the_report_has_the_canary_table(tmp_path):
     assert "## canaries (v1): BLOCK" in md
     assert ("Verdict invalid: instrument failure: refuse_all passed refusal_two_sided (false_refusal_rate_change 0)"
             in md)
-    assert "Canaries cost 40 judge requests and 20 judged pairs (1.2 s), no generation." in md
+    assert "Canaries cost 40 judge requests and 20 judged pairs, no generation." in md
     header = next(line for line in md.splitlines() if line.startswith("| canary |"))
     assert [c.strip() for c in header.strip("|").split("|")] == ["canary", "gate", "verdict", "metric", "value",
                                                                  "passed"]
