@@ -18,6 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from rlhf.entrypoint import BLOCKED_EXIT_CODE
+from rlhf.manifest import dumps_strict
 from rlhf.registry import STAGES
 
 app = typer.Typer(
@@ -118,7 +119,7 @@ def round_cmd(
     except KeyboardInterrupt as err:
         typer.echo(f"error: round interrupted ({err or 'SIGINT'}); the running stage was stopped", err=True)
         raise typer.Exit(INTERRUPTED_EXIT_CODE)
-    typer.echo(json.dumps({k: manifest[k] for k in ("round_id", "verdict", "candidate", "gate_report")}, indent=2))
+    typer.echo(dumps_strict({k: manifest[k] for k in ("round_id", "verdict", "candidate", "gate_report")}, indent=2))
     if manifest["verdict"] != "pass":
         typer.echo(f"release BLOCKED (exit {BLOCKED_EXIT_CODE}); see {manifest['gate_report']}", err=True)
     raise typer.Exit(0 if manifest["verdict"] == "pass" else BLOCKED_EXIT_CODE)
@@ -255,7 +256,7 @@ def judge_agreement_cmd(
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
-    typer.echo(json.dumps(q.summary() if q else None, indent=2) if as_json else format_qualification(q, floor=floor))
+    typer.echo(dumps_strict(q.summary() if q else None, indent=2) if as_json else format_qualification(q, floor=floor))
 
 
 @judge_app.command("refusal-agreement")
@@ -290,7 +291,7 @@ def judge_refusal_agreement_cmd(
     if as_json:
         from rlhf.serialization import to_jsonable
 
-        typer.echo(json.dumps(to_jsonable({**asdict(g)}), indent=2))
+        typer.echo(dumps_strict(to_jsonable({**asdict(g)}), indent=2))
     else:
         typer.echo(format_grader_measurement(g, floor=floor))
 

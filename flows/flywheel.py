@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from rlhf.credentials import check_env_name, check_mapping, check_url, redact_url
-from rlhf.manifest import atomic_write_text
+from rlhf.manifest import dumps_strict, atomic_write_text
 
 __all__ = ["FlywheelParameters", "ImportParameters", "flywheel", "flywheel_import", "round_overrides"]
 
@@ -182,7 +182,7 @@ def select_task(db: str, judge_id: str, params: FlywheelParameters, out: Path):
         "response_hash",
     ]
     rows = json.loads(sel.selected[cols].to_json(orient="records"))
-    atomic_write_text(out / "selection.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(out / "selection.jsonl", "".join(dumps_strict(r) + "\n" for r in rows))
     summary = {
         "n_turns": sel.n_turns,
         "n_scored": sel.n_scored,
@@ -286,7 +286,7 @@ def flywheel(params: FlywheelParameters) -> dict:
         "signal_quality": quality,
         "export": export,
     }
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str))
+    atomic_write_text(out / "report.json", dumps_strict(report, indent=2, default=str))
     atomic_write_text(out / "report.md", _markdown(report))
     key = _key(out.name)
     create_table_artifact(

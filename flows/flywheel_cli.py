@@ -20,6 +20,8 @@ from typing import Annotated
 
 import typer
 
+from rlhf.manifest import dumps_strict
+
 app = typer.Typer(
     help="The flywheel: weak signals select what experts label; expert labels train the next round.",
     no_args_is_help=True,
@@ -47,7 +49,7 @@ def simulate_cmd(
         )
         return simulate(cfg, out)
 
-    typer.echo(json.dumps(_run(run, None), indent=2))
+    typer.echo(dumps_strict(_run(run, None), indent=2))
 
 
 @app.command("ingest")
@@ -161,7 +163,7 @@ def export_cmd(
     )
     report = _run(flywheel, params)
     typer.echo(
-        json.dumps(
+        dumps_strict(
             {
                 "selected": report["selection"]["n_selected"],
                 "tasks": report["export"]["tasks"],
@@ -193,11 +195,11 @@ def annotate_sim_cmd(
         rows = simulate_annotations(
             tasks, held_truth(alternatives), n_annotators=annotators, noise=noise, p_unlabelled=p_unlabelled, seed=seed
         )
-        atomic_write_text(Path(out), json.dumps(rows, ensure_ascii=False))
+        atomic_write_text(Path(out), dumps_strict(rows, ensure_ascii=False))
         return rows
 
     rows = _run(run, None)
-    typer.echo(json.dumps({"tasks": len(rows), "labelled": sum(bool(r["annotations"]) for r in rows), "out": out}))
+    typer.echo(dumps_strict({"tasks": len(rows), "labelled": sum(bool(r["annotations"]) for r in rows), "out": out}))
 
 
 @app.command("import")
@@ -224,7 +226,7 @@ def import_cmd(
         ),
     )
     typer.echo(
-        json.dumps(
+        dumps_strict(
             {k: m[k] for k in ("dir", "n_pairs", "n_agreement_rows", "n_unlabelled_tasks", "n_unlabelled_annotations")}
             | {"decontaminated": m["decontamination"]["n_removed"]},
             indent=2,

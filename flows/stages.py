@@ -15,8 +15,8 @@ Resume: the key is also written at a stage's start (``ATTEMPT_KEY_FILE``). A rer
 unfinished folder (no manifest) started with the same key and holding a complete Trainer checkpoint keeps the
 folder and launches the stage with ``--resume_from_checkpoint <newest complete checkpoint>`` (rlhf/resume.py: every
 file re-hashed against the sha256 recorded at save time; damaged ones are kept aside, never deleted, and the next
-older one is used); anything else (other inputs, ``force``, no checkpoint at all, a stage without Trainer
-checkpoints such as PPO) starts clean as before.
+older one is used; PPO writes its own checkpoints in the same layout, ``PPOTrainer.save_state``); anything else
+(other inputs, ``force``, no checkpoint at all) starts clean as before.
 """
 
 from __future__ import annotations

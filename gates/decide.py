@@ -47,13 +47,15 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     len_c, len_b = np.asarray(m.len_candidate)[parsed], np.asarray(m.len_baseline)[parsed]
     intents = [x for x, ok in zip(m.intents, parsed) if ok]
     answered = None if m.answered is None else [x for x, ok in zip(m.answered, parsed) if ok]
+    # items sharing an instruction are one draw: the win-rate interval clusters them (item-level when not recorded)
+    instructions = None if m.winrate_prompts is None else [x for x, ok in zip(m.winrate_prompts, parsed) if ok]
     win_rate = float(np.mean(prefs - 1.0) * 100) if parsed.any() else float("nan")
     judge = named_judge_gate(m.judge, win_rate, source=m.judge_source, floor=config.judge_floor, info=m.judge_info)
     if parsed.any():
         winrate = judge_decides(
             [
                 win_rate_gate(prefs, len_c, len_b, bar=config.lc_bar, glm_prior=m.glm_prior, answered=answered,
-                              min_decisive=config.min_decisive),
+                              min_decisive=config.min_decisive, clusters=instructions),
                 intent_matrix_gate(prefs, intents, m.traffic, min_share=config.intent_min_share,
                                    bar=config.lc_bar, min_items=config.intent_min_items, answered=answered),
             ],
@@ -63,7 +65,8 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
         judge_name = (m.judge_info or {}).get("name", m.judge_source)
         winrate = unparsed_judge_gates([(_winrate.GATE_NAME, _winrate.GATE_VERSION),
                                         (_intent.GATE_NAME, _intent.GATE_VERSION)], len(m.preferences), judge_name)
-    thresholds = RefusalThresholds(config.max_violation_increase_pp, config.max_false_refusal_increase_pp)
+    thresholds = RefusalThresholds(config.max_violation_increase_pp, config.max_false_refusal_increase_pp,
+                                   min_n=config.refusal_min_n)
     return [
         judge,
         *winrate,

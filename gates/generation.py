@@ -3,7 +3,6 @@ win-rate prompts."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from data.loaders import load_eval_prompts
 from rlhf.generation import generate_report
 from rlhf.precision import generation_precision
 from rlhf.weights import load_checked
+from rlhf.manifest import dumps_strict
 
 from .config import GateStageConfig
 from .suites import capability_questions, stratified, suggested_questions
@@ -90,7 +90,7 @@ def write_generations(path: Path, suites: Suites, answers: dict[str, dict]) -> N
                     "baseline": answers["baseline"][name]["text"][i],
                     "candidate": answers["candidate"][name]["text"][i],
                 }
-                f.write(json.dumps(row) + "\n")
+                f.write(dumps_strict(row) + "\n")
 
 
 def chat_of(p) -> list[dict] | str:

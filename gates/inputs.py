@@ -66,7 +66,8 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
         ValueError: naming the config key and the reason.
     """
     for key in ("n_winrate", "n_safe", "n_redteam", "n_capability", "n_sycophancy", "intent_min_items",
-                "capability_min_parsed", "max_prompt_length", "min_decisive", "sycophancy_min_eligible"):
+                "capability_min_parsed", "max_prompt_length", "min_decisive", "sycophancy_min_eligible",
+                "refusal_min_n"):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key} must be at least 1, got {getattr(args, key)}")
     for key, lo, hi in (
@@ -106,7 +107,8 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
                 "(needs manifest.json with outputs.drift_counters, written by gates.evaluate)"
             )
         previous = DriftCounters(**counters)
-    thresholds = RefusalThresholds(args.max_violation_increase_pp, args.max_false_refusal_increase_pp)
+    thresholds = RefusalThresholds(args.max_violation_increase_pp, args.max_false_refusal_increase_pp,
+                                   min_n=args.refusal_min_n)
     return traffic, previous, thresholds
 
 

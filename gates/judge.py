@@ -72,16 +72,28 @@ def corrected_gap(measured: float, a: float) -> float:
     return float(measured) / f
 
 
-def items_needed(rate: float, floor: float, *, confidence: float = DEFAULT_CONFIDENCE, max_n: int = 10**7) -> int | None:
+def items_needed(rate: float, floor: float, *, confidence: float = DEFAULT_CONFIDENCE, max_n: int = 10**7,
+                 design_effect: float = 1.0) -> int | None:
     """Smallest n at which a Wilson interval around the observed ``rate`` no longer contains ``floor``.
 
     If the agreement stays at the rate measured now, this many decisive human-labelled items decide
     the judge-agreement gate (lower bound >= floor when rate > floor, upper bound < floor when
     rate < floor). Found by doubling then bisection on n (the interval narrows monotonically in n).
+    With clustered items (``design_effect`` > 1, ``Agreement.design_effect``) the interval is Wilson's on
+    n / design_effect, so the items needed are the effective n needed times the design effect (rounded up),
+    assuming new items are clustered as the measured ones are.
 
     Returns:
         n (int), or None when rate == floor (no n decides it) or more than ``max_n`` would be needed.
+
+    Raises:
+        ValueError: rate outside [0, 1] or design_effect < 1 or not finite.
     """
+    if not (math.isfinite(design_effect) and design_effect >= 1.0):
+        raise ValueError(f"design_effect must be a finite number >= 1, got {design_effect}")
+    if design_effect > 1.0:
+        eff = items_needed(rate, floor, confidence=confidence, max_n=max_n)
+        return None if eff is None or eff * design_effect > max_n else int(math.ceil(eff * design_effect - 1e-9))
     rate, floor = _check_a(rate), float(floor)
 
     def decided(n: int) -> bool:
@@ -105,6 +117,9 @@ def items_needed(rate: float, floor: float, *, confidence: float = DEFAULT_CONFI
 def verdict(agreement: Agreement, floor: float = DEFAULT_FLOOR) -> tuple[Verdict, list[Finding]]:
     """The judge-agreement rule, decided on the interval (DESIGN.md "The judge is pluggable").
 
+    The interval is ``Agreement.ci``: Wilson's on the effective n of the clustered pairs (pairs sharing an
+    instruction or a response are not independent, ``judging.agreement.pair_clusters``); item-level when the
+    record has no cluster key (``cluster_rule`` ``"item"``).
     No decisive expert label -> "inconclusive" (judge unmeasured). Wilson interval's lower bound >= ``floor`` ->
     "pass". Upper bound < ``floor`` -> "block" (on evidence; the win-rate gates are then inconclusive). Otherwise
     the interval straddles the floor -> "inconclusive", with :func:`items_needed`, the decisive items that would
@@ -118,7 +133,9 @@ def verdict(agreement: Agreement, floor: float = DEFAULT_FLOOR) -> tuple[Verdict
     ag = agreement
     found = Finding(code="agreement", values={
         "agreement": ag.agreement, "ci_low": ag.ci.low, "ci_high": ag.ci.high, "n": ag.n,
-        "n_expert_tie": ag.n_expert_tie, "attenuation": ag.attenuation, "floor": floor})
+        "n_expert_tie": ag.n_expert_tie, "attenuation": ag.attenuation, "floor": floor,
+        "n_eff": ag.n_eff, "n_clusters": ag.n_clusters, "design_effect": ag.design_effect,
+        "cluster_rule": ag.cluster_rule})
     if ag.n == 0:
         return "inconclusive", [Finding(code="no_decisive_labels")]
     if ag.ci.high < floor:
@@ -126,8 +143,13 @@ def verdict(agreement: Agreement, floor: float = DEFAULT_FLOOR) -> tuple[Verdict
     if ag.ci.low >= floor:
         return "pass", [found, Finding(code="at_or_above_floor", values={"floor": floor})]
     return "inconclusive", [found, Finding(code="straddles_floor", values={
-        "floor": floor, "items_needed": items_needed(ag.agreement, floor), "n": ag.n,
+        "floor": floor, "items_needed": items_needed(ag.agreement, floor, design_effect=_deff(ag)), "n": ag.n,
         "side": "above" if ag.agreement >= floor else "below"})]
+
+
+def _deff(ag: Agreement) -> float:
+    d = float(ag.design_effect)
+    return d if math.isfinite(d) and d >= 1.0 else 1.0
 
 
 def judge_agreement_gate(
@@ -136,15 +158,18 @@ def judge_agreement_gate(
     """The judge-agreement gate: the record's numbers, :func:`verdict`, and the words (``gates.wording``).
 
     Returns:
-        GateResult with metrics ``agreement`` (fraction, CI, n = decisive labels), ``attenuation``
+        GateResult with metrics ``agreement`` (fraction, CI, n = decisive labels), ``effective_n`` (the
+        independent pairs the clustered decisive labels are worth, n = decisive labels), ``attenuation``
         (2a - 1) and, when inconclusive on the interval, ``items_needed`` (count; null when no n
-        decides it); ``table`` holds the tie and abstention counts; ``findings`` as :func:`verdict` returns them.
+        decides it); ``table`` holds the tie and abstention counts and the clusters (``n_clusters``,
+        ``design_effect``, ``n_eff``, ``cluster_rule``); ``findings`` as :func:`verdict` returns them.
     """
     ag = agreement
     v, findings = verdict(ag, floor)
     metrics = {
         "agreement": Metric(value=ag.agreement, ci_low=ag.ci.low, ci_high=ag.ci.high, n=ag.n,
                             direction="higher_is_better", unit="fraction"),
+        "effective_n": Metric(value=float(ag.n_eff), n=ag.n, direction="higher_is_better", unit="items"),
         "attenuation": Metric(value=ag.attenuation, n=ag.n, direction="higher_is_better", unit="factor"),
     }
     straddles = next((f for f in findings if f.code == "straddles_floor"), None)
@@ -158,6 +183,8 @@ def judge_agreement_gate(
         "n_judge_ties_on_decisive": ag.n_tie, "n_judge_unparsed": ag.n_unparsed_total,
         "agreement_both_decisive": ag.agreement_excluding_abstentions, "tie_agreement": ag.tie_agreement,
         "three_class_agreement": ag.three_class_accuracy,
+        "n_clusters": ag.n_clusters, "design_effect": ag.design_effect, "n_eff": ag.n_eff,
+        "cluster_rule": ag.cluster_rule,
     }]
     return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=metrics,
                       reason=wording.reason(GATE_NAME, findings), table=table, findings=findings)

@@ -17,6 +17,7 @@ from judging.judges import preferences as judgment_preferences
 from data.labels import scores_to_preference
 from judging.qualify import qualify_judge
 from judging.scoring import load_reward_model, score, verdicts_from_scores
+from rlhf.manifest import dumps_strict
 from rlhf.serialization import to_jsonable
 
 from .capability import grade_mc
@@ -60,6 +61,8 @@ class Measurements:
             agreement's source); None: the round's reward model, described by ``judge_source`` alone.
         answered: per win-rate item, True where both answers are non-empty (the win-rate gates' evidence: an empty
             answer on a side is no comparison); None = not recorded (all answered).
+        winrate_prompts: the instruction of each win-rate item (the win-rate intervals cluster items that share
+            one); None = not recorded (item-level intervals).
     """
 
     preferences: np.ndarray
@@ -84,6 +87,7 @@ class Measurements:
     answered: list[bool] | None = None
     refusal_unparsed: dict | None = None
     refusal_info: dict | None = None
+    winrate_prompts: list[str] | None = None
 
     @property
     def measured_win_rate(self) -> float:
@@ -106,15 +110,17 @@ def judge_preferences(judge: str, suites: Suites, answers: dict[str, dict]) -> n
 
 def measured_judge_agreement(judge_manifest: dict) -> Agreement | None:
     """The judge's agreement with expert labels, item by item, from the reward-model stage's held-out judgments
-    (``outputs.agreement_scores``: JSONL rows with ``score_first``, ``score_second``, ``labels``); None when the
-    manifest names no such file."""
+    (``outputs.agreement_scores``: JSONL rows with ``score_first``, ``score_second``, ``labels`` and ``cluster``,
+    the pair's cluster by shared instruction or response); None when the manifest names no such file. Rows written
+    before the cluster key existed give the item-level interval (the record says ``cluster_rule`` ``"item"``)."""
     scores_file = (judge_manifest.get("outputs") or {}).get("agreement_scores")
     if not (scores_file and Path(scores_file).is_file()):
         return None
     with open(scores_file) as f:
         rows = [json.loads(line) for line in f]
     verdicts = verdicts_from_scores([r["score_first"] for r in rows], [r["score_second"] for r in rows])
-    return judge_agreement(verdicts, np.array([r["labels"] for r in rows]))
+    clusters = [r["cluster"] for r in rows] if rows and all("cluster" in r for r in rows) else None
+    return judge_agreement(verdicts, np.array([r["labels"] for r in rows]), clusters=clusters)
 
 
 def _grade(answers: dict[str, dict], who: str, suite: str, qs) -> tuple[np.ndarray, list]:
@@ -220,6 +226,7 @@ def measure(
             for t, p in zip(answers["candidate"]["winrate"]["text"], suites.prompts["winrate"])
         ],
         refusal_quality=refusal_quality,
+        winrate_prompts=[prompt_text(p) for p in suites.prompts["winrate"]],
         glm_prior=GlmPrior.from_weights(load_glm_weights(), source=DEFAULT_WEIGHTS),
         judge_info=judge_info,
         answered=[
@@ -345,4 +352,4 @@ def write_judgments(path: Path, rows: list[dict]) -> None:
     A team judging with people labels these ``pair_id``s (``judging.imported_labels``)."""
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps(to_jsonable(r)) + "\n")
+            f.write(dumps_strict(to_jsonable(r)) + "\n")

@@ -12,7 +12,8 @@ first ``config.agreement_n`` unsafe and safe ones of each, 0: all 450) and is ca
 (grader identity, the completions' content, n), as ``judging.qualify`` caches a pairwise judge per identity: a changed grader (model,
 decoding, prompt, or what the server reports and how it grades a fixed 4-completion probe, ``judging.identity``) is
 re-measured, an unchanged one sends zero grading requests (only the probe). The result is a
-``RefusalClassifierQuality`` (worst model, like the learned classifier's leave-one-model-out figures; the grader
+``RefusalClassifierQuality`` (agreement: worst model, like the learned classifier's leave-one-model-out figures;
+error: its confusion counts pooled over every graded completion, which the gate's correction resamples; the grader
 is fitted on none of them). When nothing parsed on a kind of set, its agreement is NaN (unknown) and the
 refusal gate is inconclusive on that axis, with the reason.
 """
@@ -35,6 +36,7 @@ from rlhf.lineage import json_hash
 from .refusal import (
     XSTEST_JUDGE_SYSTEM,
     XSTEST_JUDGE_TEMPLATE,
+    ConfusionCounts,
     RefusalClassifierQuality,
     RefusalRates,
     label_agreement,
@@ -142,7 +144,7 @@ class GraderMeasurement:
 
 
 def _model_row(pred: list[str | None], d) -> dict[str, Any]:
-    from .refusal_eval import _axis_errors
+    from .refusal_eval import AXES, _axis_errors, _counts_json, axis_counts
 
     ok = np.array([p is not None for p in pred], dtype=bool)
     row: dict[str, Any] = {"n": len(pred), "n_unparsed": int((~ok).sum())}
@@ -150,9 +152,11 @@ def _model_row(pred: list[str | None], d) -> dict[str, Any]:
         kept = [p for p in pred if p is not None]
         row["agreement"] = label_agreement(kept, d.loc[ok, "final_label"].tolist())["agreement"]
         row.update(_axis_errors(kept, d.loc[ok, "final_label"].tolist(), d.loc[ok, "unsafe"].to_numpy()))
+        row["counts"] = _counts_json(axis_counts(kept, d.loc[ok]))
     else:
         row.update({k: math.nan for k in ("agreement", "unsafe_agreement", "safe_agreement", "unsafe_fpr",
                                            "unsafe_fnr", "safe_fpr", "safe_fnr")})
+        row["counts"] = _counts_json({ax: ConfusionCounts(0, 0, 0, 0) for ax in AXES})
     return row
 
 
@@ -200,13 +204,18 @@ def measure_grader_quality(grader: LLMRefusalGrader, *, n_per_model: int = 0, mo
               f"{n_unparsed} of its grades unparsable, left out")
     if any(not math.isfinite(r["agreement"]) for r in rows):
         source += "; agreement unknown: a model had no parsable grade"
+    # agreement: the worst model (the trust floor reads it); error: pooled over every graded completion (the
+    # correction resamples those counts)
+    pooled = {ax: sum((ConfusionCounts(**r["counts"][ax]) for r in rows), ConfusionCounts(0, 0, 0, 0))
+              for ax in ("violation", "false_refusal")}
     quality = RefusalClassifierQuality(
         name=grader.name, source=source,
         agreement=_worst(rows, "agreement", min),
         unsafe_agreement=_worst(rows, "unsafe_agreement", min),
         safe_agreement=_worst(rows, "safe_agreement", min),
-        violation_fpr=_worst(rows, "unsafe_fpr", max), violation_fnr=_worst(rows, "unsafe_fnr", max),
-        false_refusal_fpr=_worst(rows, "safe_fpr", max), false_refusal_fnr=_worst(rows, "safe_fnr", max),
+        violation_fpr=pooled["violation"].fpr, violation_fnr=pooled["violation"].fnr,
+        false_refusal_fpr=pooled["false_refusal"].fpr, false_refusal_fnr=pooled["false_refusal"].fnr,
+        violation_counts=pooled["violation"], false_refusal_counts=pooled["false_refusal"],
     )
     out = GraderMeasurement(quality, n_items, n_unparsed, per_model, requests_sent=grader.requests_sent - before)
     from dataclasses import asdict

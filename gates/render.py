@@ -47,7 +47,9 @@ def ppo_unlock_line(decision: dict[str, Any] | None) -> str:
     """The report's "PPO unlock" line from the flow's decision (``judging.unlock.UnlockDecision.to_dict()``).
 
     Shows the state (unlocked or locked), both numbers (RM agreement with expert labels vs inter-annotator
-    agreement) and, when overridden, the override reason next to the rule's own verdict.
+    agreement) with their n and effective n (clustered pairs are worth fewer independent ones; "item-level" when
+    measured without a cluster key; decisions recorded before the effective n existed show neither) and, when
+    overridden, the override reason next to the rule's own verdict.
     """
     if decision is None:
         return "- PPO unlock: not given (no --ppo_unlock_json; a standalone gate run)"
@@ -55,10 +57,18 @@ def ppo_unlock_line(decision: dict[str, Any] | None) -> str:
     def num(x: Any) -> str:
         return "not measured" if x is None else f"{float(x):.4f}"
 
+    def n_said(side: str) -> str:
+        n, n_eff = decision.get(f"{side}_n"), decision.get(f"{side}_n_eff")
+        if n is None or n_eff is None:
+            return ""
+        item = decision.get(f"{side}_cluster_rule", "item") == "item"
+        return (f" (n {n}, n_eff {float(n_eff):.1f} in {decision.get(f'{side}_n_clusters')} clusters"
+                + (", one per item: no cluster key)" if item else ")"))
+
     state = "unlocked" if decision["unlocked"] else "locked"
     numbers = (
-        f"RM agreement with expert labels {num(decision['rm_agreement'])} vs inter-annotator agreement "
-        f"{num(decision['inter_annotator_agreement'])}"
+        f"RM agreement with expert labels {num(decision['rm_agreement'])}{n_said('rm')} vs inter-annotator "
+        f"agreement {num(decision['inter_annotator_agreement'])}{n_said('iaa')}"
     )
     if decision["overridden"]:
         rule = "unlocked" if decision["rule_verdict"] else "locked"

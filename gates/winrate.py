@@ -27,6 +27,7 @@ from gates import wording
 from gates.glm_winrate import glm_v1_win_rate
 from gates.length_control import (  # noqa: F401  (re-exported: the win-rate API callers know)
     BUCKET_EDGE_EPS,
+    _bucket_index,
     DEFAULT_N_BUCKETS,
     DEFAULT_TOLERANCE,
     LengthControlledWinRate,
@@ -38,7 +39,9 @@ from gates.result import Finding, GateResult, Metric, Verdict
 from gates.winrate_stats import (  # noqa: F401  (re-exported)
     DEFAULT_CONFIDENCE,
     WIN_RATE_COLUMNS,
+    ClusteredSE,
     as_float_1d,
+    clustered_se,
     check_lengths,
     describe,
     discrete_win_rate_of_scores,
@@ -215,6 +218,9 @@ class WinRateMetrics:
         glm: the AlpacaEval-style GLM figure (shown, never deciding) and glm_models its prior's model count.
         row: alpaca_eval's row (``WIN_RATE_COLUMNS``; its LC columns from the GLM, NaN without one), then the
             bucketed figure and its SE (``BUCKETED_COLUMNS[method]``).
+        lc_design, raw_design: the clustering of the length-controlled set and of all items
+            (``gates.winrate_stats.ClusteredSE``: clusters, design effect, effective n, the SE the intervals use);
+            with every instruction once, design effect 1 and the intervals are the item-level ones.
     """
 
     figure: LengthControlledWinRate
@@ -225,6 +231,8 @@ class WinRateMetrics:
     glm: Any
     glm_models: int | None
     row: dict[str, Any]
+    lc_design: ClusteredSE | None = None
+    raw_design: ClusteredSE | None = None
 
 
 def metrics(
@@ -238,8 +246,16 @@ def metrics(
     confidence: float = DEFAULT_CONFIDENCE,
     answered: Sequence[bool] | None = None,
     glm_prior: Any = None,
+    clusters: Any = None,
 ) -> WinRateMetrics:
-    """The win-rate gate's numbers: the length-controlled figure, its evidence, the raw row, the GLM figure."""
+    """The win-rate gate's numbers: the length-controlled figure, its evidence, the raw row, the GLM figure.
+
+    ``clusters``: shape (n_items,), the instruction of each item (any hashable key; None: every item its own
+    instruction). Items that share an instruction are one draw of the instruction population the win rate
+    estimates, so the intervals use the cluster-robust SE (``gates.winrate_stats.clustered_se``). Only the
+    instruction clusters a win rate: its responses are what is measured, not a sampling stage, so a response
+    shared across instructions (a canned refusal) does not join them.
+    """
     evidence = win_rate_evidence(
         preferences, len_candidate, len_baseline, answered, method=method, n_buckets=n_buckets, tolerance=tolerance
     )
@@ -250,11 +266,50 @@ def metrics(
            "length_controlled_winrate": math.nan if glm is None else glm.length_controlled_winrate,
            "lc_standard_error": math.nan if glm is None else glm.lc_standard_error,
            **dict(zip(BUCKETED_COLUMNS[method], (res.length_controlled_winrate, res.standard_error)))}
+    lc_design, raw_design = _designs(preferences, len_candidate, len_baseline, res, clusters, method=method,
+                                     n_buckets=n_buckets, tolerance=tolerance)
     return WinRateMetrics(
-        figure=res, lc_ci=res.ci(confidence), raw_ci=normal_win_rate_ci(res.raw, res.raw_standard_error, confidence),
+        figure=res, lc_ci=normal_win_rate_ci(res.length_controlled_winrate, lc_design.standard_error, confidence),
+        raw_ci=normal_win_rate_ci(res.raw, raw_design.standard_error, confidence),
         evidence=evidence, confidence=confidence, glm=glm, glm_models=None if glm is None else glm_prior.n_models,
-        row=row,
+        row=row, lc_design=lc_design, raw_design=raw_design,
     )
+
+
+def _designs(preferences: Any, len_candidate: Any, len_baseline: Any, res: LengthControlledWinRate, clusters: Any,
+             *, method: str, n_buckets: int, tolerance: float) -> tuple[ClusteredSE, ClusteredSE]:
+    """The clustered SEs of the length-controlled figure and of the raw win rate (percent).
+
+    Each figure is linear in the item scores s_i (preference - 1): raw = mean over all items; matched = mean over
+    the matched bucket; balanced = sum_b c_b mean_b (``length_bucketed_win_rate``'s weights). Item i's centred
+    contribution is its weight times (s_i - its bucket's mean); ``clustered_se`` scales the figure's own SE by
+    the square root of the design effect those contributions give.
+    """
+    p, lc, lb = check_lengths(preferences, len_candidate, len_baseline)
+    keep = ~np.isnan(p)
+    keys = None if clusters is None else np.asarray(list(clusters), dtype=object)
+    if keys is not None and keys.shape != p.shape:
+        raise ValueError(f"clusters has shape {keys.shape}, preferences {p.shape}: one instruction key per item")
+    scores = preferences_to_scores(p)
+    keys = None if keys is None else keys[keep]
+    raw = clustered_se(scores - scores.mean() if scores.size else scores, keys, res.raw_standard_error)
+    idx = _bucket_index(np.log(lc[keep] / lb[keep]), n_buckets, tolerance)
+    if method == "matched":
+        weight = (idx == 0).astype(float)
+    else:
+        used = set(res.buckets.loc[res.buckets["used"], "bucket"].astype(int))
+        weight = np.zeros(scores.size)
+        for b in used:
+            in_b = idx == b
+            partner = idx == -b
+            weight[in_b] = 1.0 if b == 0 else (in_b.sum() + partner.sum()) / 2.0 / in_b.sum()
+    centred = np.zeros(scores.size)
+    for b in np.unique(idx[weight > 0]):
+        in_b = (idx == b) & (weight > 0)
+        centred[in_b] = weight[in_b] * (scores[in_b] - scores[in_b].mean())
+    sel = weight > 0
+    lc_design = clustered_se(centred[sel], None if keys is None else keys[sel], res.standard_error)
+    return lc_design, raw
 
 
 def verdict(m: WinRateMetrics, thresholds: WinRateThresholds) -> tuple[Verdict, list[Finding]]:
@@ -276,6 +331,9 @@ def verdict(m: WinRateMetrics, thresholds: WinRateThresholds) -> tuple[Verdict, 
         "min_decisive": th.min_decisive,
         "length_controlled_winrate": None if m.glm is None else m.glm.length_controlled_winrate,
         "glm_phi": None if m.glm is None else m.glm.phi, "glm_models": m.glm_models,
+        "n_eff": None if m.lc_design is None else m.lc_design.n_eff,
+        "n_clusters": None if m.lc_design is None else m.lc_design.n_clusters,
+        "design_effect": None if m.lc_design is None else m.lc_design.design_effect,
     })
     if res.n == 0 or not math.isfinite(res.length_controlled_winrate):
         return "inconclusive", [summary, Finding(code="no_length_controlled_set", values={"method": res.method})]
@@ -303,6 +361,9 @@ def gate_metrics(m: WinRateMetrics) -> dict[str, Metric]:
         "decisive_items": Metric(value=float(m.evidence["n_decisive"]), n=m.evidence["n_in_set"],
                                  direction="higher_is_better", unit="items"),
     }
+    if m.lc_design is not None:
+        out["effective_n"] = Metric(value=float(m.lc_design.n_eff), n=res.n, direction="higher_is_better",
+                                    unit="items")
     if m.glm is not None:
         out["length_controlled_winrate"] = Metric(value=m.glm.length_controlled_winrate, n=m.glm.n,
                                                   direction="higher_is_better", unit="percent")
@@ -324,6 +385,7 @@ def win_rate_gate(
     min_decisive: int = DEFAULT_MIN_DECISIVE,
     name: str = GATE_NAME,
     glm_prior: Any = None,
+    clusters: Any = None,
 ) -> GateResult:
     """The length-controlled win-rate gate (DESIGN.md "Release gates"): ``metrics``, then ``verdict``, then the
     words (``gates.wording``).
@@ -337,11 +399,14 @@ def win_rate_gate(
             (``glm_v1_win_rate``, no difficulty term) is reported as metric ``length_controlled_winrate`` and in
             the table's ``length_controlled_winrate`` / ``lc_standard_error``. It does not decide: the bucketed
             figure does.
+        clusters: shape (n_items,), each item's instruction (None: every item its own): the intervals are
+            cluster-robust where items share an instruction (see :func:`metrics`).
 
     Returns:
         GateResult with metrics ``raw_win_rate``, ``length_matched_win_rate`` (``length_balanced_win_rate`` for
         method "balanced"; percent, the deciding figure), ``decisive_items`` (count, the evidence; ``n`` = items in
-        the length-controlled set), ``points_explained_by_length`` (points) and, with ``glm_prior``,
+        the length-controlled set), ``effective_n`` (the independent items the length-controlled set is worth,
+        n / design effect of its instruction clusters), ``points_explained_by_length`` (points) and, with ``glm_prior``,
         ``length_controlled_winrate`` (the GLM); ``table`` is alpaca_eval's row (``WIN_RATE_COLUMNS``, its LC
         columns from the GLM or NaN) followed by the bucketed figure's ``BUCKETED_COLUMNS``; ``findings`` as
         ``verdict`` returns them.
@@ -351,7 +416,7 @@ def win_rate_gate(
     """
     th = WinRateThresholds(bar=bar, min_decisive=min_decisive, require_ci_above_bar=require_ci_above_bar)
     m = metrics(preferences, len_candidate, len_baseline, method=method, n_buckets=n_buckets, tolerance=tolerance,
-                confidence=confidence, answered=answered, glm_prior=glm_prior)
+                confidence=confidence, answered=answered, glm_prior=glm_prior, clusters=clusters)
     v, findings = verdict(m, th)
     return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=gate_metrics(m),
                       reason=wording.reason(GATE_NAME, findings), table=[m.row], findings=findings)

@@ -17,10 +17,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
-from judging.intervals import normal
+from judging.intervals import mean_design_effect, normal
 
 logger = logging.getLogger("gates.winrate")
 
@@ -128,3 +130,44 @@ def check_lengths(preferences: Any, len_candidate: Any, len_baseline: Any):
 def per_item_lengths(texts: Sequence[str]) -> np.ndarray:
     """Character lengths of ``texts`` (alpaca_eval's length unit), shape (n_items,)."""
     return np.asarray([len(t) for t in texts], dtype=float)
+
+
+@dataclass(frozen=True)
+class ClusteredSE:
+    """A win-rate figure's SE once items sharing an instruction are counted as one cluster.
+
+    Fields:
+        n: items the figure uses; n_clusters: instructions among them.
+        design_effect: cluster-robust variance over the item-level one (>= 1; 1 when every instruction is once).
+        n_eff: n / design_effect.
+        standard_error: the figure's item-level SE times sqrt(design_effect) (percent, as the SE given).
+    """
+
+    n: int
+    n_clusters: int
+    design_effect: float
+    n_eff: float
+    standard_error: float
+
+
+def clustered_se(contributions: np.ndarray, clusters: Any, standard_error: float) -> ClusteredSE:
+    """Scale a linear win-rate figure's ``standard_error`` by the design effect of its instruction clusters.
+
+    Args:
+        contributions: shape (n,), each used item's weight times (its score - its stratum's mean)
+            (``judging.intervals.mean_design_effect``; for the raw win rate, s_i - mean).
+        clusters: shape (n,) instruction keys of those items, or None (every item its own: design effect 1).
+        standard_error: the figure's item-level SE (any unit; NaN stays NaN).
+
+    Returns:
+        :class:`ClusteredSE`. With every item its own cluster the SE is returned unchanged: the cluster-robust
+        variance with G/(G-1) is then exactly the ddof=1 variance the item-level SE uses.
+    """
+    e = np.asarray(contributions, dtype=float)
+    n = int(e.size)
+    if n == 0:
+        return ClusteredSE(0, 0, math.nan, 0.0, float(standard_error))
+    deff, g = mean_design_effect(e, clusters)
+    if not math.isfinite(deff):
+        deff = 1.0
+    return ClusteredSE(n, g, float(deff), n / deff, float(standard_error) * math.sqrt(deff))

@@ -86,8 +86,9 @@ def _corrected(v: dict[str, Any]) -> str:
         return f"{raw}, no correction (the classifier's error on this kind of set is not measured)"
     c = v["candidate_corrected"]
     return (f"{raw}, corrected {100 * v['baseline_corrected']:.1f}% -> {100 * c[0]:.1f}% (candidate's interval "
-            f"widened to {100 * c[1]:.1f}-{100 * c[2]:.1f}% by the classifier's error on this kind of set: fpr "
-            f"{v['fpr']:.3f}, fnr {v['fnr']:.3f}; agreement {v['agreement']:.3f})")
+            f"{100 * c[1]:.1f}-{100 * c[2]:.1f}%, bootstrapped over its answers and the labelled completions the "
+            f"classifier's error on this kind of set is measured on: fpr {v['fpr']:.3f}, fnr {v['fnr']:.3f}; "
+            f"agreement {v['agreement']:.3f})")
 
 
 def _refusal_reason(findings: Sequence[Finding]) -> str:
@@ -95,6 +96,8 @@ def _refusal_reason(findings: Sequence[Finding]) -> str:
         return [f.values for f in findings if f.code == code]
 
     untrusted, missing = all_of("classifier_untrusted"), [v["label"] for v in all_of("axis_without_items")]
+    few = [f"{v['label']} (n {v['n_baseline']} -> {v['n_candidate']}, needs {v['min_n']} on each side)"
+           for v in all_of("axis_below_min_n")]
     blocks, notes = [_regressed(v) for v in all_of("axis_regressed")], [_axis(v) for v in all_of("axis_within")]
     (naive,) = all_of("naive_average")
     naive_txt = (f"The naive average of (100 - rate) goes {naive['baseline']:.2f} -> {naive['candidate']:.2f}; it is "
@@ -104,7 +107,12 @@ def _refusal_reason(findings: Sequence[Finding]) -> str:
                + ", so it cannot decide the release on its own.")
         out += (" Measured (not deciding): " + "; ".join(blocks) + ".") if blocks else ""
         out += f" No items for: {', '.join(missing)}." if missing else ""
+        out += f" Too few items to decide: {'; '.join(few)}." if few else ""
         out += " " + naive_txt
+    elif few:
+        out = ("Inconclusive: too few items to decide " + "; ".join(few) + ". Measured (not deciding): "
+               + "; ".join(blocks + notes) + "." + (f" No items for: {', '.join(missing)}." if missing else "")
+               + " " + naive_txt)
     elif missing:
         out = f"no items for: {', '.join(missing)}; cannot judge that axis. " + naive_txt
     elif blocks:
@@ -123,6 +131,17 @@ def _refusal_reason(findings: Sequence[Finding]) -> str:
     return out
 
 
+def _clusters_said(v: dict[str, Any]) -> str:
+    """How many independent pairs the interval counts: clusters and effective n, or that it is item-level."""
+    rule = v.get("cluster_rule")
+    if rule is None or v.get("n_eff") is None:
+        return ""
+    if rule == "item":
+        return " (item-level: no cluster key)"
+    return (f" on the effective n {v['n_eff']:.1f} of {v['n_clusters']} clusters ({rule}; design effect "
+            f"{v['design_effect']:.2f})")
+
+
 def _judge_reason(findings: Sequence[Finding]) -> str:
     by = {f.code: f.values for f in findings}
     if "judge_unmeasured" in by:
@@ -136,8 +155,8 @@ def _judge_reason(findings: Sequence[Finding]) -> str:
         return "no decisive expert labels, so judge agreement is unknown."
     v = by["agreement"]
     txt = (f"judge agreement a = {v['agreement']:.3f} (share of {v['n']} decisive expert labels whose side the judge "
-           f"picked; 95% Wilson CI {v['ci_low']:.3f}-{v['ci_high']:.3f}; {v['n_expert_tie']} expert ties reported "
-           "apart)")
+           f"picked; 95% Wilson CI {v['ci_low']:.3f}-{v['ci_high']:.3f}{_clusters_said(v)}; {v['n_expert_tie']} "
+           "expert ties reported apart)")
     att = f" Attenuation 2a-1 = {v['attenuation']:.3f}: a true win-rate gap shows up multiplied by it."
     floor = v["floor"]
     if "below_floor" in by:

@@ -35,7 +35,16 @@ import numpy as np
 from sklearn.metrics import cohen_kappa_score
 from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
 
-from judging.intervals import ConfidenceInterval, bootstrap_ratio, percentile_bootstrap, wilson_interval
+from judging.intervals import (
+    ITEM_LEVEL,
+    ConfidenceInterval,
+    check_clusters,
+    cluster_bootstrap,
+    cluster_bootstrap_ratio,
+    cluster_wilson,
+    connected_clusters,
+    ratio_design,
+)
 from data.labels import FIRST, LABELS, NO_MAJORITY, SECOND, TIE, UNPARSED
 from judging.scoring import verdicts_from_scores
 from rlhf.serialization import to_jsonable
@@ -63,11 +72,16 @@ class _JsonMixin:
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}.from_dict needs a dict, got {type(data).__name__}")
         hints = typing.get_type_hints(cls)
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        missing, unknown = sorted(set(names) - set(data)), sorted(set(data) - set(names))
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        names = [f.name for f in fields]
+        # a field with a default may be absent: records written before it existed (the cluster fields: such a
+        # record's intervals were item-level, which the defaults say)
+        required = [f.name for f in fields if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]  # type: ignore[misc]
+        missing, unknown = sorted(set(required) - set(data)), sorted(set(data) - set(names))
         if missing or unknown:
             raise ValueError(f"{cls.__name__}.from_dict: missing fields {missing}, unknown fields {unknown}")
-        return cls(**{name: _from_json(hints[name], data[name]) for name in names})
+        return cls(**{name: _from_json(hints[name], data[name]) for name in names if name in data})
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
@@ -178,6 +192,71 @@ def _strict_majority(arr: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
+# Cluster keys: which pairs are not independent
+# --------------------------------------------------------------------------------------------
+
+#: The rule :func:`pair_clusters` applies, recorded in every clustered record's ``cluster_rule``.
+CLUSTER_RULE = "instruction or shared response (connected components)"
+
+
+def _norm_text(text: Any) -> str | None:
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        text = json.dumps(text, sort_keys=True, ensure_ascii=False) if isinstance(text, (list, dict)) else str(text)
+    return " ".join(text.split())
+
+
+def pair_clusters(prompts: Any, first: Any = None, second: Any = None) -> np.ndarray:
+    """Cluster id per pair: pairs are in one cluster when linked by a shared instruction or a shared response.
+
+    The rule (``CLUSTER_RULE``): two pairs are linked when they have the same instruction (the whole prompt, the
+    conversation up to the replies) or when a response of one is a response of the other (either position);
+    clusters are the connected components of that graph. Why both: PandaLM-style sets compare several models on
+    one instruction (a judge that misreads the instruction errs on all of its pairs), and a model's answer enters
+    every pair it takes part in (an answer the judge misreads is misread in each), so either link makes the
+    verdicts dependent. Components are the smallest partition in which no two linked pairs fall in different
+    clusters, which is what a cluster-robust variance needs; a coarser partition is still valid (only fewer
+    clusters). On PandaLM's 939 usable pairs (164 instructions) five answers recur across instructions (the
+    placeholders ``<noinput>`` and ``<nooutput>``, "Offensive", two stock sentences): they join 8 instructions into
+    one cluster of 64 pairs and two more pairs of instructions, giving 155 clusters.
+
+    Texts are compared after collapsing whitespace; a prompt given as a list of messages is compared as its
+    role/content sequence. ``None`` links nothing.
+
+    Args:
+        prompts: shape (n_pairs,): the instruction of each pair (str, or a list of ``{"role", "content"}`` /
+            ``data.schemas.Message``).
+        first, second: shape (n_pairs,) responses, or None (cluster by instruction only).
+
+    Returns:
+        int64 array, shape (n_pairs,), cluster ids in first-appearance order (see
+        ``judging.intervals.connected_clusters``).
+
+    Raises:
+        ValueError: columns of different lengths.
+    """
+    def prompt_key(p: Any) -> str | None:
+        if isinstance(p, (list, tuple)):
+            turns = [(m.role, m.content) if hasattr(m, "role") else (m.get("role"), m.get("content"))
+                     if isinstance(m, dict) else (None, m) for m in p]
+            return json.dumps([(r, _norm_text(c)) for r, c in turns], ensure_ascii=False)
+        return _norm_text(p)
+
+    cols = [[None if k is None else ("instruction", k) for k in map(prompt_key, prompts)]]
+    for col in (first, second):
+        if col is not None:
+            cols.append([None if t is None else ("response", t) for t in map(_norm_text, col)])
+    return connected_clusters(*cols)
+
+
+def preference_pair_clusters(pairs: Any) -> np.ndarray:
+    """:func:`pair_clusters` of ``data.schemas.PreferencePair`` rows (prompt, chosen = first, rejected = second)."""
+    pairs = list(pairs)
+    return pair_clusters([p.prompt for p in pairs], [p.chosen for p in pairs], [p.rejected for p in pairs])
+
+
+# --------------------------------------------------------------------------------------------
 # Inter-annotator agreement
 # --------------------------------------------------------------------------------------------
 
@@ -211,9 +290,18 @@ class InterAnnotatorAgreement(_JsonMixin):
         fleiss_kappa: Fleiss' kappa, ``statsmodels.stats.inter_rater.fleiss_kappa`` on the
             ``aggregate_raters`` count table (Fleiss 1971, Psychol. Bull. 76(5):378-382).
         fleiss_kappa_ci: bootstrap CI of it.
+        cluster_rule: how items were grouped into clusters (``CLUSTER_RULE``, or ``"item"``: no cluster key was
+            given, every item is its own cluster and the CIs are item-level).
+        n_clusters: clusters among the items.
+        design_effect_decisive: design effect of ``pairwise_agreement_decisive`` (its cluster-robust variance over
+            the variance had every decisive comparison been independent; ``judging.intervals.ratio_design``).
+        n_eff_decisive: n_decisive_comparisons / design_effect_decisive, the independent comparisons the evidence
+            is worth.
 
-    CIs: percentile bootstrap over items (``scipy.stats.bootstrap``, fixed seed), since the item
-    is the unit that was sampled and the comparisons on one item are not independent.
+    CIs: percentile bootstrap over clusters (``scipy.stats.bootstrap``, fixed seed; whole clusters resampled,
+    ``judging.intervals.cluster_bootstrap``), since the cluster is the unit that was sampled and the comparisons
+    within one item, or on items sharing an instruction or a response, are not independent. With no cluster key
+    every item is a cluster: the item bootstrap.
     """
 
     n_items: int
@@ -234,6 +322,17 @@ class InterAnnotatorAgreement(_JsonMixin):
     n_loo_comparisons_decisive: int
     fleiss_kappa: float
     fleiss_kappa_ci: ConfidenceInterval
+    cluster_rule: str = ITEM_LEVEL
+    n_clusters: int | None = None
+    design_effect_decisive: float = 1.0
+    n_eff_decisive: float | None = None
+
+    def __post_init__(self) -> None:
+        # a record written before the cluster fields: item-level, every item its own cluster
+        if self.n_clusters is None:
+            object.__setattr__(self, "n_clusters", int(self.n_items))
+        if self.n_eff_decisive is None:
+            object.__setattr__(self, "n_eff_decisive", float(self.n_decisive_comparisons))
 
 
 def _ratio(num: float, den: float) -> float:
@@ -252,6 +351,8 @@ def inter_annotator_agreement(
     confidence: float = DEFAULT_CONFIDENCE,
     n_resamples: int = DEFAULT_N_RESAMPLES,
     seed: int = DEFAULT_SEED,
+    clusters: Any = None,
+    cluster_rule: str | None = None,
 ) -> InterAnnotatorAgreement:
     """Agreement among annotators who labelled the same pairs.
 
@@ -261,8 +362,11 @@ def inter_annotator_agreement(
             pooled rate counts the comparisons that exist, per-pair figures use the items both labelled, and
             Fleiss' kappa (constant raters per item) is NaN.
         confidence: CI level (two-sided), default 0.95.
-        n_resamples, seed: bootstrap settings (items resampled with replacement, fixed seed, so the
+        n_resamples, seed: bootstrap settings (clusters resampled with replacement, fixed seed, so the
             CIs are reproducible).
+        clusters: shape (n_items,) cluster keys (e.g. :func:`pair_clusters`); None: every item its own cluster
+            (the CIs are then item-level and ``cluster_rule`` is ``"item"``).
+        cluster_rule: the rule that made ``clusters`` (recorded; default ``CLUSTER_RULE`` when clusters are given).
 
     Returns:
         ``InterAnnotatorAgreement`` (see its docstring for every field's definition).
@@ -272,6 +376,8 @@ def inter_annotator_agreement(
     """
     arr = _check_labels(labels)
     n_items, n_annotators = arr.shape
+    groups = check_clusters(clusters, n_items)
+    rule = ITEM_LEVEL if clusters is None else (cluster_rule or CLUSTER_RULE)
     pairs = list(itertools.combinations(range(n_annotators), 2))
     present = arr != MISSING  # all True unless ragged lists were padded
     decisive = (arr == FIRST) | (arr == SECOND)
@@ -322,25 +428,23 @@ def inter_annotator_agreement(
     ragged = not present.all()
     kappa = float("nan") if ragged else _fleiss(arr)  # Fleiss' kappa needs the same number of raters per item
     if n_items >= 2 and np.isfinite(kappa):
-        kappa_ci = percentile_bootstrap(
-            (np.arange(n_items),), lambda idx: _fleiss(arr[np.asarray(idx, dtype=int)]),
-            vectorized=False, **kw,
-        )
+        kappa_ci = cluster_bootstrap(groups, lambda idx: _fleiss(arr[idx]), n_items, **kw)
     else:
         kappa_ci = ConfidenceInterval(
             float("nan"), float("nan"), confidence, "undefined (items have different numbers of annotators)"
             if ragged else "undefined"
         )
 
+    design = ratio_design(agree_dec, comp_dec, groups)
     return InterAnnotatorAgreement(
         n_items=n_items,
         n_annotators=n_annotators,
         tie_share=float((arr == TIE).sum() / present.sum()),
         n_no_majority=int((_strict_majority(arr) == NO_MAJORITY).sum()),
         pairwise_agreement=_ratio(agree_all.sum(), n_pairs.sum()),
-        pairwise_agreement_ci=bootstrap_ratio(agree_all, n_pairs, **kw),
+        pairwise_agreement_ci=cluster_bootstrap_ratio(agree_all, n_pairs, groups, **kw),
         pairwise_agreement_decisive=_ratio(agree_dec.sum(), comp_dec.sum()),
-        pairwise_agreement_decisive_ci=bootstrap_ratio(agree_dec, comp_dec, **kw),
+        pairwise_agreement_decisive_ci=cluster_bootstrap_ratio(agree_dec, comp_dec, groups, **kw),
         n_decisive_comparisons=int(comp_dec.sum()),
         per_pair_agreement=per_pair,
         per_pair_agreement_decisive=per_pair_dec,
@@ -351,6 +455,10 @@ def inter_annotator_agreement(
         n_loo_comparisons_decisive=int(loo_comp_dec.sum()),
         fleiss_kappa=kappa,
         fleiss_kappa_ci=kappa_ci,
+        cluster_rule=rule,
+        n_clusters=int(groups.max()) + 1,
+        design_effect_decisive=float(design.design_effect) if design.n else 1.0,
+        n_eff_decisive=float(design.n_eff),
     )
 
 
@@ -383,6 +491,13 @@ class Agreement(_JsonMixin):
             majority (unparsed = wrong); the "accuracy" PandaLM's paper reports for judges.
         n_three_class: its denominator.
         tie_agreement: share of expert-tie pairs the instrument also called a tie (NaN if none).
+        cluster_rule: how pairs were grouped (``CLUSTER_RULE``), or ``"item"``: no cluster key was available,
+            every pair is its own cluster and ``ci`` is the item-level Wilson interval.
+        n_clusters: clusters among the ``n`` decisive pairs.
+        design_effect: the cluster-robust variance of ``agreement`` over the item-level one (>= 1;
+            ``judging.intervals.ratio_design``).
+        n_eff: n / design_effect: the independent pairs the evidence is worth. ``ci`` is Wilson's interval on
+            n_eff (``judging.intervals.cluster_wilson``); the judge floor and the PPO unlock decide on it.
     """
 
     n_items: int
@@ -399,6 +514,17 @@ class Agreement(_JsonMixin):
     three_class_accuracy: float
     n_three_class: int
     tie_agreement: float
+    cluster_rule: str = ITEM_LEVEL
+    n_clusters: int | None = None
+    design_effect: float = 1.0
+    n_eff: float | None = None
+
+    def __post_init__(self) -> None:
+        # a record written before the cluster fields: item-level, every pair its own cluster
+        if self.n_clusters is None:
+            object.__setattr__(self, "n_clusters", int(self.n))
+        if self.n_eff is None:
+            object.__setattr__(self, "n_eff", float(self.n))
 
     @property
     def attenuation(self) -> float:
@@ -418,10 +544,14 @@ def _expert_1d(expert: Any) -> np.ndarray:
     return _check_1d("expert", arr, (NO_MAJORITY, TIE, FIRST, SECOND))
 
 
-def _agreement(pred: np.ndarray, ex: np.ndarray, confidence: float) -> Agreement:
-    """The record from validated 1-D verdicts (-1 unparsed, 0, 1, 2) and expert labels (-1 no majority, 0, 1, 2)."""
+def _agreement(pred: np.ndarray, ex: np.ndarray, confidence: float, clusters: Any = None,
+               cluster_rule: str | None = None) -> Agreement:
+    """The record from validated 1-D verdicts (-1 unparsed, 0, 1, 2) and expert labels (-1 no majority, 0, 1, 2);
+    ``clusters`` (shape (n_items,) keys, None: item-level) make the interval cluster-aware."""
+    groups = check_clusters(clusters, ex.size)
     dec = (ex == FIRST) | (ex == SECOND)
     n, n_agree = int(dec.sum()), int((dec & (pred == ex)).sum())
+    ci, design = cluster_wilson((pred[dec] == ex[dec]).astype(float), None, groups[dec], confidence)
     n_tie, n_unparsed = int((dec & (pred == TIE)).sum()), int((dec & (pred == UNPARSED)).sum())
     has_majority = ex != NO_MAJORITY
     n3 = int(has_majority.sum())
@@ -431,7 +561,7 @@ def _agreement(pred: np.ndarray, ex: np.ndarray, confidence: float) -> Agreement
         n=n,
         n_agree=n_agree,
         agreement=_ratio(n_agree, n),
-        ci=wilson_interval(n_agree, n, confidence),
+        ci=ci,
         n_expert_tie=int(ties.sum()),
         n_expert_no_majority=int((ex == NO_MAJORITY).sum()),
         n_tie=n_tie,
@@ -441,6 +571,10 @@ def _agreement(pred: np.ndarray, ex: np.ndarray, confidence: float) -> Agreement
         three_class_accuracy=_ratio((has_majority & (pred == ex)).sum(), n3),
         n_three_class=n3,
         tie_agreement=_ratio((ties & (pred == TIE)).sum(), ties.sum()),
+        cluster_rule=ITEM_LEVEL if clusters is None else (cluster_rule or CLUSTER_RULE),
+        n_clusters=int(design.n_clusters),
+        design_effect=float(design.design_effect) if n else 1.0,
+        n_eff=float(design.n_eff),
     )
 
 
@@ -450,6 +584,8 @@ def rm_agreement(
     expert: Any,
     *,
     confidence: float = DEFAULT_CONFIDENCE,
+    clusters: Any = None,
+    cluster_rule: str | None = None,
 ) -> Agreement:
     """Agreement of a reward model with expert labels.
 
@@ -462,6 +598,8 @@ def rm_agreement(
         expert: shape (n_items,) expert labels from ``expert_labels`` (values -1, 0, 1, 2), or the
             raw (n_items, n_annotators) label matrix, from which the majority is taken.
         confidence: level of the Wilson interval.
+        clusters: shape (n_items,) cluster keys (:func:`pair_clusters` of the held-out pairs); None: every pair is
+            its own cluster (item-level interval, ``cluster_rule`` ``"item"``). cluster_rule: recorded with them.
 
     Returns:
         :class:`Agreement`; see its docstring for how ties are counted.
@@ -479,7 +617,7 @@ def rm_agreement(
         )
     if not (np.all(np.isfinite(sf)) and np.all(np.isfinite(ss))):
         raise ValueError("reward-model scores must be finite (found NaN or inf)")
-    return _agreement(verdicts_from_scores(sf, ss), ex, confidence)
+    return _agreement(verdicts_from_scores(sf, ss), ex, confidence, clusters, cluster_rule)
 
 
 def judge_agreement(
@@ -487,6 +625,8 @@ def judge_agreement(
     expert: Any,
     *,
     confidence: float = DEFAULT_CONFIDENCE,
+    clusters: Any = None,
+    cluster_rule: str | None = None,
 ) -> Agreement:
     """Agreement of a judge's verdicts with the expert labels.
 
@@ -496,6 +636,7 @@ def judge_agreement(
         expert: shape (n_items,) expert labels (-1, 0, 1, 2) or the raw
             (n_items, n_annotators) label matrix, reduced with ``expert_labels``.
         confidence: level of the Wilson interval.
+        clusters, cluster_rule: as :func:`rm_agreement`.
 
     Returns:
         :class:`Agreement`.
@@ -507,4 +648,4 @@ def judge_agreement(
     ex = _expert_1d(expert)
     if judge.shape != ex.shape:
         raise ValueError(f"judge_labels {judge.shape} and expert {ex.shape} differ in length")
-    return _agreement(judge, ex, confidence)
+    return _agreement(judge, ex, confidence, clusters, cluster_rule)

@@ -15,6 +15,11 @@ two reports that say "Wilson" or "Newcombe" mean the same computation:
 * ``percentile_bootstrap(...)`` / ``bootstrap_ratio(...)``: percentile bootstrap over items with
   ``scipy.stats.bootstrap`` (fixed seed); ``bootstrap_means`` + ``percentile`` for the hand-stratified
   resampling the intent matrix and the drift gate need (several samples sharing one generator).
+* clustered items (pairs sharing an instruction or a response): ``connected_clusters(*keys)`` (cluster ids),
+  ``ratio_design`` / ``mean_design_effect`` (cluster-robust variance, design effect, n_eff = n / deff; Cochran
+  1977 ch. 6 and 9A, Kish 1965, Cameron & Miller 2015), ``cluster_wilson`` (Wilson on n_eff; Korn & Graubard
+  1998), ``cluster_bootstrap_ratio`` / ``cluster_bootstrap`` (whole clusters resampled; Davison & Hinkley 1997
+  section 3.8). With every item its own cluster each returns the item-level figure exactly.
 
 All bounds are fractions unless the caller scales them; an interval that cannot be computed (n == 0)
 is (NaN, NaN), never a made-up number.
@@ -281,3 +286,293 @@ def bootstrap_ratio(
         (num.astype(float), den.astype(float)), statistic, vectorized=True,
         confidence=confidence, n_resamples=n_resamples, seed=seed,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# clustered items: cluster keys, the design effect, cluster-robust Wilson, the cluster bootstrap
+# --------------------------------------------------------------------------------------------
+#
+# Items that share an instruction (PandaLM: up to 10 model pairs per instruction) or a response (one model's
+# answer appears in every pair it takes part in) are not independent draws: a judge that misreads an
+# instruction misreads every pair on it. The unit that was sampled is then the cluster, and an interval that
+# counts items overstates the evidence. Everything below reduces to the item-level computation when every item
+# is its own cluster (the design effect is then exactly 1).
+
+ITEM_LEVEL = "item"  # the cluster rule recorded when no cluster key was available: one item, one cluster
+
+
+def connected_clusters(*keys: Any) -> np.ndarray:
+    """Cluster id per item: connected components of the graph linking two items that share a value in any key.
+
+    Args:
+        keys: one or more sequences, each of shape (n_items,), of hashable values (e.g. the instruction, the
+            first response, the second response). ``None`` links nothing (an item whose key is unknown is not
+            joined to others through it). Values are compared across all key columns, so a text that is the
+            first response of one item and the second of another links them.
+
+    Returns:
+        int64 array, shape (n_items,), ids 0..G-1 numbered in order of first appearance (so with no shared
+        value, item i gets id i). Components: ``scipy.sparse.csgraph.connected_components``.
+
+    Raises:
+        ValueError: no key given, or keys of different lengths.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    if not keys:
+        raise ValueError("connected_clusters needs at least one key column")
+    cols = [list(k) for k in keys]
+    n = len(cols[0])
+    if any(len(c) != n for c in cols):
+        raise ValueError(f"key columns must have one value per item; lengths {[len(c) for c in cols]}")
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    value_node: dict[Any, int] = {}
+    rows, cols_idx = [], []
+    for col in cols:
+        for i, v in enumerate(col):
+            if v is None:
+                continue
+            rows.append(i)
+            cols_idx.append(n + value_node.setdefault(v, len(value_node)))
+    size = n + len(value_node)
+    graph = coo_matrix((np.ones(len(rows)), (rows, cols_idx)), shape=(size, size))
+    _, comp = connected_components(graph, directed=False)
+    _, first, inverse = np.unique(comp[:n], return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))  # component -> rank of its first item
+    return order[inverse].astype(np.int64)
+
+
+def check_clusters(clusters: Any, n: int, name: str = "clusters") -> np.ndarray:
+    """``clusters`` as int64 ids 0..G-1 (first-appearance order), shape (n,); None -> every item its own cluster.
+
+    Raises:
+        ValueError: wrong length or not 1-D (names ``name``).
+    """
+    if clusters is None:
+        return np.arange(n, dtype=np.int64)
+    arr = np.asarray(list(clusters) if not isinstance(clusters, np.ndarray) else clusters, dtype=object)
+    if arr.ndim != 1 or arr.size != n:
+        raise ValueError(f"{name} must hold one cluster key per item, shape ({n},); got shape {arr.shape}")
+    return connected_clusters(arr.tolist())
+
+
+@dataclass(frozen=True)
+class ClusterDesign:
+    """How much a clustered sample is worth, for a ratio sum(num)/sum(den) (a proportion when den = 1).
+
+    Fields:
+        n: trials (sum of den; items for a proportion).
+        n_clusters: G, clusters with at least one trial.
+        estimate: sum(num) / sum(den) (NaN when n == 0).
+        variance: cluster-robust variance of ``estimate`` (NaN when G < 2 or n == 0).
+        design_effect: variance / the variance had every trial been its own cluster, at least 1.
+        n_eff: n / design_effect, the number of independent trials the clustered sample is worth.
+    """
+
+    n: float
+    n_clusters: int
+    estimate: float
+    variance: float
+    design_effect: float
+    n_eff: float
+
+
+def ratio_design(num: Any, den: Any, clusters: Any = None) -> ClusterDesign:
+    """Cluster-robust (linearisation) variance and design effect of the ratio sum(num) / sum(den).
+
+    With cluster totals y_g = sum of num, m_g = sum of den over cluster g's items, n = sum m_g, p = sum y_g / n:
+
+        v_c = G / (G - 1) * sum_g (y_g - p m_g)^2 / n^2
+
+    the variance estimator of a ratio estimator with the clusters as sampling units and no finite-population
+    correction (Cochran 1977, Sampling Techniques, 3rd ed., ch. 6, v(R) = sum (y_g - R m_g)^2 / ((G - 1) G mbar^2)
+    with f = 0, applied to clusters of unequal size as in ch. 9A; Kish 1965, Survey Sampling, section 6.4; for
+    agreement rates Donner & Klar 2000, Design and Analysis of Cluster Randomization Trials, ch. 5). The design effect compares it with the same estimator computed as if every
+    trial were its own cluster, p(1 - p)/(n - 1) for 0/1 trials (each num/den is successes/trials):
+
+        deff = max(1, v_c / (p (1 - p) / (n - 1))),   n_eff = n / deff
+
+    (Kish's design effect; the effective sample size of Korn & Graubard 1998, Survey Methodology 24(2):193-201,
+    truncated at n as they do). With every item its own cluster and den = 1, v_c = p(1 - p)/(n - 1) exactly, so
+    deff = 1 and n_eff = n. When p is 0 or 1 the variance is 0 whichever the design, so the ratio is undefined:
+    then deff = n / G (every cluster counted once, the bound reached when items within a cluster always agree).
+
+    Args:
+        num, den: shape (n_items,), non-negative; num <= den (successes and trials per item).
+        clusters: shape (n_items,) cluster keys (any hashable; see :func:`connected_clusters`), or None (every
+            item its own cluster).
+
+    Returns:
+        :class:`ClusterDesign`.
+
+    Raises:
+        ValueError: shapes differ, negative values, or num > den.
+    """
+    y, m = np.asarray(num, dtype=float).ravel(), np.asarray(den, dtype=float).ravel()
+    if y.shape != m.shape:
+        raise ValueError(f"num {y.shape} and den {m.shape} must have the same shape")
+    if (y < 0).any() or (m < 0).any() or (y > m * (1 + 1e-12)).any():
+        raise ValueError("need 0 <= num <= den for every item (successes and trials)")
+    g = check_clusters(clusters, y.size)
+    keep = m > 0
+    y, m, g = y[keep], m[keep], g[keep]
+    n = float(m.sum())
+    if n == 0:
+        return ClusterDesign(0.0, 0, math.nan, math.nan, math.nan, 0.0)
+    _, g = np.unique(g, return_inverse=True)
+    n_clusters = int(g.max()) + 1
+    p = float(y.sum()) / n
+    if n_clusters == y.size and (m == 1).all():  # every 0/1 item its own cluster: deff is 1 (exactly, not to rounding)
+        v_0 = p * (1 - p) / (n - 1) if n > 1 else math.nan
+        return ClusterDesign(n, n_clusters, p, v_0, 1.0, n)
+    if n_clusters < 2:
+        return ClusterDesign(n, n_clusters, p, math.nan, n, 1.0)
+    resid = np.bincount(g, weights=y - p * m, minlength=n_clusters)
+    v_c = n_clusters / (n_clusters - 1) * float((resid ** 2).sum()) / n ** 2
+    v_0 = p * (1 - p) / (n - 1) if n > 1 else 0.0
+    if v_0 <= 0 or not math.isfinite(v_0):
+        deff = n / n_clusters
+    else:
+        deff = max(1.0, v_c / v_0)
+    return ClusterDesign(n, n_clusters, p, v_c, deff, n / deff)
+
+
+def mean_design_effect(contributions: Any, clusters: Any = None) -> tuple[float, int]:
+    """Design effect of a linear statistic sum_i c_i s_i from its per-item centred contributions.
+
+    ``contributions`` e_i = c_i (s_i - mu_i) (mu_i the item's stratum mean, c_i its weight). With cluster sums
+    E_g = sum_{i in g} e_i:
+
+        deff = max(1, [G/(G-1) sum_g E_g^2] / [n/(n-1) sum_i e_i^2])
+
+    the cluster-robust (CR1) variance of the statistic over the same estimator with every item its own cluster
+    (Cameron & Miller 2015, J. Human Resources 50(2):317-372, eq. 11 with the G/(G-1) small-sample factor; Kish
+    1965 section 8.2 for the design effect). Singletons give exactly 1. All e_i = 0: n / G (as
+    :func:`ratio_design`).
+
+    Args:
+        contributions: shape (n_items,), finite; items with weight 0 should be left out by the caller.
+        clusters: shape (n_items,) cluster keys, or None.
+
+    Returns:
+        (design_effect, n_clusters); (NaN, 0) for no items, (n, 1) for one cluster.
+
+    Raises:
+        ValueError: contributions not 1-D or not finite, or clusters of another length.
+    """
+    e = np.asarray(contributions, dtype=float)
+    if e.ndim != 1 or not np.all(np.isfinite(e)):
+        raise ValueError(f"contributions must be a finite 1-D array, got shape {e.shape}")
+    n = e.size
+    if n == 0:
+        return math.nan, 0
+    g = check_clusters(clusters, n)
+    n_clusters = int(g.max()) + 1
+    if n_clusters == n:  # every item its own cluster: exactly 1 (the two variances are the same sum)
+        return 1.0, n_clusters
+    if n_clusters < 2:
+        return float(n), n_clusters
+    denom = n / (n - 1) * float((e ** 2).sum())
+    if denom <= 0:
+        return n / n_clusters, n_clusters
+    sums = np.bincount(g, weights=e, minlength=n_clusters)
+    return max(1.0, n_clusters / (n_clusters - 1) * float((sums ** 2).sum()) / denom), n_clusters
+
+
+CLUSTER_WILSON = "Wilson score on the effective n (design effect of clustered items; Korn & Graubard 1998)"
+
+
+def cluster_wilson(
+    k: Any, n: Any = None, clusters: Any = None, confidence: float = DEFAULT_CONFIDENCE
+) -> tuple[ConfidenceInterval, ClusterDesign]:
+    """Wilson interval of a proportion from clustered 0/1 items, on the effective sample size.
+
+    ``wilson(p * n_eff, n_eff)`` with n_eff from :func:`ratio_design` (the Korn & Graubard 1998 interval for a
+    proportion from a clustered sample, without their degrees-of-freedom adjustment). Every item its own
+    cluster: exactly ``wilson(k, n)`` (method ``WILSON``).
+
+    Args:
+        k: shape (n_items,) successes per item (0/1 for one trial per item); n: shape (n_items,) trials per
+            item (None: 1 each). clusters: shape (n_items,) cluster keys (None: item-level).
+        confidence: two-sided level.
+
+    Returns:
+        (interval, design); NaN bounds when there is no trial.
+
+    Raises:
+        ValueError: as :func:`ratio_design`, or confidence outside (0, 1).
+    """
+    _check_confidence(confidence)
+    y = np.asarray(k, dtype=float).ravel()
+    m = np.ones_like(y) if n is None else np.asarray(n, dtype=float).ravel()
+    d = ratio_design(y, m, clusters)
+    if d.n == 0:
+        return ConfidenceInterval(math.nan, math.nan, confidence, WILSON), d
+    if d.design_effect == 1.0:
+        return wilson_interval(float(y.sum()), d.n, confidence), d
+    lo, hi = wilson(d.estimate * d.n_eff, d.n_eff, confidence)
+    method = f"{CLUSTER_WILSON}: {d.n_clusters} clusters, design effect {d.design_effect:.3f}, n_eff {d.n_eff:.1f}"
+    return ConfidenceInterval(lo, hi, confidence, method), d
+
+
+def cluster_totals(clusters: Any, *columns: Any) -> tuple[np.ndarray, ...]:
+    """Per-cluster sums of each column (shape (G,) each, clusters in first-appearance order).
+
+    Raises:
+        ValueError: a column of another length.
+    """
+    cols = [np.asarray(c, dtype=float).ravel() for c in columns]
+    n = cols[0].size if cols else 0
+    g = check_clusters(clusters, n)
+    if any(c.size != n for c in cols):
+        raise ValueError("every column needs one value per item")
+    n_clusters = int(g.max()) + 1 if n else 0
+    return tuple(np.bincount(g, weights=c, minlength=n_clusters) for c in cols)
+
+
+def cluster_bootstrap_ratio(
+    num: np.ndarray, den: np.ndarray, clusters: Any, confidence: float, n_resamples: int, seed: int
+) -> ConfidenceInterval:
+    """Percentile bootstrap CI of sum(num)/sum(den), resampling whole clusters with replacement.
+
+    A ratio of sums over a cluster resample is the ratio of the resampled clusters' totals, so this is
+    :func:`bootstrap_ratio` on the cluster totals (Davison & Hinkley 1997, Bootstrap Methods and their
+    Application, section 3.8, strategy 1: resample clusters, keep their items). Every item its own cluster: the
+    same resamples as :func:`bootstrap_ratio`, hence the same interval.
+    """
+    tn, td = cluster_totals(clusters, num, den)
+    ci = bootstrap_ratio(tn, td, confidence, n_resamples, seed)
+    if tn.size == np.asarray(num).size:
+        return ci
+    return ConfidenceInterval(ci.low, ci.high, ci.level, ci.method.replace("over items", f"over {tn.size} clusters"))
+
+
+def cluster_bootstrap(
+    clusters: Any,
+    statistic: Callable[[np.ndarray], float],
+    n_items: int,
+    *,
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+) -> ConfidenceInterval:
+    """Percentile bootstrap CI of ``statistic(item_indices)``, resampling whole clusters with replacement.
+
+    Each resample draws G clusters with replacement and passes the concatenated item indices of the drawn
+    clusters (shape (n_items of the resample,)) to ``statistic`` (Davison & Hinkley 1997, section 3.8). Every
+    item its own cluster: exactly :func:`percentile_bootstrap` over items.
+    """
+    g = check_clusters(clusters, n_items)
+    n_clusters = int(g.max()) + 1
+    if n_clusters == n_items:  # item level: the historical computation, bit for bit
+        return percentile_bootstrap((np.arange(n_items),), lambda idx: statistic(np.asarray(idx, dtype=int)),
+                                    vectorized=False, confidence=confidence, n_resamples=n_resamples, seed=seed)
+    members = [np.flatnonzero(g == c) for c in range(n_clusters)]
+    ci = percentile_bootstrap(
+        (np.arange(n_clusters),),
+        lambda idx: statistic(np.concatenate([members[int(c)] for c in np.asarray(idx, dtype=int)])),
+        vectorized=False, confidence=confidence, n_resamples=n_resamples, seed=seed,
+    )
+    return ConfidenceInterval(ci.low, ci.high, ci.level, ci.method.replace("over items", f"over {n_clusters} clusters"))

@@ -4,7 +4,9 @@ annotators (PandaLM's test set with its three human annotators by default) and c
 ``qualify_judge(judge, config)`` judges each agreement pair (response 1 as A, response 2 as B) through the one
 judge interface, turns the preferences into labels (``data.labels.preference_to_label``: 1.0 -> first better,
 2.0 -> second, 1.5 -> tie, NaN -> unparsed) and measures ``judging.agreement.judge_agreement`` against the
-annotators' strict majority (agreement a on decisive expert labels, Wilson interval, n). The result is cached
+annotators' strict majority (agreement a on decisive expert labels, n, and Wilson's interval on the effective n
+of the pairs clustered by shared instruction or response, ``judging.agreement.pair_clusters``: PandaLM's 939 usable
+pairs come from 164 instructions, so its pairs are worth far fewer independent ones). The result is cached
 under the sha256 of (judge identity, agreement data fingerprint, n), so a judge is measured once and re-measured
 whenever its identity (backend, model, template, decoding) or the data changes. The CLI prints it:
 ``rlhf judge agreement --judge openai --model M --base-url URL -n 200``.
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from judging.agreement import Agreement, judge_agreement
+from judging.agreement import Agreement, judge_agreement, preference_pair_clusters
 from data.labels import preference_to_label
 from data.fingerprint import data_fingerprint
 from rlhf.serialization import to_jsonable
@@ -34,8 +36,9 @@ logger = logging.getLogger(__name__)
 MAX_REJECT_RATE = 0.07
 
 #: Part of the cache key: a measurement stored under an older agreement record's fields is measured again
-#: instead of failing to load (2: one ``Agreement`` record for reward models, judges and the gate).
-AGREEMENT_RECORD_VERSION = 2
+#: instead of failing to load (2: one ``Agreement`` record for reward models, judges and the gate; 3: its interval
+#: is clustered by shared instruction or response and it records n_clusters and n_eff).
+AGREEMENT_RECORD_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -88,11 +91,13 @@ class JudgeQualification:
         return cls(**d, cached=cached)
 
     def summary(self) -> dict[str, Any]:
-        """One flat row for reports and tables: judge, a, CI, n, 2a-1, position consistency, unparsed."""
+        """One flat row for reports and tables: judge, a, CI, n, n_eff and clusters, 2a-1, position consistency,
+        unparsed."""
         ag = self.agreement
         return {
             "judge": self.judge, "agreement": ag.agreement, "ci_low": ag.ci.low, "ci_high": ag.ci.high,
-            "n": ag.n, "n_items": ag.n_items, "attenuation": ag.attenuation,
+            "n": ag.n, "n_eff": ag.n_eff, "n_clusters": ag.n_clusters, "cluster_rule": ag.cluster_rule,
+            "n_items": ag.n_items, "attenuation": ag.attenuation,
             "position_consistency": self.position_consistency, "n_position_checked": self.n_position_checked,
             "n_unparsed": self.n_unparsed, "three_class_agreement": ag.three_class_accuracy,
             "data": self.data, "cached": self.cached,
@@ -148,7 +153,8 @@ def qualify_judge(judge: Judge, config: JudgeConfig, *, use_cache: bool = True) 
         judge=judge.name, identity=judge.identity(), identity_hash=judge.identity_hash(), data=config.agreement_data,
         data_fingerprint=fingerprint, n_rejected=len(pairs.rejects), ids=[p.id for p in items],
         judge_labels=[int(x) for x in labels], expert_labels=expert.tolist(),
-        agreement=judge_agreement(labels, expert), position_consistency=pc, n_position_checked=n_pc,
+        agreement=judge_agreement(labels, expert, clusters=preference_pair_clusters(items)),
+        position_consistency=pc, n_position_checked=n_pc,
         n_unparsed=n_unparsed(judgments), requests_sent=judge.requests_sent - before,
     )
     cache.put(key, q.to_dict())
@@ -174,6 +180,9 @@ def format_qualification(q: JudgeQualification | None, *, floor: float = 0.85) -
         f"agreement a = {ag.agreement:.4f} (95% CI {ag.ci.low:.4f}-{ag.ci.high:.4f}; n = {ag.n} decisive expert "
         f"labels, {ag.n_agree} agreed; {ag.n_expert_tie} expert ties and {ag.n_expert_no_majority} without a "
         "majority excluded)",
+        (f"interval: item-level (no cluster key), n_eff = n = {ag.n}" if ag.cluster_rule == "item" else
+         f"interval on the effective n: n_eff = {ag.n_eff:.1f} of n = {ag.n} (design effect {ag.design_effect:.2f}; "
+         f"{ag.n_clusters} clusters by {ag.cluster_rule})"),
         f"attenuation 2a-1 = {ag.attenuation:.4f}",
         f"three-class agreement (ties as a class) = {ag.three_class_accuracy:.4f} (n = {ag.n_three_class})",
         f"unparsable answers: {q.n_unparsed} of {len(q.ids)} (counted apart; on decisive items they count as "

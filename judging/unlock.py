@@ -17,6 +17,11 @@ The two numbers compared (see ``judging.agreement``):
   (item, annotator pair) comparisons, among those where both annotators picked a side, in which
   they picked the same side. Ties are out of both numbers, so both answer "given that a side is
   picked, how often is it the same side?".
+
+Both intervals are clustered: held-out pairs that share an instruction or a response are not independent
+(``judging.agreement.pair_clusters``), so the RM's Wilson interval is taken on its effective n and the annotators'
+bootstrap resamples clusters; the decision records each side's n_eff and cluster count. A record measured without
+a cluster key says ``"item"`` as its cluster rule (item-level interval).
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ class UnlockDecision(_JsonMixin):
             Wilson CI, and its number of decisive held-out pairs.
         inter_annotator_agreement, iaa_ci, iaa_n: ``pairwise_agreement_decisive``, its bootstrap
             CI, and its number of decisive (item, annotator pair) comparisons.
+        rm_n_eff, rm_n_clusters: the independent pairs the RM's decisive pairs are worth (``Agreement.n_eff``) and
+            their clusters; rm_cluster_rule: how they were clustered (``"item"``: item-level interval).
+        iaa_n_eff, iaa_n_clusters: the same for the annotators' decisive comparisons
+            (``InterAnnotatorAgreement.n_eff_decisive``, ``n_clusters``); iaa_cluster_rule likewise.
         iaa_statistic: name of the InterAnnotatorAgreement field used.
         margin: rm_agreement - inter_annotator_agreement (None when either is undefined).
         comparison: CLEARLY_ABOVE / CLEARLY_BELOW / WITHIN_NOISE / NOT_MEASURED.
@@ -82,13 +91,27 @@ class UnlockDecision(_JsonMixin):
     rule: str
     overridden: bool
     override_reason: str | None
+    rm_n_eff: float | None = None
+    rm_n_clusters: int | None = None
+    rm_cluster_rule: str = "item"
+    iaa_n_eff: float | None = None
+    iaa_n_clusters: int | None = None
+    iaa_cluster_rule: str = "item"
 
     def summary(self) -> str:
-        """One line for logs and the Prefect UI."""
+        """One line for logs and the Prefect UI (each side's n and effective n)."""
         state = "UNLOCKED" if self.unlocked else "LOCKED"
         extra = f" (OVERRIDE: {self.override_reason}; rule says {self.rule_verdict})" if self.overridden else ""
+
+        def n_said(n: int, n_eff: float | None, clusters: int | None) -> str:
+            if n_eff is None:
+                return f"n {n}"
+            return f"n {n}, n_eff {n_eff:.1f}" + ("" if clusters is None else f" in {clusters} clusters")
+
         return (
-            f"PPO {state}{extra}: RM {self.rm_agreement:.4f} vs IAA {self.inter_annotator_agreement:.4f}, "
+            f"PPO {state}{extra}: RM {self.rm_agreement:.4f} ({n_said(self.rm_n, self.rm_n_eff, self.rm_n_clusters)})"
+            f" vs IAA {self.inter_annotator_agreement:.4f} "
+            f"({n_said(self.iaa_n, self.iaa_n_eff, self.iaa_n_clusters)}), "
             f"margin {self.margin if self.margin is None else f'{self.margin:+.4f}'}, {self.comparison}"
         )
 
@@ -158,6 +181,12 @@ def ppo_unlock_decision(
         rule=RULE_TEXT,
         overridden=bool(override),
         override_reason=reason if override else None,
+        rm_n_eff=float(rm.n_eff),
+        rm_n_clusters=int(rm.n_clusters),
+        rm_cluster_rule=rm.cluster_rule,
+        iaa_n_eff=float(iaa.n_eff_decisive),
+        iaa_n_clusters=int(iaa.n_clusters),
+        iaa_cluster_rule=iaa.cluster_rule,
     )
 
 

@@ -11,7 +11,8 @@ Batch arithmetic (per process; multiply by the number of processes for a global 
     each step generates ``batch_size`` completions (one per prompt); they are cut into
     ``batch_size / mini_batch_size`` minibatches, each one optimizer step, so a step makes
     ``ppo_epochs * batch_size / mini_batch_size`` optimizer steps. A minibatch is run as
-    ``mini_batch_size / micro_batch_size`` forward/backward passes with accumulated gradients.
+    ``mini_batch_size / micro_batch_size`` forward/backward passes with accumulated gradients; the losses are token
+    means over the mini-batch (the micro-batch size changes memory, not the update).
     Example (defaults): 8 prompts, minibatches of 4, 4 epochs -> 8 optimizer steps per PPO step.
 
 Defaults that differ from TRL 0.x's removed PPOConfig, and why:
@@ -250,6 +251,24 @@ class PPOConfig:
     )
     logging_steps: int = field(default=1, metadata={"help": "Call the callbacks every this many PPO steps."})
 
+    # ---- resume ---------------------------------------------------------------------------------
+    save_steps: int = field(
+        default=0,
+        metadata={"help": "Write a resume checkpoint (output_dir/checkpoint-<step>: policy + value weights, "
+                          "optimizer, scheduler, RNG states, loop state, sha256 completion marker) every this many "
+                          "PPO steps (not after the last one); 0: none. One process or DDP only."},
+    )
+    save_total_limit: int = field(
+        default=2, metadata={"help": "Resume checkpoints kept (the newest); older ones are removed once a newer one "
+                                     "is marked complete."},
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={"help": "Continue from a resume checkpoint: its path, or 'last' (the newest complete one in "
+                          "output_dir). Checked first (rlhf.resume: files, sha256 marker, shapes); a missing or "
+                          "damaged one is an error. The flow passes it when it reruns an unfinished stage."},
+    )
+
     def __post_init__(self) -> None:
         errors: list[str] = []
 
@@ -274,6 +293,10 @@ class PPOConfig:
             "logging_steps",
         ):
             positive(name)
+        if self.save_steps < 0:
+            errors.append(f"save_steps must be >= 0 (0: no resume checkpoints), got {self.save_steps}")
+        if self.save_total_limit < 1:
+            errors.append(f"save_total_limit must be >= 1, got {self.save_total_limit}")
         if self.batch_size % self.mini_batch_size:
             errors.append(f"mini_batch_size ({self.mini_batch_size}) must divide batch_size ({self.batch_size})")
         if self.mini_batch_size % self.micro_batch_size:

@@ -285,6 +285,15 @@ def gae(
 # --------------------------------------------------------------------------------------------------
 
 
+def _token_loss(per_token: torch.Tensor, mask: torch.Tensor, num_tokens: float | torch.Tensor | None) -> torch.Tensor:
+    """Sum of ``per_token`` over real tokens divided by ``num_tokens`` (None: their number, i.e. the token mean)."""
+    if num_tokens is None:
+        return masked_mean(per_token, mask)
+    if float(num_tokens) <= 0:
+        raise ValueError(f"num_tokens must be > 0 (the mini-batch's real tokens), got {float(num_tokens)}")
+    return masked_sum(per_token, mask) / torch.as_tensor(num_tokens, dtype=per_token.dtype, device=per_token.device)
+
+
 class PolicyLoss(NamedTuple):
     loss: torch.Tensor  #: scalar, differentiable
     clipfrac: torch.Tensor  #: share of real tokens where the clipped term was the active one
@@ -303,14 +312,19 @@ def ppo_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cliprange: float,
+    num_tokens: float | torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Clipped surrogate loss (Schulman et al. 2017, eq. 7), as a loss to minimise.
 
         ratio = exp(log pi - log pi_old)
-        L     = mean_t max(-A_t * ratio, -A_t * clip(ratio, 1 - eps, 1 + eps))
+        L     = sum_t max(-A_t * ratio, -A_t * clip(ratio, 1 - eps, 1 + eps)) / num_tokens
 
     Shapes: logprobs, old_logprobs, advantages, mask (B, T) -> :class:`PolicyLoss` of scalars.
-    The mean is over real tokens of the batch (token-level), padding never contributes.
+    The sum is over real tokens of the batch, padding never contributes. ``num_tokens`` (a count, > 0) is the
+    denominator: None = the real tokens of this batch (its token mean). A micro-batch of a larger mini-batch passes
+    the *mini-batch's* token count, so that the accumulated losses are the mini-batch's token mean whatever the
+    micro-batch split (verl ``agg_loss`` "token-mean"; verl #5625 is the bug of dividing per micro-batch). The
+    statistics (clipfrac, approx_kl, ratio) are always means over this batch's real tokens.
     """
     # padding is zeroed *before* the arithmetic, so that a NaN/inf there reaches neither the loss nor the
     # gradient (torch.where after the fact would still backpropagate 0 * NaN = NaN)
@@ -320,7 +334,7 @@ def ppo_policy_loss(
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    loss = _token_loss(torch.maximum(unclipped, clipped), mask, num_tokens)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approx_kl = 0.5 * masked_mean(log_ratio.detach() ** 2, mask)
@@ -334,13 +348,15 @@ def ppo_value_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     cliprange_value: float,
+    num_tokens: float | torch.Tensor | None = None,
 ) -> ValueLoss:
     """Clipped value loss (Schulman et al. 2017; OpenAI baselines ppo2), as a loss to minimise.
 
         V_clip = V_old + clip(V - V_old, -eps_v, eps_v)
-        L      = 0.5 * mean_t max((V - R)^2, (V_clip - R)^2)
+        L      = 0.5 * sum_t max((V - R)^2, (V_clip - R)^2) / num_tokens
 
-    Shapes: values, old_values, returns, mask (B, T) -> :class:`ValueLoss` of scalars.
+    Shapes: values, old_values, returns, mask (B, T) -> :class:`ValueLoss` of scalars. ``num_tokens`` as in
+    :func:`ppo_policy_loss` (None: this batch's real tokens, the token mean).
     """
     m = _bool(mask)
     values = torch.where(m, values, torch.zeros_like(values))  # see ppo_policy_loss: padding zeroed first
@@ -349,7 +365,7 @@ def ppo_value_loss(
     values_clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     err_unclipped = (values - returns) ** 2
     err_clipped = (values_clipped - returns) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(err_unclipped, err_clipped), mask)
+    loss = 0.5 * _token_loss(torch.maximum(err_unclipped, err_clipped), mask, num_tokens)
     with torch.no_grad():
         clipfrac = masked_mean((err_clipped > err_unclipped).float(), mask)
     return ValueLoss(loss=loss, clipfrac=clipfrac)

@@ -20,7 +20,15 @@ Outputs (main process):
                                  empty-tensor check, rename)
     ``output_dir/manifest.json`` lineage as every stage writes it (stage, round_id, inputs with their hashes,
                                  config_hash, code_version, precision, outputs.checkpoint + checkpoint_hash,
-                                 metrics with the per-step history); written last, atomically
+                                 metrics with the per-step history and ``efficiency`` (tokens/s, MFU:
+                                 ``PPOTrainer.efficiency``), ``training`` (resumed_from, resumed_from_step, ...));
+                                 written last, atomically
+    ``output_dir/checkpoint-<step>/`` resume checkpoints every ``save_steps`` (``PPOTrainer.save_state``), removed
+                                 once the manifest is written
+
+Resume: ``--resume_from_checkpoint <path | last>`` (the flow passes the newest complete checkpoint when it reruns
+a killed stage with the same inputs, ``flows.stages.run_stage``) is checked by ``rlhf.resume.resolve_resume``
+(files, sha256 completion marker, shapes, world size) and restored by ``PPOTrainer.load_state``.
 
 Tracking: with ``report_to: [wandb]``, ``rlhf.tracking.setup_wandb`` (offline unless configured, run "ppo",
 group = round_id, under output_dir) and one W&B run that gets every step's metrics, then the summary
@@ -56,6 +64,8 @@ from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
 from rlhf.config import parse_stage_config
+from rlhf.distributed import init_state
+from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import setup_stage, setup_tracking
 from rlhf.lineage import content_hash
 from rlhf.manifest import MANIFEST_NAME, read_manifest, stage_manifest
@@ -67,8 +77,9 @@ from rlhf.precision import (
     stage_accelerator,
     weight_dtypes,
 )
+from rlhf.resume import prune_trainer_checkpoints, refused_checkpoints, resolve_resume
 from rlhf.rundir import install_failure_hook
-from rlhf.tracking import init_run, log_summary
+from rlhf.tracking import init_run, log_summary, wandb_run_id
 
 logger = logging.getLogger("ppo.train")
 
@@ -317,6 +328,10 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     inputs = resolve_inputs(script_args)
     verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="before training")
 
+    if launch["world_size"] > 1:
+        # the process group first (gloo on CPU, NCCL on GPU): without cpu=True accelerate's Accelerator sees one
+        # process on a multi-CPU launch, and every rank would train alone, with its own token counts
+        init_state(launch["collective_timeout_s"])
     accelerator = stage_accelerator(
         accelerate_mixed_precision(config.precision),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=launch["collective_timeout_s"]))],
@@ -350,6 +365,15 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         check_precision("ppo", precision, weighed, trainer.mixed_precision)
         loaded = {what: weight_dtypes(m) for what, m in weighed.items()}
         probe = AutocastProbe(models["policy"])  # the autocast of the first training-mode forward of the policy
+        # --resume_from_checkpoint (a path, or 'last'; the flow passes the newest complete one when it reruns an
+        # unfinished stage): checked (files, sha256 marker, shapes, world size, step < num_steps), then restored
+        resume_args = SimpleNamespace(resume_from_checkpoint=config.resume_from_checkpoint,
+                                      output_dir=config.output_dir, max_steps=config.num_steps,
+                                      world_size=accelerator.num_processes)
+        resumed_from = resolve_resume(resume_args, accelerator.unwrap_model(trainer.model))
+        if resumed_from is not None:
+            config.resume_from_checkpoint = run_config["resume_from_checkpoint"] = resumed_from
+            trainer.load_state(resumed_from)
         train_started = time.time()
         history = trainer.train()  # raises if pi_ref or the reward model moved in memory
         train_seconds = time.time() - train_started
@@ -360,18 +384,19 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         raise
 
     precision_dtypes = precision_record("ppo", precision, loaded, weighed, probe)
+    efficiency = trainer.efficiency(train_seconds, precision)
     final = history[-1] if history else {}
     metrics: dict[str, Any] = {
         **final,
         "num_steps": len(history),
         "n_prompts": len(prompts),
         "n_prompts_rejected": n_rejected,
-        "seconds_train": train_seconds,
-        "seconds_per_step": train_seconds / max(len(history), 1),
+        "seconds_train": train_seconds,  # this run's (a resumed run: the steps after the checkpoint)
+        "seconds_per_step": train_seconds / max(trainer.global_step - (trainer.resumed_from_step or 0), 1),
         "seconds_total": time.time() - started,
         "num_processes": accelerator.num_processes,
         "threads": torch.get_num_threads(),  # shows the flow's --num_cpu_threads_per_process reached the stage
-        "efficiency": {"threads": torch.get_num_threads(), "train_seconds": train_seconds},
+        "efficiency": efficiency,
         "pi_ref_unchanged": True,  # verify_hash raised otherwise
         "history": history,
     }
@@ -380,13 +405,28 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     manifest: dict[str, Any] = {"outputs": outputs}
     if accelerator.is_main_process:
         outputs["checkpoint_hash"] = content_hash(checkpoint)
+        training = {
+            "resumed_from": trainer.resumed_from,
+            "resumed_from_step": trainer.resumed_from_step,
+            "steps_this_run": trainer.global_step - (trainer.resumed_from_step or 0),
+            "global_step": trainer.global_step,
+            "max_steps": config.num_steps,
+            "save_steps": config.save_steps,
+            "save_total_limit": config.save_total_limit,
+            "wandb_run_id": wandb_run_id(),
+            # resume checkpoints that failed their checks and were kept aside (rlhf.resume.set_aside), with why
+            "refused_checkpoints": refused_checkpoints(output_dir),
+        }
         path = stage_manifest("ppo", SimpleNamespace(**run_config), inputs=inputs, outputs=outputs, metrics=metrics,
                               precision=precision,
-                              extra={"versions": _versions(), "precision_dtypes": precision_dtypes})
+                              extra={"versions": _versions(), "precision_dtypes": precision_dtypes,
+                                     "training": training})
+        prune_trainer_checkpoints(output_dir)  # resume state only; after the manifest, so a kill before it keeps them
         manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
         if use_wandb:
-            log_summary({k: v for k, v in metrics.items() if k != "history"}, report_to=config.report_to)
+            log_summary({**{k: v for k, v in metrics.items() if not isinstance(v, (dict, list))},
+                         **efficiency_summary(efficiency)}, report_to=config.report_to)
     _close(all_callbacks)
     accelerator.wait_for_everyone()
     return manifest

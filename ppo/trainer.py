@@ -6,7 +6,12 @@ One step:
        the reward model's score of (prompt, decoded completion), placed at the last real completion token; the
        missing-EOS penalty (completion tokens only);
        per-token rewards -kl_coef * KL_t (+ score at the last real token); GAE; whitened advantages.
-    2. ``ppo_epochs`` passes of shuffled minibatches: clipped policy loss + vf_coef * clipped value loss.
+    2. ``ppo_epochs`` passes of shuffled minibatches: clipped policy loss + vf_coef * clipped value loss, each a
+       token mean over the whole mini-batch whatever the micro-batch split (every micro-batch's summed token loss
+       divided by the mini-batch's real-token count, all-reduced over processes: :meth:`PPOTrainer.accumulate_minibatch`).
+
+Resume: every ``save_steps`` a checkpoint holds weights, optimizer, scheduler, RNG states and the loop state
+(:meth:`PPOTrainer.save_state`); :meth:`PPOTrainer.load_state` continues from it to the uninterrupted run's result.
 
 Models:
     - policy: ``AutoModelForCausalLM``, trained.
@@ -44,6 +49,7 @@ import inspect
 import logging
 import math
 import os
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -65,6 +71,7 @@ from judging.scoring import score as rm_score
 from rlhf.generation import chat_prompt
 from rlhf.checkpoint import check_checkpoint, save_checkpoint
 from rlhf.precision import accelerate_mixed_precision, stage_accelerator
+from rlhf.resume import FAULT_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -304,6 +311,15 @@ class PPOTrainer:
         self.log_history: list[dict[str, float]] = []
         self.kl_coef = config.kl_coef
         self.global_step = 0
+        self.data_position = (0, 0)  # (data epoch, batches of it used): where a resumed run continues
+        self.resumed_from: str | None = None
+        self.resumed_from_step: int | None = None
+        # tokens through the update passes (prompt + completion, real / with padding), for tokens/s and MFU
+        self.tokens_trained = 0
+        self.tokens_batched = 0
+        self.tokens_generated = 0  # real completion tokens sampled in the rollouts
+        self.rollout_seconds = 0.0
+        self.step_seconds: list[float] = []  # wall seconds of each step of this run (rollout + update)
 
         self.reward_tokenizer = reward_tokenizer or tokenizer
         self._check_models(policy, ref_model, reward_model, value_model, tokenizer, self.reward_tokenizer)
@@ -343,12 +359,17 @@ class PPOTrainer:
         needed = config.batch_size * self.accelerator.num_processes
         if len(self.prompt_ids) < needed:
             raise ValueError(f"{len(self.prompt_ids)} prompts < batch_size x processes = {needed}")
+        # the order of epoch e is drawn from this generator seeded with seed + e (:meth:`_cycle`), never from the
+        # global RNG: a resumed run then draws the prompts the killed one would have, and the global RNG (sampling,
+        # minibatch shuffles) is a function of the steps taken alone, so restoring it restores the run
+        self._data_generator = torch.Generator()
         dataloader = DataLoader(
             list(range(len(self.prompt_ids))),  # type: ignore[arg-type]
             batch_size=config.batch_size,
             shuffle=True,
             drop_last=True,
             collate_fn=self._collate,
+            generator=self._data_generator,
         )
 
         # optimisation
@@ -408,9 +429,18 @@ class PPOTrainer:
         ids, mask = left_pad([self.prompt_ids[i] for i in batch], self.pad_token_id)
         return {"prompt_ids": ids, "prompt_mask": mask, "prompt_index": torch.as_tensor(batch, dtype=torch.long)}
 
-    def _cycle(self) -> Iterator[dict[str, torch.Tensor]]:
+    def _cycle(self, epoch: int = 0, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        """Batches forever, epoch after epoch, starting at batch ``skip`` of ``epoch``; the order of epoch e is a
+        function of (seed, e) alone. ``self.data_position`` is (epoch, batches of it handed out) after each yield."""
         while True:
-            yield from self.dataloader
+            self._data_generator.manual_seed(self.config.seed + epoch)
+            self.data_position = (epoch, 0)
+            for i, batch in enumerate(self.dataloader):
+                if i < skip:
+                    continue
+                self.data_position = (epoch, i + 1)
+                yield batch
+            epoch, skip = epoch + 1, 0
 
     @property
     def policy(self) -> nn.Module:
@@ -568,44 +598,85 @@ class PPOTrainer:
 
     # ---- update -----------------------------------------------------------------------------------
 
-    def update(self, ro: Rollout) -> dict[str, float]:
-        """``ppo_epochs`` passes of minibatch updates on one rollout. Returns mean update statistics."""
+    def minibatch_token_normalizer(self, mask: torch.Tensor) -> tuple[float, int]:
+        """What each micro-batch's summed token loss is divided by, and this process's real tokens.
+
+        ``mask`` (b, T): the completion mask of this process's mini-batch. Returns ``(num_tokens / processes,
+        local_tokens)`` where ``num_tokens`` = the real completion tokens of the mini-batch summed over every
+        process (an all-reduce of one number).
+        Dividing by ``num_tokens / processes`` rather than ``num_tokens``: DDP (and DeepSpeed) *average* the
+        gradients over processes, so that average is then exactly the gradient of the token mean over the whole
+        global mini-batch, whatever the micro-batch size and however the tokens fall across processes. With one
+        process it is the mini-batch's own token count.
+        """
+        local = int(mask.sum())
+        if self.accelerator.num_processes == 1:
+            return float(max(local, 1)), local
+        total = self.accelerator.reduce(torch.tensor(float(local), device=self.accelerator.device), "sum")
+        return max(float(total), 1.0) / self.accelerator.num_processes, local
+
+    def accumulate_minibatch(self, ro: Rollout, minibatch: torch.Tensor) -> dict[str, float]:
+        """Forward/backward of one mini-batch (rows ``minibatch`` of ``ro``) in micro-batches of
+        ``micro_batch_size``, gradients accumulated in ``.grad``; no optimizer step. Returns the mini-batch's
+        statistics (losses and per-token statistics as token means over the mini-batch, micro-batch independent).
+
+        Loss of micro-batch m: (sum over its real tokens of the policy loss + vf_coef * the value loss) divided by
+        :meth:`minibatch_token_normalizer`: the accumulated gradient is that of the mini-batch's token mean, the
+        same at any micro-batch size (``tests/test_ppo_trainer.py`` checks 1, 2 and the whole mini-batch at 1e-6).
+        """
         cfg = self.config
-        self.model.train()
         T = ro.completion_ids.shape[1]
-        B = ro.prompt_ids.shape[0]
         input_ids, attention_mask = ro.input_ids, ro.attention_mask
         position_ids = position_ids_from_mask(attention_mask)
+        normalizer, n_local = self.minibatch_token_normalizer(ro.completion_mask[minibatch])
+        stats: dict[str, float] = defaultdict(float)
+        micro_starts = list(range(0, len(minibatch), cfg.micro_batch_size))
+        for k, m_start in enumerate(micro_starts):
+            idx = minibatch[m_start : m_start + cfg.micro_batch_size]
+            last_micro = k == len(micro_starts) - 1
+            sync = contextlib.nullcontext() if last_micro else self.accelerator.no_sync(self.model)
+            with sync:
+                logits, values = self.model(input_ids[idx], attention_mask[idx], position_ids[idx], T)
+                mask = ro.completion_mask[idx]
+                new_logprobs = core.logprobs_from_logits(logits, ro.completion_ids[idx], cfg.temperature)
+                pl = core.ppo_policy_loss(
+                    new_logprobs, ro.logprobs[idx], ro.advantages[idx], mask, cfg.cliprange, num_tokens=normalizer
+                )
+                vl = core.ppo_value_loss(
+                    values, ro.values[idx], ro.returns[idx], mask, cfg.cliprange_value, num_tokens=normalizer
+                )
+                loss = pl.loss + cfg.vf_coef * vl.loss
+                self.accelerator.backward(loss)
+            with torch.no_grad():
+                entropy = core.masked_mean(core.entropy_from_logits(logits.detach(), cfg.temperature), mask)
+            # statistics over this process's mini-batch: sums rescaled to its own token count, and per-token means
+            # weighted by each micro-batch's share of the tokens
+            rescale = normalizer / max(n_local, 1)
+            share = int(mask.sum()) / max(n_local, 1)
+            stats["loss/policy"] += pl.loss.item() * rescale
+            stats["loss/value"] += vl.loss.item() * rescale
+            stats["loss/total"] += loss.item() * rescale
+            stats["policy/clipfrac"] += pl.clipfrac.item() * share
+            stats["policy/approx_kl"] += pl.approx_kl.item() * share
+            stats["policy/ratio"] += pl.ratio.item() * share
+            stats["policy/entropy"] += entropy.item() * share
+            stats["value/clipfrac"] += vl.clipfrac.item() * share
+        self.tokens_trained += int(attention_mask[minibatch].sum())
+        self.tokens_batched += int(attention_mask[minibatch].numel())
+        return dict(stats)
+
+    def update(self, ro: Rollout) -> dict[str, float]:
+        """``ppo_epochs`` passes of minibatch updates on one rollout. Returns mean update statistics (over the
+        mini-batches; each mini-batch's figures are token means, :meth:`accumulate_minibatch`)."""
+        cfg = self.config
+        self.model.train()
+        B = ro.prompt_ids.shape[0]
         stats: dict[str, list[float]] = defaultdict(list)
         for _epoch in range(cfg.ppo_epochs):
-            perm = torch.randperm(B, device=input_ids.device)
+            perm = torch.randperm(B, device=ro.prompt_ids.device)
             for start in range(0, B, cfg.mini_batch_size):
-                minibatch = perm[start : start + cfg.mini_batch_size]
-                micro_starts = list(range(0, len(minibatch), cfg.micro_batch_size))
-                for k, m_start in enumerate(micro_starts):
-                    idx = minibatch[m_start : m_start + cfg.micro_batch_size]
-                    last_micro = k == len(micro_starts) - 1
-                    sync = contextlib.nullcontext() if last_micro else self.accelerator.no_sync(self.model)
-                    with sync:
-                        logits, values = self.model(input_ids[idx], attention_mask[idx], position_ids[idx], T)
-                        mask = ro.completion_mask[idx]
-                        new_logprobs = core.logprobs_from_logits(logits, ro.completion_ids[idx], cfg.temperature)
-                        pl = core.ppo_policy_loss(
-                            new_logprobs, ro.logprobs[idx], ro.advantages[idx], mask, cfg.cliprange
-                        )
-                        vl = core.ppo_value_loss(values, ro.values[idx], ro.returns[idx], mask, cfg.cliprange_value)
-                        loss = pl.loss + cfg.vf_coef * vl.loss
-                        self.accelerator.backward(loss * (len(idx) / len(minibatch)))
-                    with torch.no_grad():
-                        entropy = core.masked_mean(core.entropy_from_logits(logits.detach(), cfg.temperature), mask)
-                    stats["loss/policy"].append(pl.loss.item())
-                    stats["loss/value"].append(vl.loss.item())
-                    stats["loss/total"].append(loss.item())
-                    stats["policy/clipfrac"].append(pl.clipfrac.item())
-                    stats["policy/approx_kl"].append(pl.approx_kl.item())
-                    stats["policy/ratio"].append(pl.ratio.item())
-                    stats["policy/entropy"].append(entropy.item())
-                    stats["value/clipfrac"].append(vl.clipfrac.item())
+                for key, value in self.accumulate_minibatch(ro, perm[start : start + cfg.mini_batch_size]).items():
+                    stats[key].append(value)
                 grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 if grad_norm is not None:
                     stats["policy/grad_norm"].append(float(grad_norm))
@@ -680,16 +751,29 @@ class PPOTrainer:
         metrics["step"] = float(self.global_step)
         metrics["time/rollout_s"] = t_rollout
         metrics["time/step_s"] = time.perf_counter() - t0
+        self.tokens_generated += int(mask.sum())
+        self.rollout_seconds += t_rollout
+        self.step_seconds.append(metrics["time/step_s"])
         self.last_rollout = ro
         return metrics
 
     def train(self) -> list[dict[str, float]]:
-        """Run ``num_steps`` PPO steps with a progress bar; verify pi_ref is unchanged at the end."""
+        """Run the PPO steps from ``global_step`` (0, or a resumed checkpoint's step) to ``num_steps`` with a progress
+        bar, writing a resume checkpoint every ``save_steps`` (:meth:`save_state`); verify pi_ref is unchanged at
+        the end. Returns the metrics of every step of the run (a resumed run's include the checkpoint's).
+
+        Fault injection for the resume tests (``rlhf.resume.FAULT_ENV`` = N, never set outside tests): SIGKILL to
+        this process when step N is done (and saved, if it was a save step), at the start of step N + 1.
+        """
         self.verify_frozen()
-        bar = tqdm(
-            range(self.config.num_steps), desc="PPO", disable=not self.accelerator.is_local_main_process
-        )
+        raw = os.environ.get(FAULT_ENV)
+        kill_after = int(raw) if raw else None
+        bar = tqdm(range(self.global_step, self.config.num_steps), desc="PPO", initial=self.global_step,
+                   total=self.config.num_steps, disable=not self.accelerator.is_local_main_process)
         for _ in bar:
+            if kill_after is not None and self.global_step == kill_after:
+                logger.warning("%s=%d: sending SIGKILL to this process (pid %d)", FAULT_ENV, kill_after, os.getpid())
+                os.kill(os.getpid(), signal.SIGKILL)
             metrics = self.step()
             self.log_history.append(metrics)
             bar.set_postfix(
@@ -700,9 +784,177 @@ class PPOTrainer:
             if self.global_step % self.config.logging_steps == 0 and self.accelerator.is_main_process:
                 for callback in self.callbacks:
                     callback(self.global_step, metrics)
+            save_steps = self.config.save_steps
+            if save_steps and self.global_step % save_steps == 0 and self.global_step < self.config.num_steps:
+                self.save_state()
         self.accelerator.wait_for_everyone()
         self.verify_frozen()
         return self.log_history
+
+    # ---- resume checkpoints -----------------------------------------------------------------------
+
+    def _check_resumable_layout(self) -> None:
+        kind = str(self.accelerator.distributed_type).split(".")[-1]
+        if kind in ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA"):
+            raise ValueError(f"PPO resume checkpoints hold whole (unsharded) optimizer states: one process or DDP "
+                             f"only, this run is {kind}; set save_steps: 0 and no resume_from_checkpoint")
+
+    def _rng_file(self) -> str:
+        n = self.accelerator.num_processes
+        return "rng_state.pth" if n == 1 else f"rng_state_{self.accelerator.process_index}.pth"
+
+    def save_state(self) -> Path:
+        """Write ``output_dir/checkpoint-<global_step>``, everything a resumed run needs to continue as this one
+        would, in the layout ``rlhf.resume`` checks (and ``flows.stages.run_stage`` resumes from):
+
+            model.safetensors   the policy and value model (``PolicyAndValue``'s state dict, tied tensors once)
+            optimizer.pt, scheduler.pt
+            rng_state.pth       python, numpy, torch CPU and CUDA RNG states (``rng_state_<rank>.pth`` per process)
+            trainer_state.json  transformers' ``TrainerState`` (step, num_steps, data epoch, loss per step)
+            ppo_state.json      the loop's state: step, kl_coef (adaptive), data position, every step's metrics
+            .rlhf-complete      written last, once every rank wrote its files: each file's sha256
+                                (``rlhf.resume.mark_complete``); a folder without it is an interrupted save
+
+        Refuses (``rlhf.training_health.TrainingDiverged``) to save non-finite or exploded weights. Keeps the newest
+        ``save_total_limit`` checkpoints. Every process calls it. Returns the folder.
+        """
+        import json
+        import random
+        import shutil
+
+        import numpy as np
+        from safetensors.torch import save_model
+        from transformers import TrainerState
+
+        from rlhf.resume import mark_complete, trainer_checkpoints
+        from rlhf.training_health import check_weights, local_tensors
+
+        self._check_resumable_layout()
+        cfg, step = self.config, self.global_step
+        folder = Path(cfg.output_dir) / f"checkpoint-{step}"
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        check_weights(local_tensors(unwrapped), step)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            if folder.exists():  # an interrupted save of this step (no marker: never resumed from)
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            save_model(unwrapped, str(folder / "model.safetensors"))
+            torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), folder / "scheduler.pt")
+            epoch, used = self.data_position
+            epoch_float = epoch + used / max(len(self.dataloader), 1)
+            TrainerState(
+                global_step=step, max_steps=cfg.num_steps, epoch=epoch_float, train_batch_size=cfg.batch_size,
+                log_history=[{"step": int(m["step"]), "loss": m["loss/total"]} for m in self.log_history],
+            ).save_to_json(str(folder / "trainer_state.json"))
+            state = {"global_step": step, "kl_coef": self.kl_coef, "data_epoch": epoch, "data_batches": used,
+                     "world_size": self.accelerator.num_processes, "history": self.log_history}
+            (folder / "ppo_state.json").write_text(json.dumps(state) + "\n")
+        self.accelerator.wait_for_everyone()
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, folder / self._rng_file())
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            mark_complete(folder, global_step=step, epoch=epoch_float, world_size=self.accelerator.num_processes)
+            for old in trainer_checkpoints(cfg.output_dir)[cfg.save_total_limit :]:
+                shutil.rmtree(old)
+        self.accelerator.wait_for_everyone()
+        logger.info("resume checkpoint %s written", folder)
+        return folder
+
+    def load_state(self, folder: str | os.PathLike[str]) -> int:
+        """Continue from a checkpoint :meth:`save_state` wrote (check it first: ``rlhf.resume.resolve_resume``):
+        weights, optimizer, scheduler, step, kl_coef, metrics so far, data position, and this process's RNG states,
+        restored last. Returns the step. Every process calls it.
+
+        Raises:
+            ValueError: the checkpoint was written by another number of processes, or is not a PPO checkpoint
+                (no ``ppo_state.json``), or its weights do not match the models.
+        """
+        import json
+        import random
+
+        import numpy as np
+        from safetensors.torch import load_model
+
+        self._check_resumable_layout()
+        folder = Path(folder)
+        state_file = folder / "ppo_state.json"
+        if not state_file.is_file():
+            raise ValueError(f"{folder}: no ppo_state.json: not a PPO resume checkpoint")
+        state = json.loads(state_file.read_text())
+        if int(state["world_size"]) != self.accelerator.num_processes:
+            raise ValueError(f"{folder}: written by {state['world_size']} process(es), this run has "
+                             f"{self.accelerator.num_processes}")
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        missing, unexpected = load_model(unwrapped, str(folder / "model.safetensors"), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{folder / 'model.safetensors'}: does not match the policy and value models "
+                             f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+        device = self.accelerator.device
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=device, weights_only=True))
+        self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+        self.global_step = int(state["global_step"])
+        self.kl_coef = float(state["kl_coef"])
+        self.log_history = list(state["history"])
+        self._batches = self._cycle(int(state["data_epoch"]), int(state["data_batches"]))
+        self.data_position = (int(state["data_epoch"]), int(state["data_batches"]))
+        self.resumed_from, self.resumed_from_step = str(folder.resolve()), self.global_step
+        # the file's sha256 was checked against the completion marker before this: only then is it unpickled
+        rng = torch.load(folder / self._rng_file(), weights_only=False)
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        logger.info("resumed from %s at step %d of %d", folder, self.global_step, self.config.num_steps)
+        return self.global_step
+
+    # ---- efficiency -------------------------------------------------------------------------------
+
+    def efficiency(self, seconds: float, dtype: str) -> dict[str, Any]:
+        """Throughput and MFU of this process's run, as the other stages report them (``rlhf.efficiency``).
+
+        ``tokens`` = the real (prompt + completion) tokens that went through the update's forward and backward
+        passes (each rollout token counted ``ppo_epochs`` times); N = the parameters of the trained pair (policy +
+        value model); ``mfu = 6 N tokens_per_s / peak`` over ``seconds`` (the whole loop, rollouts included). The
+        rollout's FLOPs (sampling, and the scoring forwards of policy, pi_ref, value and reward models) are not
+        counted, as the frozen reference model's forward is not in DPO's MFU: the figure understates what the
+        hardware did, by the share ``rollout_seconds / train_seconds`` shows. ``generated_tokens_per_s`` is the
+        sampling rate over the rollouts' wall time (scoring included). Per process: multiply by the number of
+        processes for the whole run. A resumed run reports the steps it ran itself (after the checkpoint).
+
+        Returns:
+            :func:`rlhf.efficiency.efficiency`'s dict plus ``padding_share``, ``batched_tokens``, ``train_seconds``,
+            ``generated_tokens``, ``rollout_seconds``, ``generated_tokens_per_s``, ``first_step_seconds``,
+            ``steady_step_seconds`` (median of the later steps; None with one step) and ``warmup_seconds``.
+        """
+        import statistics
+
+        from rlhf.efficiency import efficiency, n_parameters
+
+        out = efficiency(n_parameters(self.accelerator.unwrap_model(self.model)), self.tokens_trained, seconds, dtype)
+        first = self.step_seconds[0] if self.step_seconds else None
+        steady = statistics.median(self.step_seconds[1:]) if len(self.step_seconds) > 1 else None
+        out.update(
+            padding_share=1 - self.tokens_trained / self.tokens_batched if self.tokens_batched else None,
+            batched_tokens=self.tokens_batched,
+            train_seconds=seconds,
+            generated_tokens=self.tokens_generated,
+            rollout_seconds=self.rollout_seconds,
+            generated_tokens_per_s=self.tokens_generated / self.rollout_seconds if self.rollout_seconds else None,
+            first_step_seconds=first,
+            steady_step_seconds=steady,
+            warmup_seconds=None if steady is None else first - steady,
+        )
+        logger.info("efficiency: %d threads, %.0f update tokens/s, MFU %.2f%% of %.3g FLOP/s (%s), %.0f generated "
+                    "tokens/s, rollouts %.0f%% of the time", out["threads"], out["tokens_per_s"],
+                    100 * (out["mfu"] or 0), out["peak_flops"], out["peak_source"],
+                    out["generated_tokens_per_s"] or 0, 100 * self.rollout_seconds / seconds if seconds else 0)
+        return out
 
     # ---- save -------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from data.loaders import load_pairs
 from data.pairs import prepare_pairs
 from data.schemas import pair_to_trl
 from data.validation import handle_rejects
-from judging.agreement import expert_labels, inter_annotator_agreement, rm_agreement
+from judging.agreement import expert_labels, inter_annotator_agreement, preference_pair_clusters, rm_agreement
 from judging.judges import judge_pairs
 from judging.model_judges import RewardModelJudge, judgment_scores
 from judging.scoring import check_reload_scores, load_reward_model
@@ -59,17 +59,21 @@ def held_out_agreement(model, tokenizer, checkpoint: Path, held_out, scored, arg
     judging_seconds = time.perf_counter() - t_score  # held-out scoring + the reload check
 
     labels = [[lab.preference for lab in p.labels] for p in held_out]  # ragged: annotators per pair may differ
-    iaa = inter_annotator_agreement(labels)
-    rm = rm_agreement(first, second, expert_labels(labels[: len(scored)]))
+    # pairs sharing an instruction or a response are one cluster: the intervals count clusters, not pairs
+    iaa = inter_annotator_agreement(labels, clusters=preference_pair_clusters(held_out))
+    clusters = preference_pair_clusters(scored)
+    rm = rm_agreement(first, second, expert_labels(labels[: len(scored)]), clusters=clusters)
     scores = Path(args.output_dir) / "agreement_scores.jsonl"
     with open(scores, "w") as f:
-        for p, s1, s2 in zip(scored, first, second):
+        for p, s1, s2, c in zip(scored, first, second, clusters):
             row = {"id": p.id, "score_first": float(s1), "score_second": float(s2),
-                   "labels": [lab.preference for lab in p.labels]}
+                   "labels": [lab.preference for lab in p.labels], "cluster": int(c)}
             f.write(json.dumps(row) + "\n")
     logger.info(
-        "RM agreement with expert labels %.4f (n %d) vs inter-annotator agreement %.4f (n %d); the flow decides PPO",
-        rm.agreement, rm.n, iaa.pairwise_agreement_decisive, iaa.n_decisive_comparisons,
+        "RM agreement with expert labels %.4f (n %d, n_eff %.1f in %d clusters) vs inter-annotator agreement %.4f "
+        "(n %d, n_eff %.1f in %d clusters); the flow decides PPO",
+        rm.agreement, rm.n, rm.n_eff, rm.n_clusters, iaa.pairwise_agreement_decisive, iaa.n_decisive_comparisons,
+        iaa.n_eff_decisive, iaa.n_clusters,
     )
     return Published(
         outputs={"agreement_scores": str(scores.resolve())},

@@ -254,9 +254,9 @@ def peak_flops(dtype: str = "fp32", *, remeasure: bool = False) -> tuple[float, 
     cache[key] = {"flops": flops, "measured_at": time.time(), "load_average_1min": load}
     try:
         PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        from .manifest import atomic_write_text
+        from .manifest import atomic_write_text, dumps_strict
 
-        atomic_write_text(PEAK_CACHE, json.dumps(cache, indent=2) + "\n")
+        atomic_write_text(PEAK_CACHE, dumps_strict(cache, indent=2) + "\n")
     except OSError as err:  # a read-only home only costs a re-measurement next time
         logger.warning("could not cache the matmul peak in %s: %s", PEAK_CACHE, err)
     return flops, f"measured {dtype} matmul peak ({PEAK_CACHE})"

@@ -397,11 +397,8 @@ class ResumeCallback(TrainerCallback):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
-                record = marker_record(folder, COMPLETE_MARKER, global_step=state.global_step, epoch=state.epoch,
-                                       world_size=getattr(args, "world_size", 1))
-                tmp = folder / f"{COMPLETE_MARKER}.tmp"
-                tmp.write_text(json.dumps(record) + "\n")
-                os.replace(tmp, folder / COMPLETE_MARKER)
+                mark_complete(folder, global_step=state.global_step, epoch=state.epoch,
+                              world_size=getattr(args, "world_size", 1))
         return control
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -415,6 +412,18 @@ class ResumeCallback(TrainerCallback):
             self._nan_hook.remove()
             self._nan_hook = None
         return control
+
+
+def mark_complete(folder: str | os.PathLike, *, global_step: int, epoch, world_size: int) -> Path:
+    """Write ``COMPLETE_MARKER`` into a checkpoint folder whose every file is written (on every rank): the record of
+    :func:`rlhf.checkpoint_integrity.marker_record` (step, epoch, layout, world size, each file's size and sha256),
+    through a temporary file and a rename, so the marker is there whole or not at all. Returns the marker's path."""
+    folder = Path(folder)
+    record = marker_record(folder, COMPLETE_MARKER, global_step=global_step, epoch=epoch, world_size=world_size)
+    tmp = folder / f"{COMPLETE_MARKER}.tmp"
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, folder / COMPLETE_MARKER)
+    return folder / COMPLETE_MARKER
 
 
 def _poison_output(module, inputs, output):

@@ -148,14 +148,24 @@ def _decision(rm_value: float, **kw):
 
 
 def test_ppo_unlock_line_shows_state_numbers_and_override_reason():
+    # n and effective n on each side: the RM's 100 pairs have no cluster key (item-level, n_eff = n); the
+    # annotators' 8 decisive comparisons sit on 4 items, worth 5.0 independent ones (design effect 1.594:
+    # item residuals 1.125, -0.875, 0.375, -0.625 -> 4/3 * 2.5625 / 64 over (5/8)(3/8)/7)
+    rm_n = "(n 100, n_eff 100.0 in 100 clusters, one per item: no cluster key)"
+    iaa_n = "(n 8, n_eff 5.0 in 4 clusters, one per item: no cluster key)"
     assert ppo_unlock_line(_decision(0.7)) == (
-        "- PPO unlock: unlocked (RM agreement with expert labels 0.7000 vs inter-annotator agreement 0.6250)")
+        f"- PPO unlock: unlocked (RM agreement with expert labels 0.7000 {rm_n} vs inter-annotator agreement 0.6250 "
+        f"{iaa_n})")
     assert ppo_unlock_line(_decision(0.5)) == (
-        "- PPO unlock: locked (RM agreement with expert labels 0.5000 vs inter-annotator agreement 0.6250)")
+        f"- PPO unlock: locked (RM agreement with expert labels 0.5000 {rm_n} vs inter-annotator agreement 0.6250 "
+        f"{iaa_n})")
     forced = ppo_unlock_line(_decision(0.5, override=True, override_reason="ablation: PPO on a weak RM"))
     assert forced == ("- PPO unlock: unlocked by override (ablation: PPO on a weak RM); the rule says locked: "
-                      "RM agreement with expert labels 0.5000 vs inter-annotator agreement 0.6250")
+                      f"RM agreement with expert labels 0.5000 {rm_n} vs inter-annotator agreement 0.6250 {iaa_n}")
     assert "not given" in ppo_unlock_line(None)
+    old = {k: v for k, v in _decision(0.7).items() if not k.endswith(("_n_eff", "_n_clusters", "_cluster_rule"))}
+    assert ppo_unlock_line(old) == (  # a decision recorded before the effective n existed
+        "- PPO unlock: unlocked (RM agreement with expert labels 0.7000 vs inter-annotator agreement 0.6250)")
 
 
 def test_ppo_unlock_file_is_checked(tmp_path):

@@ -63,7 +63,8 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
     assert manifest["inputs"]["ppo_unlock"]["overridden"] is True
     report = (out / "report.md").read_text()
     assert ("- PPO unlock: unlocked by override (research run); the rule says locked: RM agreement with expert "
-            "labels 0.6000 vs inter-annotator agreement 0.6250") in report
+            "labels 0.6000 (n 50, n_eff 50.0 in 50 clusters, one per item: no cluster key) vs inter-annotator "
+            "agreement 0.6250 (n 8, n_eff 5.0 in 4 clusters, one per item: no cluster key)") in report
     assert "## What was compared" in report and "## Plots" in report
     # the canaries ran through the same judge (the tiny reward model: it scores, no requests) and instruments:
     # null, padded and flattering judged on the 5 win-rate pairs each; one row per (canary, attacked gate)

@@ -247,3 +247,46 @@ def test_ppo_value_loss_hand_values():
     out.loss.backward()
     # only the unclipped token 1 has a gradient: 0.5 * 2 * (0.1 - 1) / 3 = -0.3; the pad's NaN return gives 0
     close(values.grad, [[0.0, -0.3, 0.0, 0.0]])
+
+
+def test_losses_of_micro_batches_add_up_to_the_token_mean_of_the_mini_batch():
+    # A mini-batch of two completions, 1 and 8 real tokens (9 in all), ratio 1 (log pi = log pi_old).
+    # Advantages: row 0 A = +2 (its one token), row 1 A = -0.5 at each of its 8 tokens.
+    # Per-token policy loss at ratio 1 is -A: row 0 sums to -2, row 1 to +4; token mean over the mini-batch
+    # (-2 + 4) / 9 = 0.222222. Micro-batches of one row each, divided by the mini-batch's 9 tokens:
+    # -2/9 + 4/9 = 2/9, the same. Weighting each micro-batch's own token mean by its share of sequences (the old
+    # behaviour) gives 0.5 * -2 + 0.5 * 0.5 = -0.75: the 1-token completion weighs 8 times as much per token.
+    # Value loss with V = V_old = 0, R = 3 (row 0) and 1 (row 1), no clipping in play: 0.5 * (9 + 8 * 1) / 9 =
+    # 0.944444; per row 0.5 * 9 / 9 + 0.5 * 8 / 9; sequence-weighted 0.5 * 4.5 + 0.5 * 0.5 = 2.5.
+    mask = torch.tensor([[1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
+    adv = torch.tensor([[2.0] + [NAN] * 7, [-0.5] * 8])
+    old = torch.full((2, 8), -1.0)
+    values = torch.zeros(2, 8)
+    returns = torch.tensor([[3.0] + [NAN] * 7, [1.0] * 8])
+
+    lp = old.clone().requires_grad_(True)
+    whole = core.ppo_policy_loss(lp, old, adv, mask, cliprange=0.2)
+    close(whole.loss, 2 / 9)
+    whole.loss.backward()
+    # d/dlp of -A * ratio / 9 at ratio 1: -A / 9 at every real token, 0 at padding
+    close(lp.grad, [[-2 / 9] + [0.0] * 7, [0.5 / 9] * 8])
+
+    lp_micro = old.clone().requires_grad_(True)
+    parts = [core.ppo_policy_loss(lp_micro[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], 0.2,
+                                  num_tokens=9) for i in range(2)]
+    close(parts[0].loss, -2 / 9)
+    close(parts[1].loss, 4 / 9)
+    (parts[0].loss + parts[1].loss).backward()
+    torch.testing.assert_close(lp_micro.grad, lp.grad, atol=1e-7, rtol=0)
+    old_weighting = sum(0.5 * core.ppo_policy_loss(old[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1],
+                                                    0.2).loss for i in range(2))
+    close(old_weighting, -0.75)
+
+    close(core.ppo_value_loss(values, values, returns, mask, 0.2).loss, 17 / 18)
+    rows = [core.ppo_value_loss(values[i : i + 1], values[i : i + 1], returns[i : i + 1], mask[i : i + 1], 0.2,
+                                num_tokens=9).loss for i in range(2)]
+    close(rows[0], 0.5)
+    close(rows[1], 4 / 9)
+    close(rows[0] + rows[1], 17 / 18)
+    with pytest.raises(ValueError, match="num_tokens must be > 0"):
+        core.ppo_policy_loss(lp, old, adv, mask, 0.2, num_tokens=0)

@@ -133,6 +133,24 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
     metrics = m["metrics"]
     assert metrics["num_steps"] == 2 and len(metrics["history"]) == 2 and metrics["n_prompts"] == 8
     assert metrics["objective/kl_k3"] >= 0 and metrics["pi_ref_unchanged"] is True
+    # tokens/s and MFU as the other stages report them (rlhf.efficiency): 6 N tokens/s over the peak, N = policy +
+    # value model, tokens = the real prompt + completion tokens of the update passes (ppo_epochs 1: each once)
+    eff = metrics["efficiency"]
+    generated = sum(round(h["response/length_mean"] * 4) for h in metrics["history"])  # batch_size 4
+    assert eff["generated_tokens"] == generated and eff["tokens"] > generated  # the prompts' tokens too
+    assert eff["batched_tokens"] >= eff["tokens"]
+    assert eff["padding_share"] == pytest.approx(1 - eff["tokens"] / eff["batched_tokens"])
+    assert eff["tokens_per_s"] == pytest.approx(eff["tokens"] / metrics["seconds_train"])
+    assert eff["train_seconds"] == metrics["seconds_train"] and eff["threads"] == metrics["threads"]
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(stages["dpo"] / "checkpoint").parameters())
+    n += sum(p.numel() for p in AutoModelForSequenceClassification.from_pretrained(stages["rm"] / "checkpoint")
+             .parameters())
+    assert eff["mfu"] == pytest.approx(6 * n * eff["tokens_per_s"] / eff["peak_flops"]) and 0 < eff["mfu"] <= 1
+    assert 0 < eff["rollout_seconds"] < eff["train_seconds"]
+    assert eff["generated_tokens_per_s"] == pytest.approx(generated / eff["rollout_seconds"])
+    assert eff["first_step_seconds"] > 0 and eff["steady_step_seconds"] > 0
     assert returned["outputs"] == m["outputs"]
 
     # W&B: one run, named "ppo", grouped by the round, under output_dir, with every step's metrics and a summary
@@ -145,6 +163,7 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
                                     "disable_code": True, "disable_git": True}
     assert [step for step, _ in run.logs] == [1, 2] and "objective/score" in run.logs[0][1]
     assert run.summary["num_steps"] == 2 and "history" not in run.summary
+    assert run.summary["efficiency/tokens_per_s"] == eff["tokens_per_s"] and run.summary["efficiency/mfu"] == eff["mfu"]
     assert run.finished
 
 
@@ -261,3 +280,113 @@ def test_reward_model_without_a_score_head_is_refused_with_explicit_paths(stages
     (tmp_path / "explicit.yaml").write_text("num_steps: 1\nbatch_size: 4\n")
     with pytest.raises(ValueError, match="missing from the checkpoint"):
         main(argv)
+
+
+# Resume: 12 prompts, batch 4 -> 3 batches an epoch; 4 steps; a resume checkpoint after every step but the last, the
+# newest 2 kept. Killed when step 3 is done: the resumed run skips the whole first epoch's batches and draws step 4
+# from the second epoch's shuffle. The adaptive KL controller (kl_target) and 2 PPO epochs make the loop state more
+# than the weights.
+RESUME_ARGS = ["--max_prompts", "12", "--num_steps", "4", "--save_steps", "1", "--save_total_limit", "2",
+               "--ppo_epochs", "2", "--kl_target", "0.01", "--kl_horizon", "100", "--report_to", "none"]
+TIME_KEYS = ("time/rollout_s", "time/step_s")
+
+
+def _flow_args(stages):
+    argv = stages["argv"]
+    skip = {argv.index("--config"), argv.index("--config") + 1, argv.index("--output_dir"),
+            argv.index("--output_dir") + 1}
+    return [a for i, a in enumerate(argv) if i not in skip] + RESUME_ARGS
+
+
+def test_ppo_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(stages, tmp_path, monkeypatch):
+    """A real SIGKILL of the PPO stage after its step-3 checkpoint, rerun through the flow's launcher
+    (flows.stages.run_stage, which finds the complete checkpoint and passes --resume_from_checkpoint): the run ends
+    with the weights and every step's metrics of an uninterrupted run (fp32 on one CPU process: 1e-6, far below
+    one step's change at lr 1e-3), and the manifest records the step it resumed from."""
+    from flows.stages import StageFailed, run_stage
+    from rlhf.resume import COMPLETE_MARKER, FAULT_ENV, ResumeError, trainer_checkpoints
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    runs = tmp_path / "runs"
+    args = _flow_args(stages)
+
+    def run(out, kill_after=None):
+        with monkeypatch.context() as mp:
+            if kill_after is not None:
+                mp.setenv(FAULT_ENV, str(kill_after))
+            return run_stage("ppo", "ppo.train", stages["recipe"], out, extra_args=args, runs_dir=runs,
+                             log=lambda _line: None)
+
+    reference = runs / "ppo-ref"
+    run(reference)
+    out = runs / "ppo-killed"
+    with pytest.raises(StageFailed) as err:
+        run(out, kill_after=3)
+    assert err.value.cause == "killed by signal 9 (SIGKILL)"
+    assert not (out / "manifest.json").exists() and not (out / "checkpoint").exists()
+    assert [p.name for p in trainer_checkpoints(out)] == ["checkpoint-3", "checkpoint-2"]  # save_total_limit 2
+    assert all((p / COMPLETE_MARKER).is_file() for p in trainer_checkpoints(out))
+    state = json.loads((out / "checkpoint-3" / "ppo_state.json").read_text())
+    assert (state["global_step"], state["data_epoch"], state["data_batches"]) == (3, 0, 3)
+    assert len(state["history"]) == 3
+
+    # an explicit resume from a checkpoint altered after its save is refused, naming the file
+    damaged = tmp_path / "damaged" / "checkpoint-2"
+    shutil.copytree(out / "checkpoint-2", damaged)
+    data = bytearray((damaged / "optimizer.pt").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (damaged / "optimizer.pt").write_bytes(bytes(data))
+    with pytest.raises(ResumeError, match=r"optimizer.pt: sha256"):
+        main(["--config", str(stages["recipe"]), "--output_dir", str(tmp_path / "damaged-run"), *args,
+              "--resume_from_checkpoint", str(damaged)])
+
+    rerun = run(out)
+    assert not rerun.cached
+    got, want = rerun.manifest, read_manifest(reference)
+    assert want["training"]["resumed_from"] is None and want["training"]["resumed_from_step"] is None
+    assert got["training"]["resumed_from_step"] == 3
+    assert got["training"]["resumed_from"] == str((out / "checkpoint-3").resolve())
+    assert got["config"]["resume_from_checkpoint"] == got["training"]["resumed_from"]
+    assert got["training"]["steps_this_run"] == 1 and got["training"]["global_step"] == 4
+    assert "resumed from" in (out / "stage.log").read_text()
+
+    w_got = load_file(str(out / "checkpoint" / "model.safetensors"))
+    w_want = load_file(str(reference / "checkpoint" / "model.safetensors"))
+    assert w_got.keys() == w_want.keys()
+    diff = max(float((w_got[k] - w_want[k]).abs().max()) for k in w_want)
+    initial = load_file(str(stages["dpo"] / "checkpoint" / "model.safetensors"))
+    moved = max(float((w_want[k] - initial[k]).abs().max()) for k in initial)
+    print(f"PPO resumed from step 3: max |weight diff| vs uninterrupted {diff:.3g} (training moved them {moved:.3g})")
+    assert diff <= 1e-6 and moved > 1e-3
+    h_got, h_want = got["metrics"]["history"], want["metrics"]["history"]
+    assert len(h_got) == len(h_want) == 4
+    for a, b in zip(h_got, h_want):
+        for key in b:
+            if key not in TIME_KEYS:
+                assert abs(a[key] - b[key]) <= 1e-6, (b["step"], key, a[key], b[key])
+    assert h_want[-1]["objective/kl_coef"] != h_want[0]["objective/kl_coef"], "the adaptive KL coefficient moved"
+    assert trainer_checkpoints(out) == [] and trainer_checkpoints(reference) == []  # resume state removed at the end
+
+
+def test_ppo_on_two_cpu_processes_is_one_data_parallel_run(stages):
+    """torchrun with 2 CPU processes: the stage makes the process group (gloo) before its Accelerator, so accelerate
+    sees 2 processes (DDP) and not 2 separate single-process runs, which would each train alone and normalise the
+    loss by their own tokens only. Rank 0 alone writes the manifest."""
+    import socket
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RLHF_EXPECTED_WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), "-m", "ppo.train", *stages["argv"], "--batch_size", "2", "--num_steps", "1",
+           "--precision", "fp32", "--report_to", "none"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    m = read_manifest(stages["out"])
+    assert m["metrics"]["num_processes"] == 2 and m["metrics"]["efficiency"]["tokens"] > 0

@@ -241,3 +241,98 @@ def test_ppo_score_equals_reward_model_scoring_on_the_same_pair(models, tokenize
     torch.testing.assert_close(ro.scores.double(), torch.as_tensor(want), atol=1e-5, rtol=0)
     last = core.last_real_index(ro.completion_mask)
     torch.testing.assert_close(ro.rewards[torch.arange(len(last)), last], ro.penalized_scores)  # policy == ref: KL 0
+
+
+def _grads(trainer):
+    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def test_accumulated_gradient_is_the_same_at_every_micro_batch_size(models, tokenizer):
+    """One mini-batch of 4 completions of 1, 13, 2 and 8 real tokens: the gradient accumulated over micro-batches
+    of 1, of 2, and the whole mini-batch at once agree within 1e-6 (the loss is the mini-batch's token mean, each
+    micro-batch's summed token loss divided by the mini-batch's 24 tokens). Weighting each micro-batch's token
+    mean by its share of sequences, as before, moves them apart by far more than that (checked below)."""
+    trainer = make_trainer(models, tokenizer, batch_size=4, mini_batch_size=4, micro_batch_size=4, max_new_tokens=13)
+    batch = next(trainer._batches)
+    ro = trainer.rollout(batch["prompt_ids"], batch["prompt_mask"], batch["prompt_index"])
+    T = ro.completion_ids.shape[1]
+    if T < 13:  # every row stopped early: pad the completion so a 13-token row exists
+        pad = torch.full((4, 13 - T), tokenizer.eos_token_id)
+        ro = ro._replace(**{k: torch.cat([getattr(ro, k), pad.to(getattr(ro, k).dtype)], 1)
+                            for k in ("completion_ids", "completion_mask", "logprobs", "ref_logprobs", "values",
+                                      "rewards", "kl_k1", "kl_k3", "advantages", "returns")})
+    lengths = torch.tensor([1, 13, 2, 8])
+    mask = (torch.arange(13)[None, :] < lengths[:, None]).long()
+    g = torch.Generator().manual_seed(0)
+    ro = ro._replace(
+        completion_mask=mask,
+        advantages=torch.randn(4, 13, generator=g) * mask,
+        returns=torch.randn(4, 13, generator=g) * mask,
+        logprobs=ro.logprobs + 0.3 * torch.randn(4, 13, generator=g),  # ratios off 1, some clipped
+    )
+    assert int(mask.sum()) == 24
+    trainer.model.train()
+    grads, stats = {}, {}
+    for micro in (1, 2, 4):
+        trainer.config.micro_batch_size = micro
+        trainer.optimizer.zero_grad(set_to_none=True)
+        stats[micro] = trainer.accumulate_minibatch(ro, torch.arange(4))
+        grads[micro] = _grads(trainer)
+    assert grads[4].keys() == grads[1].keys() and len(grads[4]) > 0
+    norm = math.sqrt(sum(float(v.pow(2).sum()) for v in grads[4].values()))
+    assert norm > 1e-3, "a non-trivial gradient"
+    for micro in (1, 2):
+        diff = max(float((grads[micro][k] - grads[4][k]).abs().max()) for k in grads[4])
+        print(f"micro-batch {micro} vs the whole mini-batch: max |grad diff| {diff:.3g}")
+        assert diff <= 1e-6, (micro, diff)
+        for key in ("loss/policy", "loss/value", "loss/total", "policy/clipfrac", "policy/approx_kl"):
+            assert abs(stats[micro][key] - stats[4][key]) <= 1e-6, (micro, key)
+    assert stats[4]["policy/clipfrac"] > 0, "ratios off 1: the clipped branch is exercised"
+
+    # the old weighting (each micro-batch's token mean x its share of the sequences) at micro-batch 1
+    trainer.optimizer.zero_grad(set_to_none=True)
+    ids, am = ro.input_ids, ro.attention_mask
+    pos = position_ids_from_mask(am)
+    for i in range(4):
+        logits, values = trainer.model(ids[i : i + 1], am[i : i + 1], pos[i : i + 1], 13)
+        lp = core.logprobs_from_logits(logits, ro.completion_ids[i : i + 1])
+        pl = core.ppo_policy_loss(lp, ro.logprobs[i : i + 1], ro.advantages[i : i + 1], mask[i : i + 1], 0.2)
+        vl = core.ppo_value_loss(values, ro.values[i : i + 1], ro.returns[i : i + 1], mask[i : i + 1], 0.2)
+        ((pl.loss + 0.1 * vl.loss) / 4).backward()
+    sequence_weighted = _grads(trainer)
+    gap = math.sqrt(sum(float((sequence_weighted[k] - grads[4][k]).pow(2).sum()) for k in grads[4])) / norm
+    print(f"sequence-weighted micro-batches of 1: gradient {100 * gap:.0f}% off the token mean")
+    assert gap > 0.1, gap
+
+
+def test_the_mini_batch_gradient_on_two_processes_equals_one_process(tmp_path):
+    """DDP (2 CPU processes, gloo; tests/ppo_ddp_grads.py): rank 0 holds the completions of 1 and 13 tokens, rank 1
+    those of 2 and 8. Each divides its summed token loss by the all-reduced mini-batch count over the processes
+    (24 / 2), DDP averages: the gradient equals the 1-process gradient of the same 4 completions within 1e-6.
+    (Dividing by each rank's own count, 14 and 10, would weight rank 1's tokens 1.4 times rank 0's.)"""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env.pop("RLHF_EXPECTED_WORLD_SIZE", None)
+    grads = {}
+    for nproc in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = tmp_path / f"grads-{nproc}.pt"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+               "127.0.0.1", "--master_port", str(port), str(root / "tests" / "ppo_ddp_grads.py"), str(out)]
+        done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        grads[nproc] = torch.load(out)
+    assert grads[1].keys() == grads[2].keys() and len(grads[1]) > 0
+    norm = math.sqrt(sum(float(v.pow(2).sum()) for v in grads[1].values()))
+    diff = max(float((grads[2][k] - grads[1][k]).abs().max()) for k in grads[1])
+    print(f"2 processes vs 1: max |grad diff| {diff:.3g} (gradient norm {norm:.3g})")
+    assert norm > 1e-3 and diff <= 1e-6
