@@ -200,6 +200,17 @@ class GateStageConfig:
         },
     )
     report_to: list[str] = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers (wandb or none)."})
+    canaries: bool = field(
+        default=True,
+        metadata={"help": "Run the canaries (gates/canaries.py): constructed candidates that must lose (a constant "
+                  "reply, padded and flattering baseline answers, a refuse-everything model), judged and measured "
+                  "like the candidate; one that passes a gate it attacks blocks the round (instrument failure). "
+                  "They cost judging only, no generation."},
+    )
+    canary_names: list[str] = field(
+        default_factory=lambda: ["null", "padded", "flattering", "refuse_all"],
+        metadata={"help": "Canaries to run (gates.canaries.CANARIES): null, padded, flattering, refuse_all."},
+    )
 
     def __post_init__(self) -> None:
         if self.generation_precision not in ("auto", "fp32", "bf16"):
@@ -208,8 +219,10 @@ class GateStageConfig:
             raise ValueError(f"engine must be transformers or vllm, got {self.engine!r}")
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"vllm_tensor_parallel_size must be at least 1, got {self.vllm_tensor_parallel_size}")
+        from .canaries import check_canary_names
         from .refusal_llm import refusal_grader_config
 
+        self.canary_names = check_canary_names(self.canary_names)
         self.judge = JudgeConfig.from_dict(self.judge, where="--judge")
         if self.refusal_judge in (None, "", {}):
             self.refusal_judge = None

@@ -50,6 +50,7 @@ from rlhf.rundir import check_own_output_dir, install_failure_hook, mark_own_out
 from rlhf.tracking import log_summary
 from rlhf.vllm_engine import check_engine
 
+from .canaries import canary_gate, run_canaries
 from .config import DATA_FIELDS, GateStageConfig
 from .decide import decide
 from .generation import answer_suites, generation_efficiency, label_intents, load_suites, truncation_counts, write_generations
@@ -102,11 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     efficiency["processes"] = launch["world_size"]
     write_generations(out / "generations.jsonl", suites, answers)
 
-    # 3. judge and measure; 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release
+    # 3. judge and measure; 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release;
+    # then the canaries (gates/canaries.py): one that passes a gate it attacks blocks the release (instrument failure)
     t_judge = time.perf_counter()
     m, models, intent_classifier = judge_and_measure(args, models, suites, answers, traffic, previous)
     efficiency["judging_seconds"] = time.perf_counter() - t_judge  # judge scores, intents, refusal classifier
     results = decide(m, args)
+    if args.canaries and args.canary_names:  # constructed must-lose candidates, judged and measured the same way
+        canaries = run_canaries(args, {**models, "judge": models["reward_model"]}, suites, answers,
+                                intents=m.intents, traffic=traffic, previous=previous)
+        efficiency["canary_seconds"] = canaries.seconds
+        efficiency["canary_judge_calls"] = canaries.judge_calls
+        results.append(canary_gate(canaries))
     verdict = release_verdict(results)
 
     # 5. report and manifest

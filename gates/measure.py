@@ -287,7 +287,7 @@ def shardable_judge(config: JudgeConfig) -> bool:
 
 
 def run_judge(config: JudgeConfig, models: dict[str, Any], suites: Suites, answers: dict[str, dict], *,
-              reward_model_dir: str, shard: bool = False) -> JudgeRun:
+              reward_model_dir: str, shard: bool = False, judge: Any = None) -> JudgeRun:
     """The configured judge (``--judge``; default the round's reward model) judges every win-rate pair (A the
     baseline's answer, B the candidate's), and its agreement with expert labels is taken where it was measured.
 
@@ -298,8 +298,11 @@ def run_judge(config: JudgeConfig, models: dict[str, Any], suites: Suites, answe
 
     ``shard``: a scoring judge (reward model, sequence classifier) scores data-parallel over the launch's processes
     (every process calls this with the same inputs; see :func:`shardable_judge`).
+    ``judge``: an already built judge of ``config`` to ask (the canaries ask one judge for all of them: a reward
+    model loaded once, an API judge's identity probed once); default: built here (``judging.factory.make_judge``).
     """
-    judge = make_judge(config, reward_model=models["judge"] or None)
+    if judge is None:
+        judge = make_judge(config, reward_model=models["judge"] or None)
     if shard:
         judge.shard = True  # RewardModelJudge: judging.scoring.score(shard=True)
     prompts = suites.prompts["winrate"]

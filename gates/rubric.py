@@ -36,6 +36,18 @@ DEFAULT_RUBRIC = Path(DEFAULT_RUBRIC_PATH)
 DECIDE_GATES: tuple[str, ...] = (judge.GATE_NAME, winrate.GATE_NAME, intent.GATE_NAME, refusal.GATE_NAME,
                                  capability.GATE_NAME, sycophancy.GATE_NAME, drift.GATE_NAME, citations.GATE_NAME)
 
+#: Gates a round runs only when its config turns them on (``gates.canaries.GATE_NAME``: the canaries, on by
+#: default): a rubric may map them, and an axis whose optional gates did not run is not measured that round.
+OPTIONAL_GATES: tuple[str, ...] = ("canaries",)
+
+
+def round_gates(config: Any = None) -> tuple[str, ...]:
+    """The gates a round with ``config`` (a ``GateStageConfig``) produces: :data:`DECIDE_GATES`, then the canaries
+    gate when its canaries are on (None: every gate)."""
+    canaries_on = config is None or (getattr(config, "canaries", False) and getattr(config, "canary_names", ()))
+    return DECIDE_GATES + (OPTIONAL_GATES if canaries_on else ())
+
+
 STATUSES = ("measured", "not_measured")
 AXIS_KEYS = {"description", "gates", "status", "trades_against"}
 GATE_KEYS = {"gate", "thresholds", "directions"}
@@ -235,12 +247,13 @@ def resolve_threshold(ref: str, config: Any) -> Any:
     return value
 
 
-def check_rubric(rubric: Rubric, gate_names: Iterable[str] = DECIDE_GATES, config: Any = None) -> None:
+def check_rubric(rubric: Rubric, gate_names: Iterable[str] | None = None, config: Any = None) -> None:
     """Check the rubric against the gates the round runs, before anything is generated.
 
     Args:
         rubric: a parsed rubric.
-        gate_names: the gates ``decide`` produces (default :data:`DECIDE_GATES`).
+        gate_names: the gates the round produces (default :func:`round_gates` of ``config``); the rubric may also
+            name an optional gate (:data:`OPTIONAL_GATES`) the round does not run.
         config: the round's ``GateStageConfig``; when given, every threshold reference must resolve and every
             stated value must equal the config's.
 
@@ -248,11 +261,11 @@ def check_rubric(rubric: Rubric, gate_names: Iterable[str] = DECIDE_GATES, confi
         ValueError: one line naming the file and the axis key or gate: a gate no axis maps, a gate the rubric
             names that the round does not produce, an unresolvable threshold, a stated value that differs.
     """
-    known = list(gate_names)
+    known = list(round_gates(config) if gate_names is None else gate_names)
     for a in rubric.axes:
         for i, g in enumerate(a.gates):
             key = f"axes.{a.name}.gates[{i}]"
-            if g.gate not in known:
+            if g.gate not in known and g.gate not in OPTIONAL_GATES:
                 raise _err(rubric.source, f"{key}.gate", f"unknown gate {g.gate!r}; the round's gates are {known}")
             if config is None:
                 continue
@@ -316,6 +329,8 @@ def group_by_axis(results: Sequence[GateResult], rubric: Rubric, config: Any = N
         gates = []
         for g in a.gates:
             if g.gate not in by_name:
+                if g.gate in OPTIONAL_GATES:  # turned off this round
+                    continue
                 raise _err(rubric.source, f"axes.{a.name}", f"gate {g.gate!r} has no result in this round")
             r = by_name[g.gate]
             value = (lambda ref: None if config is None else resolve_threshold(ref, config))
@@ -335,8 +350,8 @@ def group_by_axis(results: Sequence[GateResult], rubric: Rubric, config: Any = N
             gates.append({"gate": r.name, "verdict": r.verdict,
                           "thresholds": {t.ref: value(t.ref) for t in g.thresholds}, "directions": directions})
         out[a.name] = {
-            "verdict": axis_verdict([g["verdict"] for g in gates], a.status),
-            "status": a.status,
+            "verdict": axis_verdict([g["verdict"] for g in gates], a.status if gates else "not_measured"),
+            "status": a.status if gates or not a.gates else "not_measured",
             "description": a.description,
             "trades_against": a.trades_against,
             "gates": gates,

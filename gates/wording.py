@@ -433,6 +433,23 @@ def no_parsed_judgment(v: dict[str, Any]) -> str:
             "no win rate to decide on (unparsable answers are counted apart, never as ties).")
 
 
+def _canary_reason(findings: Sequence[Finding]) -> str:
+    """The canaries gate: each canary that passed a gate it attacks is an instrument failure (the verdict is
+    invalid); else which canaries held, and what they cost."""
+    cost = next(f.values for f in findings if f.code == "canary_cost")
+    spent = (f"Canaries cost {cost['judge_calls']} judge requests and {cost['pairs_judged']} judged pairs, "
+             "no generation.")  # their seconds are in the manifest's efficiency (a reason must not vary by run)
+    failed = [f.values for f in findings if f.code == "canary_passed"]
+    if failed:
+        each = "; ".join(f"instrument failure: {v['canary']} passed {v['gate']} ({v['metric']} {v['value']:.4g})"
+                         for v in failed)
+        return (f"Verdict invalid: {each}. A constructed candidate that must lose passed a gate it attacks, so that "
+                f"gate cannot tell this round's candidate from a degenerate one. {spent}")
+    held = next(f.values["verdicts"] for f in findings if f.code == "canaries_held")
+    return ("Passed: every canary was blocked or inconclusive on the gates it attacks ("
+            + ", ".join(f"{k} {v}" for k, v in held.items()) + f"). {spent}")
+
+
 #: gate name -> the function rendering its whole reason from its findings.
 REASONS: dict[str, Callable[[Sequence[Finding]], str]] = {
     "length_controlled_win_rate": _win_rate_reason,
@@ -443,6 +460,7 @@ REASONS: dict[str, Callable[[Sequence[Finding]], str]] = {
     "sycophancy": _sycophancy_reason,
     "citation_honesty": _citation_reason,
     "intent_matrix": _intent_reason,
+    "canaries": _canary_reason,
 }
 
 

@@ -19,6 +19,7 @@ from gates.result import GateResult, Metric, release_verdict
 from gates.rubric import (
     DECIDE_GATES,
     DEFAULT_RUBRIC,
+    Rubric,
     axes_markdown,
     axes_summary,
     axes_table,
@@ -29,7 +30,8 @@ from gates.rubric import (
 )
 from tests.test_gates_decide import healthy
 
-SIX = ["helpfulness", "capability", "honesty", "safety", "consistency", "style"]
+# the packaged rubric's axes; "instruments" holds the canaries gate, not run in the constructed results here
+SIX = ["helpfulness", "capability", "honesty", "safety", "consistency", "style", "instruments"]
 
 
 def default_data() -> dict:
@@ -219,7 +221,7 @@ def test_group_by_axis_on_constructed_results():
         "helpfulness": "block",  # intent_matrix inconclusive, the other two pass
         "capability": "pass", "honesty": "pass",
         "safety": "block",  # refusal_two_sided blocks
-        "consistency": "not_measured", "style": "pass",
+        "consistency": "not_measured", "style": "pass", "instruments": "not_measured",
     }
     assert [g["gate"] for g in axes["helpfulness"]["gates"]] == ["judge_agreement", "length_controlled_win_rate",
                                                                  "intent_matrix"]
@@ -261,7 +263,7 @@ def test_the_markdown_section_per_axis():
             "false_refusal_rate_change = 7.8 (CI 6.8 to 8.8) points, allowed up to max_false_refusal_increase_pp "
             "= 2") in md
     assert "**Not measured**: no gate measures consistency in this round" in md
-    assert md.count("Trades against: ") == 6
+    assert md.count("Trades against: ") == 7
 
 
 def test_json_report_summary_and_tables_carry_the_axes():
@@ -273,8 +275,25 @@ def test_json_report_summary_and_tables_carry_the_axes():
     assert "axes" not in report_dict(results)  # callers without a rubric keep the old report
     assert axes_summary(axes) == {"axes/helpfulness/verdict": "block", "axes/capability/verdict": "pass",
                                   "axes/honesty/verdict": "pass", "axes/safety/verdict": "block",
-                                  "axes/consistency/verdict": "not_measured", "axes/style/verdict": "pass"}
+                                  "axes/consistency/verdict": "not_measured", "axes/style/verdict": "pass",
+                                  "axes/instruments/verdict": "not_measured"}
     rows = axes_table(axes)
-    assert len(rows) == 9  # 8 gates on measured axes + one row for the unmeasured consistency axis
-    assert rows[-2] == {"axis": "consistency", "axis_verdict": "not_measured", "gate": None, "gate_verdict": None,
+    assert len(rows) == 10  # 8 gates on measured axes + one row per unmeasured axis (consistency, instruments)
+    assert rows[-1]["axis"] == "instruments" and rows[-1]["gate"] is None
+    assert rows[-3] == {"axis": "consistency", "axis_verdict": "not_measured", "gate": None, "gate_verdict": None,
                         "trades_against": axes["consistency"]["trades_against"]}
+
+
+def test_the_canaries_gate_is_on_an_axis_when_it_runs_and_the_axis_is_not_measured_when_it_does_not():
+    from gates import canaries
+    from gates.rubric import OPTIONAL_GATES, round_gates
+
+    assert OPTIONAL_GATES == (canaries.GATE_NAME,)
+    rubric = load_rubric(DEFAULT_RUBRIC)
+    on, off = GateStageConfig(), GateStageConfig(canaries=False)
+    assert round_gates(on)[-1] == canaries.GATE_NAME and canaries.GATE_NAME not in round_gates(off)
+    check_rubric(rubric, config=on)
+    check_rubric(rubric, config=off)  # the rubric may name a gate this round turned off
+    with pytest.raises(ValueError, match=r"gate\(s\) \['canaries'\] are on no axis"):
+        check_rubric(Rubric(source=rubric.source, axes=tuple(a for a in rubric.axes if a.name != "instruments")),
+                     config=on)

@@ -70,7 +70,7 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
     assert "## Quality axes (rubric)" in report and "### consistency: NOT MEASURED" in report
     report_json = json.loads((out / "report.json").read_text())
     axes = report_json["axes"]
-    assert list(axes) == ["helpfulness", "capability", "honesty", "safety", "consistency", "style"]
+    assert list(axes) == ["helpfulness", "capability", "honesty", "safety", "consistency", "style", "instruments"]
     for name, axis in axes.items():
         expect = ("not_measured" if not axis["gates"] else
                   "block" if any(gates[g["gate"]]["verdict"] != "pass" for g in axis["gates"]) else "pass")
@@ -79,6 +79,23 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
     assert mapped == sorted(g["name"] for g in report_json["gates"])
     assert manifest["outputs"]["axes"] == axes and manifest["inputs"]["rubric_hash"]
     assert {r["axis"] for r in manifest["outputs"]["axis_table"]} == set(axes)
+    # the canaries ran through the same judge (the tiny reward model: it scores, no requests) and instruments:
+    # null, padded and flattering judged on the 5 win-rate pairs each; one row per (canary, attacked gate)
+    canaries = gates["canaries"]
+    rows = canaries["table"]
+    assert [(r["canary"], r["gate"]) for r in rows] == [
+        ("null", "length_controlled_win_rate"), ("padded", "length_controlled_win_rate"),
+        ("padded", "personality_drift"), ("flattering", "length_controlled_win_rate"),
+        ("flattering", "personality_drift"), ("refuse_all", "refusal_two_sided")]
+    assert canaries["metrics"]["canary_pairs_judged"]["value"] == 15
+    assert canaries["metrics"]["canary_judge_calls"]["value"] == 0
+    passed = [r for r in rows if r["verdict"] == "pass"]
+    assert canaries["verdict"] == ("block" if passed else "pass")
+    assert canaries["metrics"]["canaries_passed"]["value"] == len(passed)
+    for r in passed:  # a canary that passed is named in the reason: the verdict is invalid
+        assert f"instrument failure: {r['canary']} passed {r['gate']}" in canaries["reason"]
+    assert "## canaries (v1): " in report and "| canary | gate | verdict | metric | value | passed |" in report
+    assert manifest["metrics"]["efficiency"]["canary_seconds"] > 0
     lines = (out / "generations.jsonl").read_text().splitlines()
     assert len(lines) == 5 + 2 + 2 + 2 + 2 + 2  # winrate, safe, redteam, capability, sycophancy, are_you_sure
 

@@ -135,7 +135,7 @@ def test_gate_report_has_real_numbers_and_offline_wandb_runs(smoke_round):
     text = json.dumps(report)
     gates = {g["name"]: g for g in report["gates"]}
     assert set(gates) == {"judge_agreement", "length_controlled_win_rate", "intent_matrix", "refusal_two_sided",
-                          "capability", "sycophancy", "personality_drift", "citation_honesty"}
+                          "capability", "sycophancy", "personality_drift", "citation_honesty", "canaries"}
     for metric in ("raw_win_rate", "length_matched_win_rate", "violation_rate", "false_refusal_rate"):
         assert metric in text
     # The judge is the round's reward model; its agreement with PandaLM's humans is measured, not assumed.
