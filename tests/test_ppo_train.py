@@ -137,7 +137,7 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
 
     # W&B: one run, named "ppo", grouped by the round, under output_dir, with every step's metrics and a summary
     (run,) = fake_wandb.runs
-    assert run.init["env"] == {"WANDB_NAME": "ppo", "WANDB_RUN_GROUP": "r1", "WANDB_DIR": str(out.resolve())}
+    assert run.init["env"] == {"WANDB_NAME": "r1/ppo", "WANDB_RUN_GROUP": "r1", "WANDB_DIR": str(out.resolve())}
     # the run id kept in the stage folder, resumable; the run's file written every quarter second
     assert run.init["id"] == (out / "wandb_run_id").read_text().strip() and run.init["resume"] == "allow"
     # ... and no process metadata (command line, program, git) recorded: rlhf.tracking.NO_PROCESS_RECORD_SETTINGS
