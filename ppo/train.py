@@ -49,7 +49,7 @@ from transformers import (
     AutoTokenizer,
 )
 
-from data.fingerprint import data_fingerprint
+from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_chat_prompts
 from judging.unlock import decide_from_metrics
 from ppo.config import PPOConfig, PPOScriptArguments
@@ -68,7 +68,7 @@ from rlhf.precision import (
     weight_dtypes,
 )
 from rlhf.rundir import install_failure_hook
-from rlhf.tracking import init_run, log_summary
+from rlhf.tracking import ReferenceArtifact, dataset_artifact, init_run, log_summary, producer_artifact
 
 logger = logging.getLogger("ppo.train")
 
@@ -385,8 +385,15 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
                               extra={"versions": _versions(), "precision_dtypes": precision_dtypes})
         manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
-        if use_wandb:
-            log_summary({k: v for k, v in metrics.items() if k != "history"}, report_to=config.report_to)
+        if use_wandb:  # lineage: the checkpoints and prompts read, the policy written (W&B artifacts by reference)
+            read = [producer_artifact(inputs[k], inputs.get(f"{k}_hash"))
+                    for k in ("pi_ref", "policy", "reward_model", "value_model_init")
+                    if isinstance(inputs.get(k), str) and inputs[k]]
+            read.append(dataset_artifact(prompts_source, local_path(prompts_source), inputs["prompts_data_hash"]))
+            written = [ReferenceArtifact("ppo-checkpoint", "model", outputs["checkpoint"], outputs["checkpoint_hash"],
+                                         {"stage": "ppo", "round_id": script_args.round_id})]
+            log_summary({k: v for k, v in metrics.items() if k != "history"}, report_to=config.report_to,
+                        inputs=read, outputs=written)
     _close(all_callbacks)
     accelerator.wait_for_everyone()
     return manifest

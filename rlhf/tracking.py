@@ -297,9 +297,11 @@ def use_artifacts(run, artifacts: list[ReferenceArtifact | None]) -> None:
     (it may query the server); the transaction log gets the record ``use_artifact`` itself sends for an artifact it
     builds (``_log_artifact(..., use_after_commit=True)``, wandb 0.31 ``wandb_run.py``), which ``wandb sync``
     replays as a use of the run."""
+    seen = set()
     for a in artifacts:
-        if a is None:
+        if a is None or (a.name, a.path) in seen:  # one file named by two settings (two suites) is one input
             continue
+        seen.add((a.name, a.path))
         art = a.to_wandb()
         if run.settings._offline:
             run._log_artifact(art, is_user_created=True, use_after_commit=True)
