@@ -217,8 +217,8 @@ def test_the_round_report_spec_names_this_rounds_runs_gates_and_artifacts(round_
     headings = [b.text for b in report.blocks if isinstance(b, wr.H3)]
     assert [h.split(":")[0] for h in headings] == gates
     gm = manifest(round_dir, "gates")["metrics"]
-    scalar = [p.metric for b in report.blocks if isinstance(b, wr.PanelGrid) for p in b.panels
-              if isinstance(p, wr.ScalarChart)]
+    scalar = [getattr(p.metric, "name", p.metric)  # a Metric read back from the specification
+              for b in report.blocks if isinstance(b, wr.PanelGrid) for p in b.panels if isinstance(p, wr.ScalarChart)]
     assert scalar == [f"gates/{g}/{k}" for g in gates for k in gm[g]["metrics"]]
     assert [b.artifact for b in report.blocks if isinstance(b, wr.WeaveBlockArtifact)] == [
         "sft-checkpoint", "sft-pi_ref", "dpo-checkpoint", "reward_model-checkpoint", "gates-report"]
