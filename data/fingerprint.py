@@ -30,3 +30,12 @@ def data_fingerprint(source: str) -> str:
         return content_hash(demo_path(source.removeprefix("demo:")))
     p = Path(source).expanduser()
     return content_hash(p) if p.exists() else source_key(source, repo_type="dataset")
+
+
+def local_path(source: str) -> Path | None:
+    """The local file or folder of a data source (``demo:<name>`` resolved in the bundle, an existing path), or
+    None for a hub dataset (nothing here to reference)."""
+    if source.startswith("demo:"):
+        return demo_path(source.removeprefix("demo:"))
+    p = Path(source).expanduser()
+    return p if p.exists() else None

@@ -21,13 +21,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOTrainer
 
 from data.decontamination import decontaminate_stage_rows
-from data.fingerprint import data_fingerprint
+from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_pairs
 from data.pairs import prepare_pairs
 from data.schemas import pair_to_trl
 from data.validation import handle_rejects
 from rlhf.checkpoint import verify_hash
 from rlhf.manifest import read_manifest
+from rlhf.tracking import add_config
 from rlhf.trainer_stage import TrainerStage, TrainingData
 from rlhf.weights import load_checked
 
@@ -106,6 +107,10 @@ def main(argv: list[str] | None = None) -> dict:
     sft = read_manifest(args.sft_dir)
     pi_ref_path, pi_ref_hash = sft["outputs"]["pi_ref"], sft["outputs"]["pi_ref_hash"]
     verify_hash(pi_ref_path, pi_ref_hash, when="before training")
+    # The model this stage trains is the SFT stage's pi_ref, not the --model_name_or_path default (the flow gives
+    # that only to SFT): the config the W&B callback logs (args.to_dict()) and the manifest name it.
+    args.model_name_or_path = pi_ref_path
+    add_config({"base_model": (sft.get("inputs") or {}).get("base_model"), "pi_ref_hash": pi_ref_hash})
 
     pairs = load_pairs(args.train_data, **stage.load_options())
     decontamination = decontaminate_stage_rows(
@@ -136,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
         trained,
         tokenizer,
         data=TrainingData(data_fingerprint(args.train_data), decontamination,
-                          n_data_rejected=len(pairs.rejects), n_rejected=len(prepared.rejects)),
+                          n_data_rejected=len(pairs.rejects), n_rejected=len(prepared.rejects),
+                          path=local_path(args.train_data)),
         inputs={
             "pi_ref": pi_ref_path,
             "pi_ref_hash": pi_ref_hash,

@@ -315,6 +315,40 @@ def judge_refusal_agreement_cmd(
         typer.echo(format_grader_measurement(g, floor=floor))
 
 
+_wandb_report_app = typer.Typer(help="The round's W&B Report (flows/wandb_report.py).", no_args_is_help=True)
+app.add_typer(_wandb_report_app, name="wandb-report")
+
+
+@_wandb_report_app.command("publish")
+def wandb_report_publish(
+    round_dir: Annotated[str, typer.Argument(help="The round's folder, runs/<round_id> (holds wandb_report.json).")],
+) -> None:
+    """Save the report specification a round wrote offline to W&B (sync its runs first: wandb sync
+    runs/<round_id>/*/wandb/offline-run-*). Needs WANDB_API_KEY in the environment. Prints the report's URL."""
+    from flows.wandb_report import publish
+
+    try:
+        typer.echo(publish(round_dir))
+    except (FileNotFoundError, RuntimeError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2)
+
+
+@_wandb_report_app.command("build")
+def wandb_report_build(
+    round_dir: Annotated[str, typer.Argument(help="The round's folder, runs/<round_id> (holds round.json).")],
+) -> None:
+    """(Re)build the round's report from round.json: saved when W&B is online, its specification written to
+    runs/<round_id>/wandb_report.json either way. Prints the specification's path."""
+    from flows.wandb_report import write_round_report
+
+    try:
+        typer.echo(str(write_round_report(round_dir)))
+    except (FileNotFoundError, KeyError) as err:
+        typer.echo(f"error: {round_dir}: not a finished round ({err})", err=True)
+        raise typer.Exit(2)
+
+
 from flows.flywheel_cli import app as _flywheel_app  # noqa: E402
 
 app.add_typer(_flywheel_app, name="flywheel")

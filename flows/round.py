@@ -427,6 +427,7 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
         publish_approval_task(round_id, gates, manifest["approval"])
     logger.info("round %s: verdict %s, release %s (report %s)", round_id, verdict.upper(),
                 manifest["release"].upper(), manifest["gate_report"])
+    wandb_report_task(round_dir, manifest, runs)
     return manifest, gates_report
 
 
@@ -449,6 +450,17 @@ def publish_approval_task(round_id: str, gates: StageRun, approval: dict) -> Non
                                                       for w in approval["previous_waivers"] if w["expired"]) or None}],
         description=f"Release approval, round {round_id}",
     )
+
+
+@task(cache_policy=NO_CACHE, task_run_name="wandb-report", retries=3, retry_delay_seconds=5)
+def wandb_report_task(round_dir: Path, manifest: dict, runs: list[StageRun]) -> Path | None:
+    """The round's W&B Report (flows/wandb_report.py) when the gate stage logged to W&B: saved online, its
+    specification written to ``<round_dir>/wandb_report.json`` either way. Returns the specification's path."""
+    from flows.wandb_report import write_round_report
+
+    if not any((Path(r.output_dir) / "wandb").is_dir() for r in runs if r.stage == "gates"):
+        return None  # --report_to none (or W&B disabled): no runs to report on
+    return write_round_report(round_dir, manifest)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="publish", retries=3, retry_delay_seconds=5)

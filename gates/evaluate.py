@@ -28,7 +28,9 @@ Exit code 0: release passes; ``BLOCKED_EXIT_CODE`` (3): the report is written an
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -38,7 +40,7 @@ from typing import Any
 
 
 from data.decontamination import seen_in_training
-from data.fingerprint import data_fingerprint
+from data.fingerprint import data_fingerprint, local_path
 from rlhf.distributed import actual_world_size, init_state, is_main_process
 from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import BLOCKED_EXIT_CODE, setup_stage, setup_tracking
@@ -47,7 +49,7 @@ from rlhf.lineage import content_hash, json_hash
 from rlhf.manifest import atomic_write_text, stage_manifest
 from rlhf.precision import generation_precision
 from rlhf.rundir import check_own_output_dir, install_failure_hook, mark_own_output_dir
-from rlhf.tracking import log_summary
+from rlhf.tracking import ReferenceArtifact, dataset_artifact, log_summary, producer_artifact
 from rlhf.vllm_engine import check_engine
 
 from .canaries import canary_gate, run_canaries
@@ -187,18 +189,93 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
     atomic_write_text(reports["markdown"], render_report(results, verdict, title=title, context=context, plots=plots))
     judge = judge_row(m, results)
     table = gate_table(results, judge)
+    hashes = input_hashes(args, models, judge)
     log_summary(
         {"verdict": verdict, **{f"{r.name}/verdict": r.verdict for r in results}, **summary_metrics(results),
          **axes_summary(axes), **efficiency_summary(efficiency),
          **{f"judge/{k}": v for k, v in judge.items() if v is None or isinstance(v, (int, float, str))}},
         table={"gates": table, "axes": axes_table(axes), "judge": [judge],
-               **{f"gate_{r.name}": r.table for r in results if r.table}},
+               **{f"gate_{r.name}": r.table for r in results if r.table}, "generations": generations_table(out)},
         images={k: str(v) for k, v in plots.items()},
         report_to=args.report_to,
+        config=wandb_config(args, models, suites, judge, hashes),
+        inputs=[*(producer_artifact(models[k], hashes[f"{k}_hash"]) for k in ("baseline", "candidate", "judge")),
+                *(dataset_artifact(getattr(args, k), local_path(getattr(args, k)), hashes[f"{k}_hash"])
+                  for k in DATA_FIELDS if getattr(args, k))],
+        outputs=[ReferenceArtifact("gates-report", "gate-report", str(reports["json"]),
+                                   content_hash(reports["json"]),
+                                   {"stage": "gates", "round_id": args.round_id, "verdict": verdict})],
     )
     return write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots,
                                 m.drift["candidate"], prompts_truncated=metadata["prompts_truncated"], judge=judge,
-                                seen_in_training=seen, efficiency=efficiency, axes=axes)
+                                seen_in_training=seen, efficiency=efficiency, axes=axes,
+                                hashes=hashes)
+
+
+def input_hashes(args: GateStageConfig, models: dict[str, Any], judge: dict | None) -> dict[str, str]:
+    """Content hashes of the compared checkpoints (``baseline_hash``, ``candidate_hash``), the judge's identity
+    (``judge_hash``: its checkpoint's content for a reward model, else backend, model and template) and every
+    data file (``<k>_hash`` per ``DATA_FIELDS`` key: ``data.fingerprint.data_fingerprint``)."""
+    return {
+        **{f"{k}_hash": content_hash(models[k]) for k in ("baseline", "candidate")},
+        "judge_hash": content_hash(models["judge"]) if Path(models["judge"]).exists() else (
+            (judge or {}).get("identity_hash") or json_hash(models["judge"])),
+        **{f"{k}_hash": data_fingerprint(getattr(args, k)) for k in DATA_FIELDS},
+    }
+
+
+def wandb_config(args: GateStageConfig, models: dict[str, Any], suites: Any, judge: dict,
+                 hashes: dict[str, str]) -> dict[str, Any]:
+    """The gate run's W&B config, so runs are filtered and compared on it: every gate setting (thresholds, ``n_*``,
+    judge configs by variable name only: ``args.to_dict()``), the judge's identity and agreement (``judge_row``, under
+    ``judge_measured``),
+    each suite with its file, hash and the number of items answered, and the compared checkpoints with hashes."""
+    sizes = {name: len(prompts) for name, prompts in suites.prompts.items()}
+    return {
+        **args.to_dict(),
+        # beside "judge", the configured judge (args.to_dict()): who judged and how well it agrees with people
+        "judge_measured": {k: v for k, v in judge.items() if v is None or isinstance(v, (int, float, str, bool))},
+        # every data file with its hash; the suites answered also with n, the items sampled (n_* settings)
+        "suites": {k.removesuffix("_data"): {"data": getattr(args, k), "hash": hashes.get(f"{k}_hash"),
+                                             **({"n": sizes[k.removesuffix("_data")]}
+                                                if k.removesuffix("_data") in sizes else {})}
+                   for k in DATA_FIELDS},
+        "compared": {who: {"path": str(models[who]), "hash": hashes[f"{who}_hash"]}
+                     for who in ("baseline", "candidate")},
+        "judge_checkpoint": {"path": str(models["judge"]), "hash": hashes["judge_hash"]},
+    }
+
+
+def judge_verdict(preference: float | None) -> str:
+    """The judge's verdict on one pair from its AlpacaEval preference of B (candidate) over A (baseline) in [1, 2]:
+    ``candidate`` above 1.5, ``baseline`` below, ``tie`` at 1.5, ``unparsed`` for NaN / missing."""
+    if preference is None or (isinstance(preference, float) and math.isnan(preference)):
+        return "unparsed"
+    return "candidate" if preference > 1.5 else "baseline" if preference < 1.5 else "tie"
+
+
+def generations_table(out: Path) -> list[dict[str, Any]]:
+    """The W&B generations table: one row per ``generations.jsonl`` row (suite, id, prompt, baseline and candidate
+    answers), with the judge's verdict, preference and raw answer from ``judgments.jsonl`` on the win-rate rows
+    (matched on the suite's item ``id``; other suites are not judged pairwise: empty there)."""
+    judged = {}
+    judgments = out / "judgments.jsonl"
+    if judgments.is_file():
+        for line in judgments.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                judged[str(row["id"])] = row
+    rows = []
+    for line in (out / "generations.jsonl").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        g = json.loads(line)
+        j = judged.get(str(g["id"])) if g["suite"] == "winrate" else None
+        rows.append({"suite": g["suite"], "id": g["id"], "prompt": g["prompt"], "baseline": g["baseline"],
+                     "candidate": g["candidate"], "judge_verdict": None if j is None else judge_verdict(
+                         j.get("preference")), "preference": None if j is None else j.get("preference"),
+                     "judge_raw": None if j is None else j.get("raw")})
+    return rows
 
 
 def write_gates_manifest(
@@ -217,19 +294,20 @@ def write_gates_manifest(
     seen_in_training: dict | None = None,
     efficiency: dict | None = None,
     axes: dict | None = None,
+    hashes: dict[str, str] | None = None,
 ) -> Path:
     """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, the gates grouped by
     rubric axis (``axes``, ``axis_table``), plots, this round's drift counters (the next round's drift reference)
-    and the over-long prompts per suite."""
+    and the over-long prompts per suite. ``hashes``: :func:`input_hashes`'s (computed when not given)."""
+    hashes = hashes if hashes is not None else input_hashes(args, models, judge)
     inputs = {
         **{k: models[k] for k in ("baseline", "candidate", "judge")},
-        **{f"{k}_hash": content_hash(models[k]) for k in ("baseline", "candidate")},
+        **{f"{k}_hash": hashes[f"{k}_hash"] for k in ("baseline", "candidate")},
         # the judge's identity: its checkpoint's content (reward models) or backend, model and template (others)
-        "judge_hash": content_hash(models["judge"]) if Path(models["judge"]).exists() else (
-            (judge or {}).get("identity_hash") or json_hash(models["judge"])),
+        "judge_hash": hashes["judge_hash"],
         "ppo_unlock": ppo_unlock,
         **{k: getattr(args, k) for k in DATA_FIELDS},
-        **{f"{k}_hash": data_fingerprint(getattr(args, k)) for k in DATA_FIELDS},
+        **{f"{k}_hash": hashes[f"{k}_hash"] for k in DATA_FIELDS},
     }
     return stage_manifest(
         "gates",

@@ -57,7 +57,7 @@ from transformers import (
     AutoTokenizer,
 )
 
-from data.fingerprint import data_fingerprint
+from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_chat_prompts
 from judging.unlock import decide_from_metrics
 from ppo.config import PPOConfig, PPOScriptArguments
@@ -79,7 +79,7 @@ from rlhf.precision import (
 )
 from rlhf.resume import prune_trainer_checkpoints, refused_checkpoints, resolve_resume
 from rlhf.rundir import install_failure_hook
-from rlhf.tracking import init_run, log_summary, wandb_run_id
+from rlhf.tracking import ReferenceArtifact, dataset_artifact, init_run, log_summary, producer_artifact, wandb_run_id
 
 logger = logging.getLogger("ppo.train")
 
@@ -424,9 +424,15 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         prune_trainer_checkpoints(output_dir)  # resume state only; after the manifest, so a kill before it keeps them
         manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
-        if use_wandb:
+        if use_wandb:  # lineage: the checkpoints and prompts read, the policy written (W&B artifacts by reference)
+            read = [producer_artifact(inputs[k], inputs.get(f"{k}_hash"))
+                    for k in ("pi_ref", "policy", "reward_model", "value_model_init")
+                    if isinstance(inputs.get(k), str) and inputs[k]]
+            read.append(dataset_artifact(prompts_source, local_path(prompts_source), inputs["prompts_data_hash"]))
+            written = [ReferenceArtifact("ppo-checkpoint", "model", outputs["checkpoint"], outputs["checkpoint_hash"],
+                                         {"stage": "ppo", "round_id": script_args.round_id})]
             log_summary({**{k: v for k, v in metrics.items() if not isinstance(v, (dict, list))},
-                         **efficiency_summary(efficiency)}, report_to=config.report_to)
+                         **efficiency_summary(efficiency)}, report_to=config.report_to, inputs=read, outputs=written)
     _close(all_callbacks)
     accelerator.wait_for_everyone()
     return manifest

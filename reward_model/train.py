@@ -23,7 +23,7 @@ from datasets import Dataset
 from trl import RewardTrainer
 
 from data.decontamination import decontaminate_stage_rows
-from data.fingerprint import data_fingerprint
+from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_pairs
 from data.pairs import prepare_pairs
 from data.schemas import pair_to_trl
@@ -34,6 +34,7 @@ from judging.model_judges import RewardModelJudge, judgment_scores
 from judging.scoring import check_reload_scores, load_reward_model
 from rlhf.machine import auto_batch_size
 from rlhf.manifest import read_manifest
+from rlhf.tracking import add_config, dataset_artifact
 from rlhf.precision import keep_in_fp32
 from rlhf.trainer_stage import Published, TrainerStage, TrainingData
 
@@ -87,7 +88,14 @@ def held_out_agreement(model, tokenizer, checkpoint: Path, held_out, scored, arg
 def main(argv: list[str] | None = None) -> dict:
     stage = TrainerStage.start("reward_model", RewardStageConfig, argv)
     args = stage.args
-    start = read_manifest(args.sft_dir)["outputs"]["checkpoint"] if args.sft_dir else args.model_name_or_path
+    sft = read_manifest(args.sft_dir) if args.sft_dir else None
+    start = sft["outputs"]["checkpoint"] if sft else args.model_name_or_path
+    start_hash = sft["outputs"].get("checkpoint_hash") if sft else None
+    # With --sft_dir the model trained is the SFT checkpoint, not the --model_name_or_path default (the flow gives
+    # that only to SFT): the config the W&B callback logs (args.to_dict()) and the manifest name it.
+    args.model_name_or_path = start
+    add_config({"base_model": (sft.get("inputs") or {}).get("base_model") if sft else start,
+                "start_checkpoint_hash": start_hash})
 
     pairs = load_pairs(args.train_data, **stage.load_options())
     decontamination = decontaminate_stage_rows(
@@ -113,15 +121,18 @@ def main(argv: list[str] | None = None) -> dict:
         raise RuntimeError(f"RewardTrainer kept {len(trainer.train_dataset)} of {len(prepared.pairs)} checked pairs")
 
     trained = stage.train(trainer, length_of=lambda row: len(row["chosen_ids"]) + len(row["rejected_ids"]))
+    agreement_hash = data_fingerprint(args.agreement_data)
     return stage.finish(
         trained,
         tokenizer,
         data=TrainingData(data_fingerprint(args.train_data), decontamination,
-                          n_data_rejected=len(pairs.rejects), n_rejected=len(prepared.rejects)),
+                          n_data_rejected=len(pairs.rejects), n_rejected=len(prepared.rejects),
+                          path=local_path(args.train_data)),
         inputs={
             "start_checkpoint": start,
+            **({"start_checkpoint_hash": start_hash} if start_hash else {}),
             "agreement_data": args.agreement_data,
-            "agreement_data_hash": data_fingerprint(args.agreement_data),
+            "agreement_data_hash": agreement_hash,
         },
         metrics={
             "n_pairs": len(prepared.pairs),
@@ -130,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
             "n_scored": len(scored),
         },
         # the held-out agreement, on rank 0 after the save: the RM's and the annotators' (the flow decides PPO)
+        used=[dataset_artifact(args.agreement_data, local_path(args.agreement_data),
+                               agreement_hash)],
         publish=lambda model, checkpoint: held_out_agreement(model, tokenizer, checkpoint, held_out, scored, args),
     )
 

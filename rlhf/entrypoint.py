@@ -38,11 +38,13 @@ def setup_stage(name: str, args, *, round_id: str | None = None, tracking: bool 
 
 
 def setup_tracking(name: str, args, *, round_id: str | None = None) -> None:
-    """W&B for the stage when ``args.report_to`` names it: run ``args.run_name`` (default the stage's name), group
-    the round id, files under ``args.output_dir`` (``rlhf.tracking.setup_wandb``)."""
+    """W&B for the stage when ``args.report_to`` names it: run ``<round id>/<args.run_name>`` (default the stage's
+    name), job type the stage's name, group the round id, files under ``args.output_dir``
+    (``rlhf.tracking.setup_wandb``)."""
     if "wandb" in (args.report_to or []):
         group = round_id if round_id is not None else getattr(args, "round_id", None)
-        setup_wandb(run_name=getattr(args, "run_name", None) or name, group=group, output_dir=args.output_dir)
+        setup_wandb(run_name=getattr(args, "run_name", None) or name, group=group, output_dir=args.output_dir,
+                    job_type=name)
 
 
 # Exit code of a gate run whose report is written and whose release is blocked (CI fails on it).

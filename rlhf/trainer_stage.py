@@ -47,7 +47,8 @@ from .manifest import precision_name, stage_manifest
 from .precision import AutocastProbe, check_precision, precision_record, weight_dtypes, weights_dtype
 from .resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
 from .rundir import install_failure_hook
-from .tracking import TRANSACTION_LOG_FLUSH_S, init_run, log_summary
+from .tracking import (TRANSACTION_LOG_FLUSH_S, ReferenceArtifact, artifact_name, dataset_artifact, init_run,
+                       log_summary, producer_artifact)
 from .training_health import check_loss, check_weights
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class TrainingData:
     decontamination: dict[str, Any]  # data.decontamination.decontaminate_stage_rows's record
     n_data_rejected: int  # schema rejects (lenient mode), listed in rejects-data.jsonl
     n_rejected: int  # the stage's own rejects (tokenization, truncation), listed in rejects-<what>.jsonl
+    path: str | None = None  # args.train_data's local file (data.fingerprint.local_path), its W&B artifact; None: hub
 
 
 @dataclass
@@ -188,6 +190,7 @@ class TrainerStage:
         metrics: dict[str, Any],
         publish: Callable[[Any, Path], Published] | None = None,
         table: dict[str, list[dict]] | None = None,
+        used: list[ReferenceArtifact | None] | None = None,
     ) -> dict[str, Any]:
         """Save and record the trained model; every rank calls it, rank 0 alone writes.
 
@@ -199,6 +202,8 @@ class TrainerStage:
             publish: ``publish(model, checkpoint) -> Published``, run on rank 0 after the save (the saved model,
                 LoRA adapters merged).
             table: W&B tables (name -> rows).
+            used: more W&B artifacts the stage read (beside the training data and every input ``<k>`` with a
+                ``<k>_hash`` that is a local path, :func:`rlhf.tracking.producer_artifact`).
 
         Returns:
             Rank 0: the manifest's ``metrics``. Other ranks: ``{"train_loss", "train_steps", "rank"}``.
@@ -234,18 +239,30 @@ class TrainerStage:
             "loss_curve": [h["loss"] for h in trainer.state.log_history if "loss" in h],  # per logging step
             "rejects_files": sorted(str(p) for p in self.out.glob("rejects-*.jsonl")),
         }
+        outputs = {"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint),
+                   "decontamination": data.decontamination, **published.outputs}
+        # W&B lineage: the data and parent checkpoints read, the checkpoints written (by reference, with hashes)
+        round_id = getattr(args, "round_id", None)
+        written = [ReferenceArtifact(artifact_name(self.name, k), "model", outputs[k], outputs[f"{k}_hash"],
+                                     {"stage": self.name, "round_id": round_id})
+                   for k in ("checkpoint", "pi_ref") if outputs.get(k) and outputs.get(f"{k}_hash")]
+        read = [dataset_artifact(args.train_data, data.path, data.fingerprint),
+                *(producer_artifact(v, inputs.get(f"{k}_hash")) for k, v in inputs.items()
+                  if isinstance(v, str) and v and f"{k}_hash" in inputs and not k.endswith("_data")),
+                *(used or [])]
         log_summary(
             {**{k: v for k, v in metrics.items() if not isinstance(v, dict) and k != "rejects_files"},
              **summary(efficiency), **published.summary},
             table={**(table or {}), **published.table} or None,
             report_to=args.report_to,
+            inputs=read,
+            outputs=written,
         )
         stage_manifest(
             self.name,
             args,
             inputs={"train_data": args.train_data, "train_data_hash": data.fingerprint, **inputs},
-            outputs={"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint),
-                     "decontamination": data.decontamination, **published.outputs},
+            outputs=outputs,
             metrics=metrics,
             extra={"training": trained.training, "precision_dtypes": precision_dtypes},
         )

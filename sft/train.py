@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTTrainer
 
 from data.decontamination import decontaminate_stage_rows
-from data.fingerprint import data_fingerprint
+from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_sft
 from data.validation import handle_rejects
 from rlhf.checkpoint import freeze_dir
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
         trained,
         tokenizer,
         data=TrainingData(data_fingerprint(args.train_data), decontamination,
-                          n_data_rejected=len(conversations.rejects), n_rejected=len(prepared.rejects)),
+                          n_data_rejected=len(conversations.rejects), n_rejected=len(prepared.rejects),
+                          path=local_path(args.train_data)),
         inputs={"base_model": args.model_name_or_path, "base_model_hash": model_fingerprint(base)},
         metrics={
             "n_rows": len(prepared.rows),

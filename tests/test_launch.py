@@ -344,6 +344,7 @@ TASK_RETRIES = {
     "flows.round.check_recipes_task": 0,  # a parse: a retry gives the same error
     "flows.round.publish_task": 3,  # artifacts to the Prefect API: I/O
     "flows.round.publish_approval_task": 3,  # the approval's artifacts: I/O
+    "flows.round.wandb_report_task": 3,  # the W&B report: writes a file, or saves it through the W&B API
     "flows.flywheel.ingest_task": 0,  # inserts rows: a retry after a partial commit would insert them twice
     "flows.flywheel.judge_task": 0,  # scores turns with a model (compute)
     "flows.flywheel.select_task": 0,  # a pure selection over the store

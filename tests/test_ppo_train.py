@@ -68,9 +68,25 @@ def fake_wandb(monkeypatch):
     mod = types.ModuleType("wandb")
     mod.run, mod.runs = None, []
 
+    class Artifact:  # what rlhf.tracking.ReferenceArtifact.to_wandb builds: name, type, metadata, references
+        def __init__(self, name, type, metadata=None):
+            self.name, self.type, self.metadata, self.references = name, type, metadata or {}, []
+
+        def add_reference(self, uri, name=None):
+            self.references.append((uri, name))
+
     class Run:
+        settings = types.SimpleNamespace(_offline=True)
+
         def __init__(self, **kwargs):
             self.init, self.logs, self.summary, self.finished = kwargs, [], {}, False
+            self.used, self.logged = [], []
+
+        def _log_artifact(self, artifact, **kwargs):  # offline use_artifact (rlhf.tracking.use_artifacts)
+            self.used.append((artifact, kwargs))
+
+        def log_artifact(self, artifact, aliases=None):
+            self.logged.append((artifact, aliases))
 
         def log(self, metrics, step=None):
             self.logs.append((step, dict(metrics)))
@@ -84,6 +100,7 @@ def fake_wandb(monkeypatch):
         return mod.run
 
     mod.init = init
+    mod.Artifact = Artifact
     mod.Settings = lambda **kwargs: kwargs  # rlhf.tracking.init_run passes wandb.Settings(...)
     monkeypatch.setitem(sys.modules, "wandb", mod)
     return mod
@@ -155,7 +172,7 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
 
     # W&B: one run, named "ppo", grouped by the round, under output_dir, with every step's metrics and a summary
     (run,) = fake_wandb.runs
-    assert run.init["env"] == {"WANDB_NAME": "ppo", "WANDB_RUN_GROUP": "r1", "WANDB_DIR": str(out.resolve())}
+    assert run.init["env"] == {"WANDB_NAME": "r1/ppo", "WANDB_RUN_GROUP": "r1", "WANDB_DIR": str(out.resolve())}
     # the run id kept in the stage folder, resumable; the run's file written every quarter second
     assert run.init["id"] == (out / "wandb_run_id").read_text().strip() and run.init["resume"] == "allow"
     # ... and no process metadata (command line, program, git) recorded: rlhf.tracking.NO_PROCESS_RECORD_SETTINGS
@@ -165,6 +182,22 @@ def test_main_on_stage_dirs_writes_lineage_and_keeps_pi_ref(stages, fake_wandb):
     assert run.summary["num_steps"] == 2 and "history" not in run.summary
     assert run.summary["efficiency/tokens_per_s"] == eff["tokens_per_s"] and run.summary["efficiency/mfu"] == eff["mfu"]
     assert run.finished
+    # W&B lineage: the stage used the checkpoints the stages before it logged (named after the producing stage and
+    # output, the hash their manifests record as metadata, each file by file:// reference) and logged its own
+    used = {a.name: (a.type, a.metadata["content_hash"], kw) for a, kw in run.used}
+    assert used == {
+        "sft-pi_ref": ("model", stages["pi_ref_hash"], {"is_user_created": True, "use_after_commit": True}),
+        "dpo-checkpoint": ("model", content_hash(stages["dpo"] / "checkpoint"),
+                           {"is_user_created": True, "use_after_commit": True}),
+        "reward_model-checkpoint": ("model", content_hash(stages["rm"] / "checkpoint"),
+                                    {"is_user_created": True, "use_after_commit": True}),
+        "data-pairs_train.jsonl": ("dataset", data_fingerprint(PROMPTS),
+                                   {"is_user_created": True, "use_after_commit": True}),
+    }
+    ((logged, aliases),) = run.logged
+    assert (logged.name, logged.type, aliases) == ("ppo-checkpoint", "model", ["r1"])
+    assert logged.metadata["content_hash"] == m["outputs"]["checkpoint_hash"]
+    assert logged.references == [(checkpoint.resolve().as_uri(), "checkpoint")]
 
 
 def test_tampered_pi_ref_stops_the_stage_before_training(stages, monkeypatch):
