@@ -127,6 +127,7 @@ def round_cmd(
         check_recipes(params, checked_stages(params))
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="--preset/--set") from None
+    check_prefect_api()
     install_signal_handlers()
     try:
         manifest = run_round(params)
@@ -142,6 +143,33 @@ def round_cmd(
     if release != "pass":
         typer.echo(f"release BLOCKED (exit {BLOCKED_EXIT_CODE}); see {manifest['gate_report']}", err=True)
     raise typer.Exit(0 if release == "pass" else BLOCKED_EXIT_CODE)
+
+
+def check_prefect_api(timeout_s: float = 10.0) -> None:
+    """With a Prefect API configured (``PREFECT_API_URL``, from the environment or the profile), check that it
+    answers before the round starts; without one, Prefect starts a temporary local server and there is nothing to
+    check.
+
+    Raises:
+        typer.Exit(2): the API does not answer (connection refused, DNS, timeout), with one line saying so and how to
+            fix it. An HTTP error status (e.g. 401 from a cloud workspace) is an answer: Prefect reports it itself.
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        return
+    parts = urlsplit(url)
+    shown = urlunsplit(parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")))  # no userinfo
+    try:
+        httpx.get(url.rstrip("/") + "/health", timeout=timeout_s)
+    except httpx.TransportError as err:
+        typer.echo(f"error: the Prefect API at {shown} does not answer ({type(err).__name__}); start it "
+                   "(`prefect server start`) or unset PREFECT_API_URL to run on a temporary local server", err=True)
+        raise typer.Exit(2) from None
 
 
 def _stage_help(name: str) -> str:

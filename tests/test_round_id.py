@@ -91,3 +91,22 @@ def test_cli_refuses_a_mistyped_override_key_before_anything_exists(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "unknown key(s) 'learnin_rate'" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_cli_says_in_one_line_when_the_configured_prefect_api_does_not_answer(tmp_path):
+    import os
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PREFECT_API_URL": f"http://user:secret@127.0.0.1:{port}/api"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: the Prefect API at http://127.0.0.1:{port}/api does not answer (ConnectError); start it "
+                     "(`prefect server start`) or unset PREFECT_API_URL to run on a temporary local server"]
+    assert "secret" not in proc.stderr and not (tmp_path / "runs").exists()
