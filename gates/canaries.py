@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import wording
+from .config import check_canary_names
 from .result import Finding, GateResult, Metric
 
 logger = logging.getLogger("gates.canaries")
@@ -106,17 +107,6 @@ def refuse_all(texts: Sequence[str]) -> list[str]:
 
 #: Canary -> its construction from the baseline's answers to one suite.
 CONSTRUCTORS = {"null": null_model, "padded": padded, "flattering": flattering, "refuse_all": refuse_all}
-
-
-def check_canary_names(names: Sequence[str]) -> list[str]:
-    """The canary names, checked (unknown or repeated names raise ValueError naming them and the known ones)."""
-    names = list(names)
-    unknown = [n for n in names if n not in ATTACKS]
-    if unknown:
-        raise ValueError(f"--canary_names: unknown canary {unknown}; known: {list(CANARIES)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"--canary_names: repeated canary in {names}")
-    return names
 
 
 def canary_answers(name: str, baseline: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,22 @@ DATA_FIELDS = (
 DEFAULT_RUBRIC_PATH = str(Path(__file__).with_name("rubric.yaml"))
 
 
+#: The canaries gates/canaries.py builds (its ``ATTACKS`` keys; kept here so the config checks names without importing
+#: the module that runs them, which imports the gates' measurement and decision code, which import this config).
+CANARY_NAMES: tuple[str, ...] = ("null", "padded", "flattering", "refuse_all")
+
+
+def check_canary_names(names: list[str]) -> list[str]:
+    """The canary names, checked (unknown or repeated names raise ValueError naming them and the known ones)."""
+    names = list(names)
+    unknown = [n for n in names if n not in CANARY_NAMES]
+    if unknown:
+        raise ValueError(f"--canary_names: unknown canary {unknown}; known: {list(CANARY_NAMES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--canary_names: repeated canary in {names}")
+    return names
+
+
 @dataclass
 class GateStageConfig:
     """Gate stage config. Thresholds default to DESIGN.md's gate table."""
@@ -209,7 +225,8 @@ class GateStageConfig:
     )
     canary_names: list[str] = field(
         default_factory=lambda: ["null", "padded", "flattering", "refuse_all"],
-        metadata={"help": "Canaries to run (gates.canaries.CANARIES): null, padded, flattering, refuse_all."},
+        metadata={"help": "Canaries to run (CANARY_NAMES; built in gates/canaries.py): null, padded, flattering, "
+                  "refuse_all."},
     )
 
     def __post_init__(self) -> None:
@@ -219,7 +236,6 @@ class GateStageConfig:
             raise ValueError(f"engine must be transformers or vllm, got {self.engine!r}")
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"vllm_tensor_parallel_size must be at least 1, got {self.vllm_tensor_parallel_size}")
-        from .canaries import check_canary_names
         from .refusal_llm import refusal_grader_config
 
         self.canary_names = check_canary_names(self.canary_names)

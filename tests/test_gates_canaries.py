@@ -205,3 +205,14 @@ def test_the_report_has_the_canary_table(tmp_path):
     assert "| null | length_controlled_win_rate | block | length_matched_win_rate | 12.5" in md
     report = json.loads(paths["json"].read_text())
     assert report["gates"][0]["table"][1]["canary"] == "refuse_all"
+
+
+def test_the_config_names_exactly_the_canaries_that_are_built():
+    from gates.canaries import CANARIES
+    from gates.config import CANARY_NAMES, GateStageConfig
+
+    assert CANARIES == CANARY_NAMES
+    with pytest.raises(ValueError, match=r"unknown canary \['nul'\]; known: \['null', 'padded', 'flattering'"):
+        GateStageConfig(canary_names=["nul"])
+    with pytest.raises(ValueError, match="repeated canary"):
+        GateStageConfig(canary_names=["null", "null"])
