@@ -431,15 +431,19 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     return manifest, gates_report
 
 
+def publish_gate_report(round_id: str, gates: StageRun, description: str) -> None:
+    """The gate report as the round's markdown artifact (``gate-report-<key>``), its plots embedded; published
+    again once an approval has added its section."""
+    report = Path(gates.manifest["outputs"]["report_md"])
+    create_markdown_artifact(key=artifact_key("gate-report", round_id),
+                             markdown=embed_images(report.read_text(), report.parent), description=description)
+
+
 @task(cache_policy=NO_CACHE, task_run_name="publish-approval", retries=3, retry_delay_seconds=5)
 def publish_approval_task(round_id: str, gates: StageRun, approval: dict) -> None:
     """The gate-report artifact again (now with its "Release approval" section) and the approval as a table."""
-    report = Path(gates.manifest["outputs"]["report_md"])
-    create_markdown_artifact(
-        key=artifact_key("gate-report", round_id),
-        markdown=embed_images(report.read_text(), report.parent),
-        description=f"Release verdict of round {round_id}: {approval['gate_verdict']}, release {approval['release']}",
-    )
+    publish_gate_report(round_id, gates,
+                        f"Release verdict of round {round_id}: {approval['gate_verdict']}, release {approval['release']}")
     create_table_artifact(
         key=artifact_key("release-approval", round_id),
         table=[{"decision": approval["decision"], "release": approval["release"], "approver": approval.get("approver"),
@@ -467,12 +471,7 @@ def wandb_report_task(round_dir: Path, manifest: dict, runs: list[StageRun]) -> 
 def publish_task(round_id: str, runs: list[StageRun], gates: StageRun, unlock: dict, verdict: str) -> None:
     """Prefect artifacts: the verdict report, the gate table (its judged gates' rows name the judge), the judge,
     the stage table."""
-    report = Path(gates.manifest["outputs"]["report_md"])
-    create_markdown_artifact(
-        key=artifact_key("gate-report", round_id),
-        markdown=embed_images(report.read_text(), report.parent),
-        description=f"Release verdict of round {round_id}: {verdict}",
-    )
+    publish_gate_report(round_id, gates, f"Release verdict of round {round_id}: {verdict}")
     create_table_artifact(
         key=artifact_key("gates", round_id),
         table=ordered_rows(gates.manifest["outputs"].get("gate_summary") or gates.manifest["outputs"]["gate_table"]),
