@@ -245,11 +245,19 @@ def peak_flops(dtype: str = "fp32", *, remeasure: bool = False) -> tuple[float, 
     cached = float(entry["flops"]) if isinstance(entry, dict) and "flops" in entry else None
     quick = measure_matmul_peak(dtype, seconds=PEAK_RECHECK_SECONDS, trials=1)
     if cached is not None and not remeasure and quick <= PEAK_RECHECK_FACTOR * cached:
+        if quick > cached:  # the cache keeps the highest figure seen, so the next call starts from it
+            _store_peak(cache, key, quick)
         return max(cached, quick), f"measured {dtype} matmul peak ({PEAK_CACHE}), re-checked"
     if cached is not None:
         logger.warning("cached %s matmul peak %.3g FLOP/s refused (a check now gives %.3g%s): measuring again",
                        dtype, cached, quick, ", re-measure asked" if remeasure else "")
     flops = max(measure_matmul_peak(dtype), quick, cached or 0.0)
+    _store_peak(cache, key, flops)
+    return flops, f"measured {dtype} matmul peak ({PEAK_CACHE})"
+
+
+def _store_peak(cache: dict, key: str, flops: float) -> None:
+    """Write ``flops`` under ``key`` into :data:`PEAK_CACHE` (atomically; other keys as read in ``cache``)."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cache[key] = {"flops": flops, "measured_at": time.time(), "load_average_1min": load}
     try:
@@ -259,7 +267,6 @@ def peak_flops(dtype: str = "fp32", *, remeasure: bool = False) -> tuple[float, 
         atomic_write_text(PEAK_CACHE, dumps_strict(cache, indent=2) + "\n")
     except OSError as err:  # a read-only home only costs a re-measurement next time
         logger.warning("could not cache the matmul peak in %s: %s", PEAK_CACHE, err)
-    return flops, f"measured {dtype} matmul peak ({PEAK_CACHE})"
 
 
 #: Largest batch ``auto`` picks: 64 on CPU (measured with benchmarks/generation.py: batch 64 generated 1.72x
