@@ -40,7 +40,7 @@ class FlywheelParameters(BaseModel):
     db: str | None = Field(
         None,
         description="Store URL (duckdb:///..., postgresql+psycopg://...); default a DuckDB "
-        "file <out_dir>/signals.duckdb. Never with a password in it: see db_password_env.",
+        "file OUT_DIR/signals.duckdb. Never with a password in it: see db_password_env.",
     )
     db_password_env: str | None = Field(
         None,
@@ -98,9 +98,9 @@ class ImportParameters(BaseModel):
 
     export_dir: str = Field(..., description="The flywheel's export directory (tasks.json, export.json).")
     labels: str = Field(..., description="Label Studio JSON export of those tasks.")
-    out_dir: str = Field("runs/flywheel/datasets", description="Dataset versions go here (v-<hash>/).")
+    out_dir: str = Field("runs/flywheel/datasets", description="Dataset versions go here (v-HASH/).")
     gate_generations: str | None = Field(
-        None, description="runs/<r>/gates/generations.jsonl: decontaminate against the prompts the round's gates sent."
+        None, description="runs/ROUND/gates/generations.jsonl: decontaminate against the prompts the round's gates sent."
     )
     gates_recipe: str | None = Field(
         None,

@@ -54,8 +54,15 @@ class RoundParameters(BaseModel):
     # a refused value is not echoed in the validation error (it may be the secret)
     model_config = ConfigDict(hide_input_in_errors=True)
 
-    preset: Literal["smoke", "demo"] | str = Field("demo", description="Recipe folder under recipes/: smoke or demo.")
-    round_id: str | None = Field(None, description="Names runs/<round_id>; default: <preset>-<UTC date>.")
+    # one string field, not Literal | str: Prefect's form renders a union as two tabs, both labelled "str"
+    preset: str = Field(
+        "demo", description="Recipe folder under recipes/ (smoke, demo, 8b/full, ...) or a folder of yours.",
+        examples=["smoke", "demo", "8b/full"],
+    )
+    # no angle brackets in descriptions: the run form renders them as HTML and swallows "<round_id>"
+    round_id: str | None = Field(
+        None, description="Names the round folder runs/ROUND_ID; default: PRESET-YYYYMMDD (UTC date)."
+    )
     runs_dir: str = Field("runs", description="Where round directories go.")
     base_model: str | None = Field(None, description="Override the preset's base model (id, dir or .gguf).")
     overrides: dict[str, list[str]] = Field(

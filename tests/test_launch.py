@@ -316,6 +316,22 @@ def test_round_parameters_render_as_a_form_with_the_launcher_and_slurm_sections(
     assert errors and "lsf" in errors[0].message
 
 
+def test_the_run_forms_fields_render_as_one_input_each_with_plain_text_help():
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+
+    fields = round_schema()["definitions"]["RoundParameters"]["properties"]
+    # a union (Literal | str) renders as two tabs both labelled "str"; one string field with examples does not
+    assert fields["preset"]["type"] == "string" and "anyOf" not in fields["preset"]
+    assert fields["preset"]["examples"][:2] == ["smoke", "demo"]
+    for entrypoint in ("flows/round.py:rlhf_round", "flows/flywheel.py:flywheel"):
+        schema = parameter_schema(load_flow_from_entrypoint(str(ROOT / entrypoint))).model_dump()
+        for model in schema.get("definitions", {}).values():
+            for name, field in model.get("properties", {}).items():
+                # the form renders help as HTML: "<round_id>" would vanish
+                assert "<" not in field.get("description", ""), (entrypoint, name, field["description"])
+
+
 def test_prefect_yaml_has_cpu_and_gpu_pool_deployments_whose_parameters_the_form_accepts():
     from prefect.flows import load_flow_from_entrypoint
     from prefect.utilities.schema_tools import validate
