@@ -1,6 +1,7 @@
 """A W&B Report per round, built with ``wandb-workspaces`` (``wandb_workspaces.reports.v2``) from the round manifest.
 
-The report holds, top to bottom: the release verdict; the verdict by gate (a table of gate, verdict and reason,
+The report holds, top to bottom: the release verdict; the release approval when one was asked for (decision,
+approver, reason, waivers with their expiry, expired waivers of earlier rounds); the verdict by gate (a table of gate, verdict and reason,
 and the gate run's ``gates`` table); one section per gate (its verdict and reason, a scalar panel per metric the
 gate run logged as ``gates/<gate>/<metric>``, and its ``gate_<gate>`` table); the generations table (prompt,
 baseline and candidate answers, judge verdict); the stage runs of the round (a run set filtered on
@@ -97,6 +98,7 @@ def build_report(round_manifest: dict, *, gate_metric_names: dict[str, list[str]
         wr.P(f"Preset {round_manifest.get('preset')}; candidate {round_manifest.get('candidate')}; "
              f"PPO unlocked: {(round_manifest.get('ppo_unlock') or {}).get('unlocked')}. "
              f"Every gate decides on its own numbers; one block or inconclusive blocks the release."),
+        *_approval_blocks(wr, round_manifest.get("approval"), cell),
         wr.H2("Verdict by gate"),
         wr.MarkdownBlock("\n".join(gate_lines)),
         wr.PanelGrid(runsets=[runset("gates run", "gates")],
@@ -130,6 +132,32 @@ def build_report(round_manifest: dict, *, gate_metric_names: dict[str, list[str]
                for name in round_artifacts(round_manifest)]
     return wr.Report(project=project, entity=entity, title=f"Round {round_id}: {verdict}",
                      description=f"Release gates, stage runs and artifacts of round {round_id}", blocks=blocks)
+
+
+def _approval_blocks(wr, approval: dict | None, cell) -> list:
+    """The "Release approval" section: the decision, who made it and why, each waiver (gate, approver, expiry,
+    reason) and earlier rounds' waivers that have expired; nothing when the round asked for no approval and
+    carried no earlier waiver (``approval`` as :func:`flows.approval.release_approval` returns it, plus
+    ``previous_waivers``)."""
+    previous = (approval or {}).get("previous_waivers") or []
+    if not approval or (approval.get("mode") == "none" and not previous):
+        return []
+    who = approval.get("approver") or "nobody"
+    why = approval.get("reason") or approval.get("bypass_reason") or ""
+    lines = [f"Decision **{approval.get('decision')}** by {who}; release **{str(approval.get('release')).upper()}** "
+             f"(gates: {approval.get('gate_verdict')})" + (f"; reason: {why}" if why else "")
+             + ("; timed out: no decision counts as rejected" if approval.get("timed_out") else "") + "."]
+    waivers = approval.get("waivers") or []
+    if waivers:
+        lines += ["", "| waived gate | approver | expires | reason |", "|---|---|---|---|"]
+        lines += [f"| {cell(w.get('gate'))} | {cell(w.get('approver'))} | {cell(w.get('expires'))} | "
+                  f"{cell(w.get('reason'))} |" for w in waivers]
+    expired = [w for w in previous if w.get("expired")]
+    if expired:
+        lines += ["", "Expired waivers of earlier rounds: " + "; ".join(
+            f"{cell(w.get('gate'))} (round {cell(w.get('round_id'))}, expired {cell(w.get('expires'))})"
+            for w in expired)]
+    return [wr.H2("Release approval"), wr.MarkdownBlock("\n".join(lines))]
 
 
 def report_spec(report) -> str:

@@ -158,3 +158,26 @@ def test_generations_table_joins_the_judges_verdict_on_winrate_rows(tmp_path):
                                ("winrate", "w2", "p2", "b2", "c2", "unparsed", "??"),
                                ("safe", "w0", "s", "sb", "sc", None, None)]  # same id, other suite: not judged
     assert judge_verdict(1.5) == "tie" and judge_verdict(float("nan")) == "unparsed"
+
+
+def test_the_release_approval_is_in_the_report_with_its_waivers_and_expired_waivers():
+    approval = {"mode": "required", "decision": "approved", "release": "pass", "gate_verdict": "block",
+                "approver": "rm@example.org", "reason": "capability drop is a known eval artefact", "timed_out": False,
+                "waivers": [{"gate": "capability", "approver": "rm@example.org", "expires": "2027-01-31",
+                             "reason": "eval artefact | tracked"}],
+                "previous_waivers": [{"gate": "drift", "round_id": "r6", "expires": "2026-11-01", "expired": True},
+                                     {"gate": "refusal", "round_id": "r6", "expires": "2027-02-01", "expired": False}]}
+    blocks = _spec({**ROUND, "approval": approval})["spec"]["blocks"]
+    text = (lambda b: "".join(c.get("text", "") for c in b["children"]))
+    headings = [text(b) for b in blocks if b["type"] == "heading"]
+    assert headings[:3] == ["Round r7: BLOCK", "Release approval", "Verdict by gate"]
+    approval_md = [b for b in blocks if b["type"] == "markdown-block"][0]["content"].splitlines()
+    assert approval_md[0] == ("Decision **approved** by rm@example.org; release **PASS** (gates: block); "
+                              "reason: capability drop is a known eval artefact.")
+    assert approval_md[2:5] == ["| waived gate | approver | expires | reason |", "|---|---|---|---|",
+                                "| capability | rm@example.org | 2027-01-31 | eval artefact \\| tracked |"]
+    assert approval_md[-1] == "Expired waivers of earlier rounds: drift (round r6, expired 2026-11-01)"
+    # no approval asked and no earlier waiver: no section (the report of an ordinary round is unchanged)
+    plain = _spec({**ROUND, "approval": {"mode": "none", "decision": "none", "release": "block", "waivers": [],
+                                         "previous_waivers": []}})["spec"]["blocks"]
+    assert "Release approval" not in [text(b) for b in plain if b["type"] == "heading"]
