@@ -78,7 +78,8 @@ def ordered_rows(rows: Iterable[Mapping[str, Any]], first: Sequence[str] = FIRST
 #: Characters of each blocking gate's reason in the state message; the full reasons are in the gate report.
 REASON_CHARS = 300
 _URL = re.compile(r"\S+://\S+")
-_PATH = re.compile(r"(?<![\w:/.@+-])(?:/|\.{1,2}/|~/)?(?:[\w.@+-]+/)*([\w.@+-]+/[\w.@+-]+)")  # /a/b/c, ./a/b, ~/a/b
+# /a/b/c, ./a/b, ~/a/b, and an absolute path after "name:" (a judge named "reward_model:/runs/r1/...")
+_PATH = re.compile(r"(?:(?<=\w:)(?=/)|(?<![\w:/.@+-]))(?:/|\.{1,2}/|~/)?(?:[\w.@+-]+/)*([\w.@+-]+/[\w.@+-]+)")
 
 
 def short_reason(reason: str, limit: int = REASON_CHARS) -> str:

@@ -414,9 +414,10 @@ def corrected_effect(v: dict[str, Any]) -> str:
 
 
 def named_judge(judge: Finding, reason: str, said: Sequence[Finding]) -> str:
-    """The judge gate's reason with the judge named first and its position consistency and unparsable answers
-    (``position_consistency`` / ``unparsed_judgments`` findings) after."""
-    out = f"Judge {judge.values['name']} ({judge.values['backend']}). {reason}"
+    """The judge gate's reason, then the judge's name (a checkpoint path or a model id, so after the finding: a
+    state message or a table cell cut short keeps the finding), then its position consistency and unparsable
+    answers (``position_consistency`` / ``unparsed_judgments`` findings)."""
+    out = f"{reason} Judge: {judge.values['name']} ({judge.values['backend']})."
     for f in said:
         v = f.values
         if f.code == "position_consistency":

@@ -45,6 +45,11 @@ def test_the_message_cuts_reasons_at_words_drops_paths_and_stays_short():
     part = m.split(" | ", 1)[1]
     assert part.startswith("judge_agreement block: judge reward_model/checkpoint-40 (see https://x.org/a/b/c): ")
     assert part.endswith("agreement\u2026") and len(part) <= len("judge_agreement block: ") + 300
+    named = {"name": "judge_agreement", "verdict": "inconclusive",
+             "reason": "Inconclusive: a = 0.688. Judge: reward_model:/tmp/runs/r1/reward_model/checkpoint (reward_model)."}
+    assert verdict_message("block", [named]).endswith(
+        "judge_agreement inconclusive: Inconclusive: a = 0.688. Judge: reward_model:reward_model/checkpoint "
+        "(reward_model).")
     many = verdict_message("block", [{**long, "name": f"g{i}"} for i in range(20)])
     assert len(many) <= 2000 and many.endswith("more") and " | g0 block: " in many  # cut between gates, counted
 
