@@ -18,7 +18,9 @@ rate; target 95%), the delta-method interval's coverage for comparison (not used
 the corrected decision rate against 50% (pass = interval above, block = below), and floor mode's decision rate.
 The settings are the issue's: a = 0.71 (the best published judges on AlpacaEval's cross-annotated pairs), a true
 4-point gap (p = 0.54), n = 805 (AlpacaEval's prompts) and n = 5,000, with 500 expert labels; plus 100 labels and
-a = 0.65 to show the interval widening with the judge's own uncertainty.
+a = 0.65 to show the interval widening with the judge's own uncertainty, and a true win rate of 50% (no gap: the
+decision rate is then the false-decision rate, target 5%). Then the README's worked example: the same figures at
+their expected values (no simulation).
 
 Run: ``PYTHONPATH=. python benchmarks/corrected_winrate.py [--trials 4000] [--seed 0]`` (about 20 s on 2 CPU cores).
 """
@@ -89,6 +91,24 @@ def simulate(a: float, true_wr: float, n: int, n_labels: int, trials: int, rng: 
             "floor_decided": floor_decided / trials}
 
 
+#: The README's worked example: a = 0.71 on 500 decisive expert labels, a true 4-point gap, n = 805 and 5,000.
+EXAMPLE = (0.71, 54.0, (805, 5000), 500)
+
+
+def worked_example(a: float = EXAMPLE[0], true_wr: float = EXAMPLE[1], ns: tuple[int, ...] = EXAMPLE[2],
+                   n_labels: int = EXAMPLE[3]) -> list[dict]:
+    """The corrected figures at their expected values: the measured win rate 50 + (true - 50)(2a - 1), its SE
+    alpaca_eval's at that rate, the agreement exactly a (no simulation)."""
+    w = 50 + (true_wr - 50) * (2 * a - 1)
+    rows = []
+    for n in ns:
+        se = 100 * math.sqrt((w / 100) * (1 - w / 100) / (n - 1))
+        cw = corrected_win_rate(w, se, n, a, n_labels)
+        rows.append({"n": n, "observed_gap": w - 50, "corrected_gap": cw.corrected - 50, "ci_low": cw.ci_low,
+                     "ci_high": cw.ci_high, "side": cw.side, "items_needed": cw.items_needed})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=4000)
@@ -106,6 +126,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"| {100 * r['below_hard_min']:.1f}% | {100 * r['coverage']:.1f}% "
               f"| {100 * r['coverage_delta']:.1f}% | {r['mean_width']:.1f} points | {100 * r['decided']:.1f}% "
               f"({100 * r['passed']:.1f}% / {100 * r['blocked']:.1f}%) | {100 * r['floor_decided']:.1f}% |")
+    a, true_wr, _, n_labels = EXAMPLE
+    print(f"\nworked example at expected values: a = {a} on {n_labels} expert labels, true win rate {true_wr:g}%")
+    print("| prompts n | observed gap | corrected gap | 95% interval (width) | decisive at 50%? | prompts needed |")
+    print("|---|---|---|---|---|---|")
+    for e in worked_example():
+        decisive = {"above": "yes: pass", "below": "yes: block"}.get(e["side"], "no: contains 50%")
+        print(f"| {e['n']:,} | {e['observed_gap']:+.2f} points | {e['corrected_gap']:+.2f} points | "
+              f"{e['ci_low']:.1f}-{e['ci_high']:.1f}% ({e['ci_high'] - e['ci_low']:.1f} points) | {decisive} | "
+              f"about {e['items_needed']:,} |")
     return rows
 
 

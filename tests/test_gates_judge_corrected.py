@@ -189,3 +189,26 @@ def test_the_report_names_the_decision_mode():
         "- judge decision: floor (the win-rate gates decide only when the judge's agreement clears 0.85")
     assert judge_decision_line(GateStageConfig(judge_decision="corrected")).startswith(
         "- judge decision: corrected (no judge floor")
+
+
+def test_benchmark_covers_and_gives_the_worked_example(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "corrected_winrate.py"
+    spec = importlib.util.spec_from_file_location("bench_corrected_winrate", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--trials", "400"])
+    for r in rows:  # 400 trials: the Monte Carlo SE of a 95% coverage is 1.1 points
+        assert 0.91 <= r["coverage"] <= 0.99, r
+        assert r["floor_decided"] == 0.0  # a = 0.71 or 0.65 never clears 0.85 on its interval
+    assert rows[-1]["true_win_rate"] == 50.0 and rows[-1]["decided"] <= 0.1  # false decisions, ~5%
+    assert rows[1]["decided"] > rows[0]["decided"]  # 5,000 prompts decide more often than 805
+    small, large = bench.worked_example()
+    # w = 50 + 4 * 0.42 = 51.68; SE sqrt(0.5168 * 0.4832 / 804) = 1.7624 points at 805 prompts, 0.7068 at 5,000
+    assert small["observed_gap"] == pytest.approx(1.68) and small["corrected_gap"] == pytest.approx(4.0)
+    assert (small["side"], large["side"]) == ("straddles", "above")
+    # 3.841459 * (1.7624^2 * 805) / 1.68^2 = 3403.04 -> 3404
+    assert small["items_needed"] == 3404
+    assert "| 5,000 | +1.68 points | +4.00 points | 50.7-57.6% (6.9 points) | yes: pass |" in capsys.readouterr().out
