@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from gates.winrate_corrected import HARD_MIN_AGREEMENT, JUDGE_DECISIONS
 from judging.judges import JudgeConfig
 
 #: Config fields that name a data file; each is recorded with its content fingerprint in the manifest.
@@ -148,7 +149,16 @@ class GateStageConfig:
     )
     lc_bar: float = field(default=50.0, metadata={"help": "Length-controlled win rate bar (percent)."})
     judge_floor: float = field(
-        default=0.85, metadata={"help": "Judge agreement below this makes win-rate gates inconclusive."}
+        default=0.85, metadata={"help": "Judge agreement below this makes win-rate gates inconclusive "
+                                "(judge_decision floor)."}
+    )
+    judge_decision: str = field(
+        default="floor",
+        metadata={"help": "How a judged win rate decides: floor (the judge's agreement must clear judge_floor on its "
+                  "interval first) or corrected (no floor: the win-rate gates decide on the attenuation-corrected "
+                  "win rate 50 + (w - 50) / (2a - 1), whose interval carries the judge's measured error; "
+                  f"gates/winrate_corrected.py). In both, a judge at a <= {HARD_MIN_AGREEMENT:g} decides nothing.",
+                  "choices": list(JUDGE_DECISIONS)},
     )
     intent_min_items: int = field(
         default=10, metadata={"help": "Items an intent needs before its win rate can decide."}
@@ -234,6 +244,8 @@ class GateStageConfig:
             raise ValueError(f"generation_precision must be auto, fp32 or bf16, got {self.generation_precision!r}")
         if self.engine not in ("transformers", "vllm"):
             raise ValueError(f"engine must be transformers or vllm, got {self.engine!r}")
+        if self.judge_decision not in JUDGE_DECISIONS:
+            raise ValueError(f"judge_decision must be one of {list(JUDGE_DECISIONS)}, got {self.judge_decision!r}")
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"vllm_tensor_parallel_size must be at least 1, got {self.vllm_tensor_parallel_size}")
         from .refusal_llm import refusal_grader_config

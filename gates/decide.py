@@ -2,7 +2,8 @@
 
 Each gate decides on its own numbers with its own rule, and every rule lives in its gate's module: the judge
 gate (measured or not, ``gates.judge.judge_gate``), the win-rate gates (inconclusive without a measured judge,
-``gates.judge.judge_decides``), capability (on the items both sides parsed, inconclusive when too
+``gates.judge.judge_decides``; in ``judge_decision: corrected`` mode decided on the judge-corrected win rate,
+``gates.winrate_corrected``), capability (on the items both sides parsed, inconclusive when too
 few did, ``gates.capability.capability_gate_on_parsed``), two-sided refusal, sycophancy, drift and citations. Nothing is
 averaged; ``gates.result.release_verdict`` combines the verdicts.
 """
@@ -32,9 +33,9 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
 
     Args:
         m: the round's measurements (``gates.measure.measure``).
-        config: thresholds (``lc_bar``, ``judge_floor``, ``intent_min_share``, ``intent_min_items``,
-            ``max_violation_increase_pp``, ``max_false_refusal_increase_pp``, ``max_flip_rate``,
-            ``capability_min_parsed``).
+        config: thresholds (``lc_bar``, ``judge_floor``, ``judge_decision``, ``intent_min_share``,
+            ``intent_min_items``, ``max_violation_increase_pp``, ``max_false_refusal_increase_pp``,
+            ``max_flip_rate``, ``capability_min_parsed``).
 
     Returns:
         GateResults in the order judge agreement, win rate, per-intent matrix, two-sided refusal, capability,
@@ -50,16 +51,20 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
     # items sharing an instruction are one draw: the win-rate interval clusters them (item-level when not recorded)
     instructions = None if m.winrate_prompts is None else [x for x, ok in zip(m.winrate_prompts, parsed) if ok]
     win_rate = float(np.mean(prefs - 1.0) * 100) if parsed.any() else float("nan")
-    judge = named_judge_gate(m.judge, win_rate, source=m.judge_source, floor=config.judge_floor, info=m.judge_info)
+    mode = config.judge_decision
+    judge = named_judge_gate(m.judge, win_rate, source=m.judge_source, floor=config.judge_floor, info=m.judge_info,
+                             decision=mode)
     if parsed.any():
         winrate = judge_decides(
             [
                 win_rate_gate(prefs, len_c, len_b, bar=config.lc_bar, glm_prior=m.glm_prior, answered=answered,
-                              min_decisive=config.min_decisive, clusters=instructions),
+                              min_decisive=config.min_decisive, clusters=instructions, judge_decision=mode,
+                              judge_agreement=m.judge),
                 intent_matrix_gate(prefs, intents, m.traffic, min_share=config.intent_min_share,
-                                   bar=config.lc_bar, min_items=config.intent_min_items, answered=answered),
+                                   bar=config.lc_bar, min_items=config.intent_min_items, answered=answered,
+                                   judge_decision=mode),
             ],
-            judge, a, floor=config.judge_floor,
+            judge, a, floor=config.judge_floor, decision=mode,
         )
     else:
         judge_name = (m.judge_info or {}).get("name", m.judge_source)

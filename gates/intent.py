@@ -37,6 +37,7 @@ import yaml
 from gates import wording
 from gates.result import Finding, GateResult, Metric, Verdict
 from gates.winrate import preferences_to_scores
+from gates.winrate_corrected import HARD_MIN_AGREEMENT, JUDGE_DECISIONS
 from judging.intervals import bootstrap_means, exact, percentile
 
 GATE_NAME = "intent_matrix"
@@ -499,6 +500,7 @@ def intent_matrix_gate(
     seed: int = 0,
     answered: Sequence[bool] | None = None,
     name: str = GATE_NAME,
+    judge_decision: str = "floor",
 ) -> GateResult:
     """Block when a cluster with a meaningful traffic share loses to the baseline on evidence.
 
@@ -517,6 +519,12 @@ def intent_matrix_gate(
         min_items: items an intent needs before its interval is trusted (default 10).
         confidence, ci_method, n_boot, seed: see :func:`intent_win_rates`.
         answered: shape (n_items,), True where both answers are non-empty (None: all answered).
+        judge_decision: "floor" or "corrected" (``gates.winrate_corrected``). In corrected mode, at ``bar`` = 50 the
+            rule is unchanged (findings start with ``judge_decision``): under the symmetric-error model a corrected
+            win rate is 50% exactly when the measured one is, for any a > 1/2, so an intent measured below 50% on
+            evidence is below it corrected, and a weaker judge costs power, not validity. At another bar the
+            correction would move intents across it and per-intent corrected intervals are not computed here:
+            "inconclusive" (``corrected_bar_not_50``).
 
     Returns:
         GateResult: metrics ``traffic_weighted_win_rate`` (percent, stratified-bootstrap CI, n),
@@ -536,5 +544,14 @@ def intent_matrix_gate(
     m = metrics(preferences, intents, traffic, confidence=confidence, ci_method=ci_method, n_boot=n_boot, seed=seed,
                 answered=answered)
     v, findings = verdict(m, th)
+    table = gate_table(m, findings)
+    if judge_decision == "corrected":
+        mode = Finding(code="judge_decision", values={"mode": "corrected", "hard_min": HARD_MIN_AGREEMENT})
+        if bar != 50.0:
+            v, findings = "inconclusive", [mode, Finding(code="corrected_bar_not_50", values={"bar": bar}), *findings]
+        else:
+            findings = [mode, *findings]
+    elif judge_decision != "floor":
+        raise ValueError(f"judge_decision must be one of {list(JUDGE_DECISIONS)}, got {judge_decision!r}")
     return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=gate_metrics(m),
-                      reason=wording.reason(GATE_NAME, findings), table=gate_table(m, findings), findings=findings)
+                      reason=wording.reason(GATE_NAME, findings), table=table, findings=findings)

@@ -6,6 +6,12 @@ probability is ``p_m = a p + (1 - a)(1 - p)``, so ``p_m - 1/2 = (2a - 1)(p - 1/2
 50 % (and every difference of win rates) is multiplied by the attenuation factor ``2a - 1``.
 Seed figure: a = 0.85 shrinks a true 4-point gap to 4 * 0.7 = 2.8 measured points.
 
+Two decision modes (``GateStageConfig.judge_decision``): ``floor`` (the default) lets the win-rate gates decide only
+once the judge's agreement clears ``floor`` on its interval (:func:`verdict`); ``corrected`` drops the floor and lets
+them decide on the attenuation-corrected win rate, whose interval carries the judge's measured error
+(``gates.winrate_corrected``; :func:`corrected_verdict` here). In both, a judge at or below ``HARD_MIN_AGREEMENT``
+decides nothing (:func:`judge_decides`).
+
 Label convention (``data.labels``): 0 = tie, 1 = first response
 better, 2 = second response better, -1 = unparsed judge output / no expert majority.
 """
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 
 from gates import wording
 from gates.result import Finding, GateResult, Metric, Verdict
+from gates.winrate_corrected import HARD_MIN_AGREEMENT, JUDGE_DECISIONS
 from judging.agreement import Agreement
 from judging.intervals import wilson
 
@@ -147,15 +154,53 @@ def verdict(agreement: Agreement, floor: float = DEFAULT_FLOOR) -> tuple[Verdict
         "side": "above" if ag.agreement >= floor else "below"})]
 
 
+def corrected_verdict(agreement: Agreement, floor: float = DEFAULT_FLOOR) -> tuple[Verdict, list[Finding]]:
+    """The judge-agreement rule in ``corrected`` mode: no floor, only the hard minimum ``HARD_MIN_AGREEMENT``.
+
+    The win-rate gates carry this judge's measured error in their own intervals
+    (``gates.winrate.corrected_verdict``), so the gate reports a and its interval and blocks only when the judge is
+    shown at or below the hard minimum. No decisive expert label -> "inconclusive". a > hard minimum -> "pass"
+    (``usable``, saying whether the whole interval is above it). Interval's upper bound <= hard minimum -> "block"
+    (``below_hard_minimum``). Otherwise (a at or below it, the interval reaching above) -> "inconclusive"
+    (``at_or_below_hard_minimum``, with :func:`items_needed` to show it below). ``floor`` is reported, not applied.
+
+    Returns:
+        (verdict, findings): ``judge_decision`` (mode, hard minimum, floor), ``agreement`` (as :func:`verdict`), then
+        the outcome.
+    """
+    ag = agreement
+    mode = Finding(code="judge_decision", values={"mode": "corrected", "hard_min": HARD_MIN_AGREEMENT,
+                                                  "floor": floor})
+    if ag.n == 0:
+        return "inconclusive", [mode, Finding(code="no_decisive_labels")]
+    found = verdict(ag, floor)[1][0]
+    if ag.agreement > HARD_MIN_AGREEMENT:
+        return "pass", [mode, found, Finding(code="usable", values={
+            "hard_min": HARD_MIN_AGREEMENT, "interval_above_hard_min": bool(ag.ci.low > HARD_MIN_AGREEMENT)})]
+    if ag.ci.high <= HARD_MIN_AGREEMENT:
+        return "block", [mode, found, Finding(code="below_hard_minimum", values={"hard_min": HARD_MIN_AGREEMENT})]
+    return "inconclusive", [mode, found, Finding(code="at_or_below_hard_minimum", values={
+        "hard_min": HARD_MIN_AGREEMENT, "n": ag.n,
+        "items_needed": items_needed(ag.agreement, HARD_MIN_AGREEMENT, design_effect=_deff(ag))})]
+
+
+def _check_decision(decision: str) -> str:
+    if decision not in JUDGE_DECISIONS:
+        raise ValueError(f"judge_decision must be one of {list(JUDGE_DECISIONS)}, got {decision!r}")
+    return decision
+
+
 def _deff(ag: Agreement) -> float:
     d = float(ag.design_effect)
     return d if math.isfinite(d) and d >= 1.0 else 1.0
 
 
 def judge_agreement_gate(
-    agreement: Agreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME
+    agreement: Agreement, *, floor: float = DEFAULT_FLOOR, name: str = GATE_NAME, decision: str = "floor"
 ) -> GateResult:
-    """The judge-agreement gate: the record's numbers, :func:`verdict`, and the words (``gates.wording``).
+    """The judge-agreement gate: the record's numbers, :func:`verdict` (``decision`` "floor") or
+    :func:`corrected_verdict` ("corrected"), and the words (``gates.wording``). The table row's ``judge_decision``
+    names the mode.
 
     Returns:
         GateResult with metrics ``agreement`` (fraction, CI, n = decisive labels), ``effective_n`` (the
@@ -165,14 +210,14 @@ def judge_agreement_gate(
         ``design_effect``, ``n_eff``, ``cluster_rule``); ``findings`` as :func:`verdict` returns them.
     """
     ag = agreement
-    v, findings = verdict(ag, floor)
+    v, findings = (verdict if _check_decision(decision) == "floor" else corrected_verdict)(ag, floor)
     metrics = {
         "agreement": Metric(value=ag.agreement, ci_low=ag.ci.low, ci_high=ag.ci.high, n=ag.n,
                             direction="higher_is_better", unit="fraction"),
         "effective_n": Metric(value=float(ag.n_eff), n=ag.n, direction="higher_is_better", unit="items"),
         "attenuation": Metric(value=ag.attenuation, n=ag.n, direction="higher_is_better", unit="factor"),
     }
-    straddles = next((f for f in findings if f.code == "straddles_floor"), None)
+    straddles = next((f for f in findings if f.code in ("straddles_floor", "at_or_below_hard_minimum")), None)
     if straddles is not None:
         need = straddles.values["items_needed"]
         metrics["items_needed"] = Metric(value=math.nan if need is None else float(need), n=ag.n,
@@ -184,7 +229,7 @@ def judge_agreement_gate(
         "agreement_both_decisive": ag.agreement_excluding_abstentions, "tie_agreement": ag.tie_agreement,
         "three_class_agreement": ag.three_class_accuracy,
         "n_clusters": ag.n_clusters, "design_effect": ag.design_effect, "n_eff": ag.n_eff,
-        "cluster_rule": ag.cluster_rule,
+        "cluster_rule": ag.cluster_rule, "judge_decision": decision,
     }]
     return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=metrics,
                       reason=wording.reason(GATE_NAME, findings), table=table, findings=findings)
@@ -208,48 +253,62 @@ def judge_gate(
     *,
     source: str,
     floor: float = DEFAULT_FLOOR,
+    decision: str = "floor",
 ) -> GateResult:
     """The judge-agreement gate of a round: ``judge_agreement_gate_with_effect`` when the agreement was measured,
-    else ``judge_unmeasured_gate(source)``."""
+    else ``judge_unmeasured_gate(source)``; ``decision`` is the judge-decision mode ("floor" or "corrected")."""
     if agreement is None:
         return judge_unmeasured_gate(source)
-    return judge_agreement_gate_with_effect(agreement, measured_win_rate, floor=floor)
+    return judge_agreement_gate_with_effect(agreement, measured_win_rate, floor=floor, decision=decision)
 
 
 def judge_decides(results: list[GateResult], judge: GateResult | None, agreement: float | None, *,
-                  floor: float = DEFAULT_FLOOR) -> list[GateResult]:
-    """The judge-floor rule, applied once, in the decision step, to every gate whose numbers the judge measured.
+                  floor: float = DEFAULT_FLOOR, decision: str = "floor") -> list[GateResult]:
+    """The judge rule, applied once, in the decision step, to every gate whose numbers the judge measured.
 
-    A win rate is measured by the judge; a judge that is unmeasured, below the floor, or not shown to clear it
-    on the interval (the judge-agreement gate did not pass) cannot decide a win rate, whatever the win rate says
+    A win rate is measured by the judge; a judge that is unmeasured, at or below ``HARD_MIN_AGREEMENT`` (either
+    mode), or whose judge-agreement gate did not pass (floor mode: below the floor or not shown to clear it on the
+    interval; corrected mode: at or below the hard minimum) cannot decide a win rate, whatever the win rate says
     (DESIGN.md "Release gates", judge-agreement row). Such a gate becomes "inconclusive" with a
     ``judge_cannot_decide`` finding first (its sentence leads the reason); its metrics are kept and, when measured,
-    the judge's agreement is added to them as ``judge_agreement``. Pure: returns copies.
+    the judge's agreement is added to them as ``judge_agreement``; its values add ``decision`` in corrected mode and
+    ``hard_min`` when the hard minimum is why. Pure: returns copies.
 
     Args:
         results: the win-rate and per-intent gates' results.
         judge: the judge-agreement gate's result (None: no judge gate).
         agreement: the judge's measured agreement a in [0, 1] (None: not measured).
         floor: the judge floor (reported in the finding).
+        decision: the judge-decision mode, "floor" or "corrected" (reported in the finding).
 
     Raises:
-        TypeError: ``agreement`` not a number; ValueError: outside [0, 1].
+        TypeError: ``agreement`` not a number; ValueError: outside [0, 1], an unknown ``decision``, or, in corrected
+            mode, a deciding gate not decided in corrected mode (no ``judge_decision`` finding).
     """
     if agreement is not None:
         if isinstance(agreement, bool) or not isinstance(agreement, (int, float)):
             raise TypeError(f"judge agreement must be a number in [0, 1], got {type(agreement).__name__}")
         agreement = float(agreement) if math.isnan(agreement) else _check_a(agreement)  # NaN: no decisive label
-    decides = agreement is not None and judge is not None and judge.verdict == "pass"
+    _check_decision(decision)
+    hard = agreement is not None and math.isfinite(agreement) and agreement <= HARD_MIN_AGREEMENT
+    decides = agreement is not None and judge is not None and judge.verdict == "pass" and not hard
     out = []
     for r in results:
         metrics = dict(r.metrics)
         if agreement is not None:
             metrics["judge_agreement"] = Metric(value=agreement, direction="higher_is_better", unit="fraction")
         if decides:
+            if decision == "corrected" and r.finding("judge_decision") is None:
+                # a floor-mode verdict (point estimate vs the bar) must not pass for a corrected one
+                raise ValueError(f"{r.name}: judge_decision corrected, but the gate was not decided in corrected mode")
             out.append(r.model_copy(update={"metrics": metrics}))
             continue
-        found = Finding(code="judge_cannot_decide", values={
-            "judge_verdict": None if judge is None else judge.verdict, "agreement": agreement, "floor": floor})
+        said = {"judge_verdict": None if judge is None else judge.verdict, "agreement": agreement, "floor": floor}
+        if decision == "corrected":
+            said["decision"] = decision
+        if hard:
+            said["hard_min"] = HARD_MIN_AGREEMENT
+        found = Finding(code="judge_cannot_decide", values=said)
         out.append(r.model_copy(update={
             "verdict": "inconclusive", "metrics": metrics, "findings": [found, *r.findings],
             "reason": f"{wording.judge_cannot_decide(found.values)} {r.reason}",
@@ -313,14 +372,16 @@ def judge_agreement_gate_with_effect(
     floor: float = DEFAULT_FLOOR,
     bar: float = 50.0,
     name: str = GATE_NAME,
+    decision: str = "floor",
 ) -> GateResult:
     """``judge_agreement_gate`` plus the effect size a measured win rate implies at this agreement.
 
     Adds metrics ``measured_gap`` and ``corrected_gap`` (points above ``bar``) and a sentence to the
     reason, e.g. "measured gap +2.8 points / attenuation 0.70 = corrected +4.0 points". The
-    verdict is ``judge_agreement_gate``'s (below ``floor`` the win-rate gates are inconclusive).
+    verdict is ``judge_agreement_gate``'s in the mode ``decision`` (floor mode: below ``floor`` the win-rate gates are
+    inconclusive; corrected mode: only at or below ``HARD_MIN_AGREEMENT``).
     """
-    base = judge_agreement_gate(agreement, floor=floor, name=name)
+    base = judge_agreement_gate(agreement, floor=floor, name=name, decision=decision)
     if not math.isfinite(agreement.agreement):
         return base
     eff = corrected_effect_size(measured_win_rate, agreement.agreement, bar=bar)
@@ -352,20 +413,21 @@ def named_judge_gate(
     source: str,
     floor: float = DEFAULT_FLOOR,
     info: dict | None = None,
+    decision: str = "floor",
 ) -> GateResult:
     """``judge_gate`` for a round whose judge is described by ``info`` (``gates.measure.run_judge``).
 
-    ``info`` None: exactly ``judge_gate``. Else the reason starts with the judge's name and backend; metrics add
+    ``info`` None: exactly ``judge_gate`` (``decision``: the judge-decision mode, passed on). Else the reason starts with the judge's name and backend; metrics add
     ``position_consistency`` (share of items whose two orders agreed, when asked in both orders; n = items with both
     orders parsed) and ``unparsed_judgments`` (win-rate pairs whose judge answer could not be parsed, counted apart,
     never as ties; n = pairs judged); the table row adds the judge, backend, identity hash and those counts. A NaN
     ``measured_win_rate`` (every answer unparsable) gives the agreement gate without the corrected effect.
     """
     if agreement is not None and not math.isfinite(measured_win_rate):
-        base = judge_agreement_gate(agreement, floor=floor)
+        base = judge_agreement_gate(agreement, floor=floor, decision=decision)
     else:
         base = judge_gate(agreement, measured_win_rate if math.isfinite(measured_win_rate) else 50.0, source=source,
-                          floor=floor)
+                          floor=floor, decision=decision)
     if info is None:
         return base
     name, backend = info["name"], info["backend"]

@@ -13,6 +13,7 @@ from .generation import truncation_counts
 from .intent import intent_win_rates
 from .judge import GATE_NAME as JUDGE_GATE
 from .judge import JUDGED_GATES
+from .winrate_corrected import HARD_MIN_AGREEMENT
 from .measure import Measurements
 from .plots import drift_plot, intent_heatmap, length_bucket_plot
 from .report import render_markdown
@@ -102,6 +103,16 @@ def refusal_classifier_line(m: Measurements, args: GateStageConfig) -> list[str]
     return lines
 
 
+def judge_decision_line(args: GateStageConfig) -> str:
+    """The report's line saying how the judged win rates were decided (``judge_decision``)."""
+    if args.judge_decision == "corrected":
+        return ("- judge decision: corrected (no judge floor: the win-rate gates decide on the win rate corrected for "
+                "the judge's measured agreement, 50 + (w - 50) / (2a - 1), with an interval carrying both errors; "
+                f"nothing judged decides at a <= {HARD_MIN_AGREEMENT:g})")
+    return (f"- judge decision: floor (the win-rate gates decide only when the judge's agreement clears "
+            f"{args.judge_floor:.2f} on its interval; nothing judged decides at a <= {HARD_MIN_AGREEMENT:g})")
+
+
 def compared_context(
     args: GateStageConfig,
     models: dict[str, Any],
@@ -130,6 +141,7 @@ def compared_context(
         f"- candidate: `{models['candidate']}`",
         f"- baseline: `{models['baseline']}`",
         *judge_lines(models, m),
+        judge_decision_line(args),
         ppo_unlock_line(ppo_unlock),
         f"- drift reference: {drift_label}",
         *refusal_classifier_line(m, args),

@@ -36,6 +36,7 @@ from gates.length_control import (  # noqa: F401  (re-exported: the win-rate API
     length_bucketed_win_rate,
 )
 from gates.result import Finding, GateResult, Metric, Verdict
+from gates.winrate_corrected import HARD_MIN_AGREEMENT, JUDGE_DECISIONS, corrected_win_rate
 from gates.winrate_stats import (  # noqa: F401  (re-exported)
     DEFAULT_CONFIDENCE,
     WIN_RATE_COLUMNS,
@@ -348,6 +349,62 @@ def verdict(m: WinRateMetrics, thresholds: WinRateThresholds) -> tuple[Verdict, 
     return "pass", [summary, Finding(code="at_or_above_bar", values={"bar": th.bar})]
 
 
+def corrected_verdict(m: WinRateMetrics, thresholds: WinRateThresholds,
+                      agreement: Any) -> tuple[Verdict, list[Finding]]:
+    """The rule in ``corrected`` judge-decision mode: decided on the judge-corrected win rate
+    (``gates.winrate_corrected``), whose interval carries the figure's sampling error and the judge's measured one.
+
+    In order: no pair in the length-controlled set, or too little evidence -> "inconclusive" (as :func:`verdict`);
+    the corrected interval wholly above the bar -> "pass" (``corrected_above_bar``); wholly below -> "block", on
+    evidence (``corrected_below_bar``); otherwise "inconclusive" (``corrected_straddles_bar``, or
+    ``corrected_unbounded`` when the judge is not shown better than chance), with the items (and expert labels)
+    that would decide it at the current win rate and agreement. The point estimate alone never decides here.
+    A judge at or below ``HARD_MIN_AGREEMENT`` is left to ``gates.judge.judge_decides`` (no decision in either mode).
+
+    Args:
+        agreement: the judge's ``judging.agreement.Agreement`` (a = ``agreement``, ``n_eff``, ``design_effect``),
+            with a > ``HARD_MIN_AGREEMENT``.
+
+    Returns:
+        (verdict, findings): ``win_rate`` (as :func:`verdict`), ``corrected_win_rate`` (``CorrectedWinRate`` fields),
+        then the outcome.
+
+    Raises:
+        ValueError: a at or below ``HARD_MIN_AGREEMENT`` or not finite.
+    """
+    a = float(agreement.agreement)
+    if not (math.isfinite(a) and a > HARD_MIN_AGREEMENT):
+        raise ValueError(f"corrected_verdict needs a judge agreement above {HARD_MIN_AGREEMENT}, got {a}")
+    v, findings = verdict(m, thresholds)
+    summary = findings[0]
+    if findings[1].code in ("no_length_controlled_set", "too_little_evidence"):
+        return v, findings
+    res, th = m.figure, thresholds
+    se = m.lc_design.standard_error if m.lc_design is not None else res.standard_error
+    deff = float(agreement.design_effect) if math.isfinite(agreement.design_effect) else 1.0
+    cw = corrected_win_rate(res.length_controlled_winrate, se, res.n, a, float(agreement.n_eff), bar=th.bar,
+                            confidence=m.confidence, labels_design_effect=max(1.0, deff))
+    found = Finding(code="corrected_win_rate", values={**cw.to_dict(), "n_labels": int(agreement.n)})
+    outcome = {"above": ("pass", "corrected_above_bar"), "below": ("block", "corrected_below_bar"),
+               "straddles": ("inconclusive", "corrected_straddles_bar"),
+               "unbounded": ("inconclusive", "corrected_unbounded")}[cw.side]
+    return outcome[0], [summary, found, Finding(code=outcome[1], values={
+        "bar": th.bar, "items_needed": cw.items_needed, "labels_needed": cw.labels_needed, "n": cw.n,
+        "n_labels": int(agreement.n)})]
+
+
+def corrected_metrics(cw: dict[str, Any]) -> dict[str, Metric]:
+    """The corrected-mode metrics from a ``corrected_win_rate`` finding's values: ``corrected_win_rate`` (percent,
+    its interval, n = items) and, when not decisive, ``items_needed`` (items; NaN when no n decides it)."""
+    out = {"corrected_win_rate": Metric(value=cw["corrected"], ci_low=cw["ci_low"], ci_high=cw["ci_high"],
+                                        n=cw["n"], direction="higher_is_better", unit="percent")}
+    if cw["side"] not in ("above", "below"):
+        need = cw["items_needed"]
+        out["items_needed"] = Metric(value=math.nan if need is None else float(need), n=cw["n"],
+                                     direction="lower_is_better", unit="items")
+    return out
+
+
 def gate_metrics(m: WinRateMetrics) -> dict[str, Metric]:
     """The GateResult's metrics of ``m``."""
     res, (lo, hi), (raw_lo, raw_hi) = m.figure, m.lc_ci, m.raw_ci
@@ -386,9 +443,11 @@ def win_rate_gate(
     name: str = GATE_NAME,
     glm_prior: Any = None,
     clusters: Any = None,
+    judge_decision: str = "floor",
+    judge_agreement: Any = None,
 ) -> GateResult:
-    """The length-controlled win-rate gate (DESIGN.md "Release gates"): ``metrics``, then ``verdict``, then the
-    words (``gates.wording``).
+    """The length-controlled win-rate gate (DESIGN.md "Release gates"): ``metrics``, then ``verdict`` (or
+    ``corrected_verdict``), then the words (``gates.wording``).
 
     Args:
         preferences, len_candidate, len_baseline: as ``length_bucketed_win_rate``.
@@ -401,6 +460,10 @@ def win_rate_gate(
             figure does.
         clusters: shape (n_items,), each item's instruction (None: every item its own): the intervals are
             cluster-robust where items share an instruction (see :func:`metrics`).
+        judge_decision: "floor" (:func:`verdict`; the judge must clear its floor, ``gates.judge.judge_decides``) or
+            "corrected" (:func:`corrected_verdict` on ``judge_agreement``, when its a is above
+            ``HARD_MIN_AGREEMENT``; otherwise :func:`verdict`, which ``judge_decides`` then makes inconclusive).
+        judge_agreement: the judge's ``judging.agreement.Agreement`` (corrected mode only).
 
     Returns:
         GateResult with metrics ``raw_win_rate``, ``length_matched_win_rate`` (``length_balanced_win_rate`` for
@@ -409,14 +472,29 @@ def win_rate_gate(
         n / design effect of its instruction clusters), ``points_explained_by_length`` (points) and, with ``glm_prior``,
         ``length_controlled_winrate`` (the GLM); ``table`` is alpaca_eval's row (``WIN_RATE_COLUMNS``, its LC
         columns from the GLM or NaN) followed by the bucketed figure's ``BUCKETED_COLUMNS``; ``findings`` as
-        ``verdict`` returns them.
+        ``verdict`` returns them. In corrected mode, metrics add ``corrected_win_rate`` (percent, Fieller interval,
+        n = items) and, when not decisive, ``items_needed``; findings start with ``judge_decision`` (the mode).
 
     Raises:
-        ValueError: invalid inputs (see ``length_bucketed_win_rate``) or min_decisive < 1.
+        ValueError: invalid inputs (see ``length_bucketed_win_rate``), min_decisive < 1, or an unknown
+            judge_decision.
     """
+    if judge_decision not in JUDGE_DECISIONS:
+        raise ValueError(f"judge_decision must be one of {list(JUDGE_DECISIONS)}, got {judge_decision!r}")
     th = WinRateThresholds(bar=bar, min_decisive=min_decisive, require_ci_above_bar=require_ci_above_bar)
     m = metrics(preferences, len_candidate, len_baseline, method=method, n_buckets=n_buckets, tolerance=tolerance,
                 confidence=confidence, answered=answered, glm_prior=glm_prior, clusters=clusters)
+    a = math.nan if judge_agreement is None else float(judge_agreement.agreement)
+    if judge_decision == "corrected" and math.isfinite(a) and a > HARD_MIN_AGREEMENT:
+        v, findings = corrected_verdict(m, th, judge_agreement)
+        out = gate_metrics(m)
+        cw = next((f.values for f in findings if f.code == "corrected_win_rate"), None)
+        if cw is not None:
+            out.update(corrected_metrics(cw))
+        findings = [Finding(code="judge_decision", values={"mode": "corrected", "hard_min": HARD_MIN_AGREEMENT}),
+                    *findings]
+        return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=out,
+                          reason=wording.reason(GATE_NAME, findings), table=[m.row], findings=findings)
     v, findings = verdict(m, th)
     return GateResult(name=name, version=GATE_VERSION, verdict=v, metrics=gate_metrics(m),
                       reason=wording.reason(GATE_NAME, findings), table=[m.row], findings=findings)

@@ -27,9 +27,50 @@ def _win_rate_summary(v: dict[str, Any]) -> str:
             f"{v['min_decisive']})")
 
 
+def corrected_win_rate(v: dict[str, Any]) -> str:
+    """The corrected win rate of a ``corrected_win_rate`` finding: point, interval and what it carries."""
+    pct = f"{100 * v['confidence']:g}%"
+    return (f"judge-corrected win rate {v['corrected']:.1f}% = 50 + ({v['measured']:.1f} - 50) / (2a-1 = "
+            f"{v['attenuation']:.3f}) ({pct} Fieller interval {v['ci_low']:.1f}-{v['ci_high']:.1f}, carrying the "
+            f"win rate's SE {v['measured_se']:.2f} points on {v['n']} items and the judge's agreement a = "
+            f"{v['agreement']:.3f} +/- {v['agreement_se']:.3f} on {v['n_labels']} decisive expert labels)")
+
+
+def _needed(v: dict[str, Any]) -> str:
+    items, labels = v["items_needed"], v["labels_needed"]
+    if items is not None:
+        out = f"about {items} items in this figure's set would decide it at this win rate and agreement (have {v['n']})"
+    else:
+        out = "no number of win-rate items decides it at this agreement's uncertainty"
+    if labels is not None and items is None:
+        out += f"; about {labels} decisive expert labels would (have {v['n_labels']})"
+    return out
+
+
+def _corrected_win_rate_reason(by: dict[str, dict[str, Any]], s: str) -> str:
+    cw, bar = corrected_win_rate(by["corrected_win_rate"]), by["corrected_win_rate"]["bar"]
+    mode = ("Decision mode: corrected (the win rate decides on the judge-corrected effect, not on the judge floor; "
+            f"no decision at a <= {by['judge_decision']['hard_min']:g}). ")
+    if "corrected_above_bar" in by:
+        return f"{mode}Passed on evidence: the whole interval of the {cw} is above {bar:g}%. {s}."
+    if "corrected_below_bar" in by:
+        return f"{mode}Blocked on evidence: the whole interval of the {cw} is below {bar:g}%. {s}."
+    if "corrected_unbounded" in by:
+        v = by["corrected_unbounded"]
+        return (f"{mode}Inconclusive: the judge is not shown better than chance on its expert labels, so the "
+                f"{cw} has no bounded interval; {_needed(v)}. {s}.")
+    return (f"{mode}Inconclusive: the interval of the {cw} contains {bar:g}%; {_needed(by['corrected_straddles_bar'])}. "
+            f"{s}.")
+
+
 def _win_rate_reason(findings: Sequence[Finding]) -> str:
     by = {f.code: f.values for f in findings}
     s = _win_rate_summary(by["win_rate"])
+    if "corrected_win_rate" in by:
+        return _corrected_win_rate_reason(by, s)
+    if "judge_decision" in by:  # corrected mode, stopped before the correction (no set, too little evidence)
+        rest = _win_rate_reason([f for f in findings if f.code != "judge_decision"])
+        return f"Decision mode: corrected. {rest[:1].upper()}{rest[1:]}"
     if "no_length_controlled_set" in by:
         return f"no pairs in the {by['win_rate']['method']}-length set, so no length-controlled win rate. {s}."
     if "too_little_evidence" in by:
@@ -49,10 +90,17 @@ def _win_rate_reason(findings: Sequence[Finding]) -> str:
 
 
 def judge_cannot_decide(v: dict[str, Any]) -> str:
-    """Why a judged gate is inconclusive: the judge was not measured, is below its floor, or has not cleared it."""
-    a, floor = v.get("agreement"), v.get("floor")
+    """Why a judged gate is inconclusive: the judge was not measured, is at or below the hard minimum, is below its
+    floor, or has not cleared it."""
+    a, floor, hard_min = v.get("agreement"), v.get("floor"), v.get("hard_min")
     if a is None:
         why = "the judge's agreement with humans was not measured"
+    elif hard_min is not None and math.isfinite(a) and a <= hard_min:
+        why = (f"judge agreement {a:.3f} is at or below the hard minimum {hard_min:g}, at which no judged gate "
+               f"decides in either decision mode (measured gaps are shrunk by 2a-1 = {2 * a - 1:.2f})")
+    elif v.get("decision") == "corrected":
+        why = (f"in corrected mode the judge-agreement gate is {v.get('judge_verdict') or 'missing'}, so there is no "
+               "measured agreement above the hard minimum to correct with")
     elif floor is not None and math.isfinite(a) and a < floor:
         why = (f"judge agreement {a:.3f} is below the floor {floor:.2f} (measured gaps are shrunk by "
                f"2a-1 = {2 * a - 1:.2f})")
@@ -152,12 +200,15 @@ def _judge_reason(findings: Sequence[Finding]) -> str:
         return (f"judge agreement not measured: no pair of {v['source']} could be judged by {v['judge']} (a labels "
                 "file must label agreement pairs), so win-rate gates cannot decide")
     if "no_decisive_labels" in by:
-        return "no decisive expert labels, so judge agreement is unknown."
+        mode = f"Decision mode: {by['judge_decision']['mode']}. " if "judge_decision" in by else ""
+        return f"{mode}no decisive expert labels, so judge agreement is unknown."
     v = by["agreement"]
     txt = (f"judge agreement a = {v['agreement']:.3f} (share of {v['n']} decisive expert labels whose side the judge "
            f"picked; 95% Wilson CI {v['ci_low']:.3f}-{v['ci_high']:.3f}{_clusters_said(v)}; {v['n_expert_tie']} "
            "expert ties reported apart)")
     att = f" Attenuation 2a-1 = {v['attenuation']:.3f}: a true win-rate gap shows up multiplied by it."
+    if "judge_decision" in by:
+        return _judge_corrected_reason(by, txt, att)
     floor = v["floor"]
     if "below_floor" in by:
         return (f"Blocked on evidence: {txt}; the whole interval is below the floor {floor:.2f}; "
@@ -170,6 +221,28 @@ def _judge_reason(findings: Sequence[Finding]) -> str:
            f"about {need} decisive expert-labelled items would decide it if a stays at {v['agreement']:.3f}")
     return (f"Inconclusive: {txt}; the estimate is {s['side']} the floor {floor:.2f} but the interval contains it, "
             f"so the judge is not shown to clear it; {how} (have {s['n']}); win-rate gates cannot decide.{att}")
+
+
+def _judge_corrected_reason(by: dict[str, dict[str, Any]], txt: str, att: str) -> str:
+    """The judge gate's reason in corrected mode: a, its interval and the hard minimum (no floor)."""
+    hard = by["judge_decision"]["hard_min"]
+    mode = (f"Decision mode: corrected (the {by['judge_decision']['floor']:.2f} floor does not apply; the win-rate "
+            f"gates decide on the judge-corrected effect, whose interval carries this agreement's uncertainty; no "
+            f"judged gate decides at a <= {hard:g}). ")
+    if "usable" in by:
+        clears = ("the whole interval is above" if by["usable"]["interval_above_hard_min"]
+                  else "the estimate is above, its interval still reaches,")
+        return f"{mode}Passed: {txt}; {clears} the hard minimum {hard:g}.{att}"
+    if "below_hard_minimum" in by:
+        return (f"{mode}Blocked on evidence: {txt}; the whole interval is at or below the hard minimum {hard:g}; "
+                f"win-rate gates are inconclusive.{att}")
+    s = by["at_or_below_hard_minimum"]
+    need = s["items_needed"]
+    how = ("no sample size decides it" if need is None else
+           f"about {need} decisive expert-labelled items would show it below {hard:g} if a stays at "
+           f"{by['agreement']['agreement']:.3f}")
+    return (f"{mode}Inconclusive: {txt}; the estimate is at or below the hard minimum {hard:g} but the interval "
+            f"reaches above it; {how} (have {s['n']}); win-rate gates cannot decide.{att}")
 
 
 def _capability_parse(v: dict[str, Any]) -> str:
@@ -383,6 +456,18 @@ def _intent_notes(findings: Sequence[Finding], min_share: float) -> str:
 
 
 def _intent_reason(findings: Sequence[Finding]) -> str:
+    by = {f.code: f.values for f in findings}
+    if "corrected_bar_not_50" in by:
+        v = by["corrected_bar_not_50"]
+        rest = _intent_reason([f for f in findings if f.code not in ("corrected_bar_not_50", "judge_decision")])
+        return (f"Decision mode: corrected. Inconclusive: per-intent corrected intervals are computed only for a bar "
+                f"of 50% (bar here {v['bar']:g}%), so the judge's preferences cannot decide this gate. Measured: "
+                f"{rest}")
+    if "judge_decision" in by:
+        rest = _intent_reason([f for f in findings if f.code != "judge_decision"])
+        return ("Decision mode: corrected (at a bar of 50% the correction moves no intent across it: for a judge "
+                "with a > 1/2 the corrected win rate is 50% exactly when the measured one is, so the measured "
+                f"per-intent intervals test it). {rest}")
     s = next(f.values for f in findings if f.code == "summary")
     pct, bar = f"{100 * s['confidence']:g}%", s["bar"]
     summary = (f"traffic-weighted win rate {s['win_rate']:.1f}% ({pct} CI {s['ci_low']:.1f}-{s['ci_high']:.1f}) over "

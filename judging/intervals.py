@@ -12,6 +12,8 @@ two reports that say "Wilson" or "Newcombe" mean the same computation:
   under both models; Newcombe 1998, Stat. Med. 17:2635, method 10). statsmodels has no paired form, so the
   square-and-add step is written here on top of its Wilson limits.
 * ``normal(value, se)``: value +/- z se (the interval alpaca_eval's standard error implies).
+* ``fieller_ratio(num, se_num, den, se_den)``: Fieller's interval of a ratio of two independent normal estimates
+  (Fieller 1954); the judge-corrected win rate uses it (``gates.winrate_corrected``).
 * ``percentile_bootstrap(...)`` / ``bootstrap_ratio(...)``: percentile bootstrap over items with
   ``scipy.stats.bootstrap`` (fixed seed); ``bootstrap_means`` + ``percentile`` for the hand-stratified
   resampling the intent matrix and the drift gate need (several samples sharing one generator).
@@ -216,6 +218,43 @@ def normal(value: float, se: float, confidence: float = DEFAULT_CONFIDENCE, *,
         return NAN_PAIR
     z = float(stats.norm.ppf(0.5 + confidence / 2))
     return (max(low, value - z * se), min(high, value + z * se))
+
+
+FIELLER = "Fieller (1954) interval of a ratio of independent normal estimates"
+
+
+def fieller_ratio(num: float, se_num: float, den: float, se_den: float,
+                  confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
+    """Fieller's interval of the ratio ``num / den`` of two independent, approximately normal estimates.
+
+    The set of ratios rho that the pivot ``(num - rho den) / sqrt(se_num^2 + rho^2 se_den^2)`` (standard normal
+    at the true rho) does not reject at level ``confidence``: ``A rho^2 - 2 num den rho + C <= 0`` with
+    ``A = den^2 - z^2 se_den^2`` and ``C = num^2 - z^2 se_num^2`` (Fieller 1954, "Some problems in interval
+    estimation", J. R. Stat. Soc. B 16:175-185, zero covariance). When ``den`` is shown non-zero (A > 0) the set
+    is the bounded interval ``(num den -/+ sqrt(D)) / A`` with ``D = z^2 (num^2 se_den^2 + se_num^2 A)``; with
+    ``se_den = 0`` it is ``(num -/+ z se_num) / den``. As se_den / den -> 0 it approaches the delta-method interval
+    ``num/den -/+ z sqrt(se_num^2/den^2 + num^2 se_den^2/den^4)``, but unlike it, it keeps its coverage when the
+    denominator is uncertain, and it excludes a ratio rho0 exactly when the pivot at rho0 exceeds z.
+
+    Returns:
+        (low, high); (-inf, inf) when A <= 0 (the denominator is not shown to differ from 0: the set is the whole
+        line or two rays, no bounded interval); (NaN, NaN) when an input is not finite.
+
+    Raises:
+        ValueError: a negative standard error, or confidence outside (0, 1).
+    """
+    _check_confidence(confidence)
+    vals = (num, se_num, den, se_den)
+    if not all(math.isfinite(float(v)) for v in vals):
+        return NAN_PAIR
+    if se_num < 0 or se_den < 0:
+        raise ValueError(f"standard errors must be >= 0, got se_num={se_num}, se_den={se_den}")
+    z2 = float(stats.norm.ppf(0.5 + confidence / 2)) ** 2
+    a = den * den - z2 * se_den * se_den
+    if a <= 0:
+        return (-math.inf, math.inf)
+    root = math.sqrt(z2 * (num * num * se_den * se_den + se_num * se_num * a))
+    return ((num * den - root) / a, (num * den + root) / a)
 
 
 # --------------------------------------------------------------------------------------------
