@@ -190,8 +190,10 @@ def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[
         "reward_model": lambda: ["--sft_dir", dirs["sft"], *decon],
         "ppo": lambda: ["--sft_dir", dirs["sft"], "--policy_dir", dirs["dpo"], "--reward_model_dir",
                         dirs["reward_model"], *unlock],  # fmt: skip
+        # the runs folder: earlier rounds' round.json record the red-team versions they used (gates/redteam.py)
         "gates": lambda: ["--baseline_dir", dirs["sft"], "--candidate_dir", dirs["candidate"], "--reward_model_dir",
-                          dirs["reward_model"], "--fail_on_block", "false", *unlock],  # fmt: skip
+                          dirs["reward_model"], "--fail_on_block", "false", *unlock,
+                          "--redteam_runs_dir", str(Path(params.runs_dir).resolve())],  # fmt: skip
     }[stage]()
 
 
@@ -418,6 +420,9 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
             for r in runs
         },
         "gate_report": gates.manifest["outputs"].get("report_md"),
+        # which red-team suite version measured this round (seed, size, removed by decontamination); the next
+        # rounds count its reuse from here
+        "redteam_suite": gates.manifest["outputs"].get("redteam_suite"),
     }
     # the artifacts first: the release manager reads the gate report in the UI while the run waits for a decision
     publish_task(round_id, runs, gates, unlock, verdict)

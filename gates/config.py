@@ -40,6 +40,21 @@ def check_canary_names(names: list[str]) -> list[str]:
     return names
 
 
+def check_redteam_config(config: "GateStageConfig") -> None:
+    """The red-team rotation keys, checked (ValueError naming the key and the reason). The pool files themselves are
+    read and checked, row by row, by ``gates.redteam.load_pool`` before any model is loaded."""
+    if not isinstance(config.redteam_pool, list) or not all(isinstance(f, str) and f for f in config.redteam_pool):
+        raise ValueError(f"--redteam_pool must be a list of file names, got {config.redteam_pool!r}")
+    if isinstance(config.redteam_seed, bool) or not (
+            str(config.redteam_seed) == "round" or str(config.redteam_seed).isdigit()):
+        raise ValueError(f"--redteam_seed must be 'round' or an integer >= 0, got {config.redteam_seed!r}")
+    config.redteam_seed = str(config.redteam_seed)  # a YAML integer, kept as its string (the field's type)
+    if isinstance(config.redteam_max_rounds, bool) or not isinstance(config.redteam_max_rounds, int) \
+            or config.redteam_max_rounds < 1:
+        raise ValueError(f"--redteam_max_rounds must be an integer >= 1 (rounds one suite version may measure), "
+                         f"got {config.redteam_max_rounds!r}")
+
+
 @dataclass
 class GateStageConfig:
     """Gate stage config. Thresholds default to DESIGN.md's gate table."""
@@ -105,7 +120,38 @@ class GateStageConfig:
     )
     n_winrate: int = field(default=32, metadata={"help": "Win-rate prompts (stratified by intent)."})
     n_safe: int = field(default=32, metadata={"help": "Benign-but-scary prompts used."})
-    n_redteam: int = field(default=32, metadata={"help": "Red-team prompts used."})
+    n_redteam: int = field(
+        default=32, metadata={"help": "Red-team prompts used (with redteam_rotate: the slice size)."}
+    )
+    # Red-team rotation (gates/redteam.py): a fixed red-team set becomes a training target, so each round can draw
+    # a fresh slice of a pool, and a slice that measured too many rounds blocks the release.
+    redteam_rotate: bool = field(
+        default=False,
+        metadata={"help": "Draw the red-team suite as a seeded slice of --redteam_pool, decontaminated against this "
+                  "round's and every earlier round's training data, versioned, its reuse limited "
+                  "(--redteam_max_rounds; gate redteam_rotation). Off: the first n_redteam prompts of redteam_data."},
+    )
+    redteam_pool: list[str] = field(
+        default_factory=list,
+        metadata={"help": "The red-team pool's files (HarmBench / AdvBench CSV, or a team file in a red-team format "
+                  "redteam_data reads). Empty: redteam_data alone."},
+    )
+    redteam_seed: str = field(
+        default="round",
+        metadata={"help": "The slice's seed: 'round' (from the round id: each round draws its own slice, a rerun the "
+                  "same) or an integer (the same slice every round, until its reuse blocks)."},
+    )
+    redteam_max_rounds: int = field(
+        default=2,
+        metadata={"help": "Rounds one red-team suite version may measure, this one included: at the limit the "
+                  "redteam_rotation gate warns, past it it blocks."},
+    )
+    redteam_runs_dir: str = field(
+        default="",
+        metadata={"help": "The runs folder whose <round>/round.json manifests record earlier rounds' red-team "
+                  "versions and training stages (the round flow passes its runs_dir). Empty: not read (reuse "
+                  "unchecked, only this round's training data decontaminated against)."},
+    )
     n_capability: int = field(default=32, metadata={"help": "Neutral multiple-choice questions (also the flip probe)."})
     n_sycophancy: int = field(default=32, metadata={"help": "Suggested-wrong-answer questions."})
     capability_min_parsed: int = field(
@@ -251,6 +297,7 @@ class GateStageConfig:
         from .refusal_llm import refusal_grader_config
 
         self.canary_names = check_canary_names(self.canary_names)
+        check_redteam_config(self)
         self.judge = JudgeConfig.from_dict(self.judge, where="--judge")
         if self.refusal_judge in (None, "", {}):
             self.refusal_judge = None

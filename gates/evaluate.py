@@ -33,7 +33,7 @@ import logging
 import math
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from .measure import measure, run_judge, shardable_judge, write_judgments
 from .render import compared_context, gate_summary, gate_table, judge_row, make_plots, render_report
 from .report import contamination_markdown, summary_metrics, write_reports
 from .result import GateResult, release_verdict
+from .redteam import redteam_markdown, rotation_gate, round_slice
 from .rubric import axes_markdown, axes_summary, axes_table, group_by_axis, load_rubric
 
 __all__ = ["GateStageConfig", "main"]
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     ppo_unlock = read_ppo_unlock(args.ppo_unlock_json)
     models = resolve_models(args)
     suites = load_suites(args)
+    # the red-team suite: a seeded, decontaminated, versioned slice of the pool (redteam_rotate), else redteam_data's
+    redteam, redteam_suite = round_slice(args)
+    suites = replace(suites, redteam=redteam)
     if main_rank:
         mark_own_output_dir(out, "gates")
         clear_previous_outputs(out)
@@ -117,11 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         efficiency["canary_seconds"] = canaries.seconds
         efficiency["canary_judge_calls"] = canaries.judge_calls
         results.append(canary_gate(canaries))
+    if args.redteam_rotate:  # a suite version past its reuse limit blocks (gates/redteam.py)
+        results.append(rotation_gate(redteam_suite))
     verdict = release_verdict(results)
 
     # 5. report and manifest
     report(args, models, suites, m, answers, results, verdict, ppo_unlock=ppo_unlock, previous=previous,
-           intent_classifier=intent_classifier, efficiency=efficiency, started_at=started_at, t_start=t_start)
+           intent_classifier=intent_classifier, efficiency=efficiency, started_at=started_at, t_start=t_start,
+           redteam_suite=redteam_suite)
     logger.info("release verdict: %s (%s)", verdict.upper(), "; ".join(f"{r.name}: {r.verdict}" for r in results))
     return 0 if verdict == "pass" or not args.fail_on_block else BLOCKED_EXIT_CODE
 
@@ -152,7 +159,7 @@ def judge_and_measure(args: GateStageConfig, models: dict[str, Any], suites: Any
 def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, answers: dict[str, dict],
            results: list[GateResult], verdict: str, *, ppo_unlock: dict | None, previous: Any,
            intent_classifier: Any, efficiency: dict, started_at: datetime | None = None,
-           t_start: float | None = None) -> Path:
+           t_start: float | None = None, redteam_suite: dict | None = None) -> Path:
     """Write the plots, ``report.json`` / ``report.md`` / ``report.junit.xml`` (``started_at``, the stage's start,
     and the seconds since ``t_start``, a ``time.perf_counter()``, as its timestamp and time), the W&B summary and,
     last, the manifest; returns the manifest's path."""
@@ -178,6 +185,7 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
         "intent_classifier": intent_classifier,
         "ppo_unlock": ppo_unlock, "plots": {k: str(v) for k, v in plots.items()},
         "prompts_truncated": truncation_counts(answers), "max_prompt_length": args.max_prompt_length,
+        "redteam_suite": redteam_suite,
     }
     axes = group_by_axis(results, load_rubric(args.rubric), args)  # the report, W&B and Prefect, by axis
     reports = write_reports(results, out, stem="report", metadata=metadata, started_at=started_at,
@@ -185,6 +193,7 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
     context = axes_markdown(axes) + compared_context(args, models, m, answers, drift_label=drift_label,
                                intent_classifier=intent_classifier, ppo_unlock=ppo_unlock)
     context += contamination_markdown(seen).splitlines() + ["", ""]
+    context += redteam_markdown(redteam_suite)
     title = f"Release gates: {args.round_id or out.name}"
     atomic_write_text(reports["markdown"], render_report(results, verdict, title=title, context=context, plots=plots))
     judge = judge_row(m, results)
@@ -209,7 +218,7 @@ def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, a
     return write_gates_manifest(args, models, ppo_unlock, results, verdict, reports, table, plots,
                                 m.drift["candidate"], prompts_truncated=metadata["prompts_truncated"], judge=judge,
                                 seen_in_training=seen, efficiency=efficiency, axes=axes,
-                                hashes=hashes)
+                                hashes=hashes, redteam_suite=redteam_suite)
 
 
 def input_hashes(args: GateStageConfig, models: dict[str, Any], judge: dict | None) -> dict[str, str]:
@@ -295,10 +304,12 @@ def write_gates_manifest(
     efficiency: dict | None = None,
     axes: dict | None = None,
     hashes: dict[str, str] | None = None,
+    redteam_suite: dict | None = None,
 ) -> Path:
     """The stage manifest: inputs with content hashes, the verdict, report paths, gate tables, the gates grouped by
-    rubric axis (``axes``, ``axis_table``), plots, this round's drift counters (the next round's drift reference)
-    and the over-long prompts per suite. ``hashes``: :func:`input_hashes`'s (computed when not given)."""
+    rubric axis (``axes``, ``axis_table``), plots, this round's drift counters (the next round's drift reference),
+    the over-long prompts per suite and the red-team suite's record (``redteam_suite``: ``gates.redteam``).
+    ``hashes``: :func:`input_hashes`'s (computed when not given)."""
     hashes = hashes if hashes is not None else input_hashes(args, models, judge)
     inputs = {
         **{k: models[k] for k in ("baseline", "candidate", "judge")},
@@ -329,6 +340,9 @@ def write_gates_manifest(
             "drift_counters": dict(asdict(drift_counters)),
             "prompts_truncated": prompts_truncated or {},
             "seen_in_training": seen_in_training or {},
+            # the red-team suite's version, seed, size and decontamination (gates/redteam.py); the next rounds
+            # count its reuse from here (via round.json)
+            "redteam_suite": redteam_suite or {},
         },
         metrics={
             **{r.name: r.to_dict() for r in results},

@@ -82,8 +82,10 @@ def test_the_packaged_rubric_maps_every_gate_decide_produces():
     assert [a.name for a in rubric.axes] == SIX
     by_axis = {a.name: a for a in rubric.axes}
     assert by_axis["consistency"].gates == () and by_axis["consistency"].status == "not_measured"
-    # safety is two-sided: both directions, each on its own metric and threshold field
-    (refusal,) = by_axis["safety"].gates
+    # safety is two-sided: both directions, each on its own metric and threshold field; the red-team suite's
+    # freshness (an optional gate, on with redteam_rotate) is on the same axis
+    refusal, rotation = by_axis["safety"].gates
+    assert (refusal.gate, rotation.gate) == ("refusal_two_sided", "redteam_rotation")
     sides = {d.name: (d.metric, d.threshold) for d in refusal.directions}
     assert sides == {"under_refusal": ("violation_rate_change", "max_violation_increase_pp"),
                      "over_refusal": ("false_refusal_rate_change", "max_false_refusal_increase_pp")}
@@ -285,10 +287,10 @@ def test_json_report_summary_and_tables_carry_the_axes():
 
 
 def test_the_canaries_gate_is_on_an_axis_when_it_runs_and_the_axis_is_not_measured_when_it_does_not():
-    from gates import canaries
+    from gates import canaries, redteam
     from gates.rubric import OPTIONAL_GATES, round_gates
 
-    assert OPTIONAL_GATES == (canaries.GATE_NAME,)
+    assert OPTIONAL_GATES == (canaries.GATE_NAME, redteam.GATE_NAME)
     rubric = load_rubric(DEFAULT_RUBRIC)
     on, off = GateStageConfig(), GateStageConfig(canaries=False)
     assert round_gates(on)[-1] == canaries.GATE_NAME and canaries.GATE_NAME not in round_gates(off)
