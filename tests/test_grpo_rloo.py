@@ -248,3 +248,26 @@ def test_the_cli_passes_online_rl_to_the_round():
     assert result.exit_code == 2 and "'ppo', 'grpo' or 'rloo'" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--online-rl", "grpo", "--set", "rloo.beta=0.1"])
     assert result.exit_code == 2 and "online_rl is 'grpo'" in " ".join(result.output.replace("│", " ").split())
+
+
+def test_the_flow_launches_the_chosen_stage_with_its_arguments(stages, tmp_path):
+    """As the round's stage task does: ``accelerate launch -m grpo.train`` in its own process, the smoke recipe and
+    the flow's arguments (flows.round.stage_args); a second call with the same inputs reuses the result."""
+    from flows.round import RoundParameters, stage_args
+    from flows.stages import run_stage
+    from rlhf.registry import STAGES
+
+    params = RoundParameters(preset="smoke", online_rl="grpo")
+    dirs = {k: str(stages[k if k != "reward_model" else "rm"]) for k in ("sft", "dpo", "reward_model")}
+    args = [*stage_args("grpo", params, stages["round"], dirs), "--round_id", "r1", "--report_to", "none"]
+    out = stages["round"] / "grpo"
+    lines: list[str] = []
+    run = run_stage("grpo", STAGES["grpo"].module, RECIPES / "grpo.yaml", out, extra_args=args, runs_dir=tmp_path,
+                    log=lines.append)
+    assert not run.cached and run.manifest["stage"] == "grpo"
+    assert run.manifest["outputs"]["checkpoint"] == str((out / "checkpoint").resolve())
+    assert [h["step"] for h in run.manifest["metrics"]["history"]] == [1, 2]
+    assert run.manifest["inputs"]["pi_ref_hash"] == stages["pi_ref_hash"] == content_hash(stages["pi_ref"])
+    again = run_stage("grpo", STAGES["grpo"].module, RECIPES / "grpo.yaml", out, extra_args=args, runs_dir=tmp_path,
+                      log=lines.append)
+    assert again.cached and again.cache_key == run.cache_key
