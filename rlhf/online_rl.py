@@ -24,7 +24,9 @@ reward model (a sequence classifier), scored by TRL on the chat-templated prompt
 Per step (each ``logging_steps``; the recipes log every step) the manifest's ``metrics.history`` holds the mean
 reward and its standard deviation, each reward function's mean, the KL to pi_ref, completion lengths, entropy and
 loss, and the first ``manifest_completions`` completions with their rewards; W&B gets the same numbers at the
-trainer's step (:class:`rlhf.trainer_stage.StepWandbCallback`) and the completions as a summary table.
+trainer's step (:class:`rlhf.trainer_stage.StepWandbCallback`) and the completions as a summary table. Each entry
+is also appended to ``<output_dir>/history.jsonl`` as it is logged, so a stage killed and resumed from
+``checkpoint-N`` keeps the killed attempt's entries up to step N (:func:`resumed_history`).
 
 Efficiency (:func:`rollout_efficiency`) follows ``ppo/``: tokens = prompt + completion tokens of the rollouts
 (TRL's ``num_input_tokens_seen``, attention-masked) times ``num_iterations`` (each rollout is trained on that many
@@ -34,6 +36,7 @@ sampling and the reference and reward forwards are not counted, so MFU understat
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from .checkpoint import verify_hash
 from .config import PipelineArguments
 from .lineage import content_hash
-from .manifest import MANIFEST_NAME, precision_name, read_manifest
+from .manifest import MANIFEST_NAME, dumps_strict, precision_name, read_manifest
 
 if TYPE_CHECKING:
     from .trainer_stage import TrainerStage, TrainingData
@@ -55,6 +58,9 @@ REWARD_FUNCTIONS: dict[str, str] = {
     "repetition_penalty": "TRL's get_repetition_penalty_reward (3-gram, max penalty -1): repeated completion tokens",
     "soft_overlong": "TRL's get_soft_overlong_punishment (DAPO eq. 13), max_completion_length with a cache of 1/4",
 }
+
+#: The per-step history file in the stage's output folder (one JSON object a logged step; rank 0 writes it).
+HISTORY_FILE = "history.jsonl"
 
 #: Step metrics TRL logs that go into ``metrics.history`` (per-reward means, ``rewards/<name>/mean``, too).
 STEP_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "num_tokens",
@@ -239,11 +245,16 @@ def pi_ref_trainer(trainer_class: type) -> type:
             self.pi_ref_path = str(pi_ref)
             self.manifest_completions = manifest_completions
             self.history: list[dict[str, Any]] = []
+            self.history_path: Path | None = None  # set by run_online_rl: each entry appended as it is logged
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             super().log(logs, start_time)  # TRL adds its step means (reward, kl, ...) to ``logs`` in place
             if "reward" in logs and self.model.training:
-                self.history.append(step_record(self.state.global_step, logs, self._logs, self.manifest_completions))
+                entry = step_record(self.state.global_step, logs, self._logs, self.manifest_completions)
+                self.history.append(entry)
+                if self.history_path is not None and self.accelerator.is_main_process:
+                    with self.history_path.open("a") as f:
+                        f.write(dumps_strict(entry) + "\n")
 
     PiRefTrainer.__name__ = PiRefTrainer.__qualname__ = f"PiRef{trainer_class.__name__}"
     return PiRefTrainer
@@ -254,6 +265,30 @@ def _text(x: Any) -> str:
     if isinstance(x, list) and x and isinstance(x[-1], dict):
         return str(x[-1].get("content", ""))
     return str(x)
+
+
+def resumed_history(path: Path, resumed_step: int | None) -> list[dict[str, Any]]:
+    """The history entries a run resumed from ``checkpoint-<resumed_step>`` keeps from the killed attempt (steps up
+    to ``resumed_step``; later ones were logged after that checkpoint and are trained again), and the file rewritten
+    to hold just those. A fresh run (``resumed_step`` None) starts an empty file.
+
+    Raises:
+        ValueError: a line of the file is not JSON, naming the file and line.
+    """
+    kept: list[dict[str, Any]] = []
+    if resumed_step is not None and path.is_file():
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: line {i}: not JSON ({err.msg})") from None
+            if entry.get("step", 0) <= resumed_step:
+                kept.append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(dumps_strict(e) + "\n" for e in kept))
+    return kept
 
 
 def step_record(step: int, logs: dict[str, Any], rollouts: dict[str, Any], n_completions: int) -> dict[str, Any]:
@@ -280,7 +315,10 @@ def step_record(step: int, logs: dict[str, Any], rollouts: dict[str, Any], n_com
 
 
 def check_reference(trainer, pi_ref: str) -> dict[str, Any]:
-    """Compare the trainer's reference model with pi_ref's weight files, tensor by tensor (exact).
+    """Compare the trainer's reference model with pi_ref's weight files, tensor by tensor (exact, after casting the
+    file's tensor to the dtype the reference holds, as loading does). Files are read one tensor at a time; under
+    ZeRO-3 each sharded parameter is gathered alone (``deepspeed.zero.GatheredParameters``), so no rank holds a whole
+    extra copy.
 
     Returns:
         ``{"reference": pi_ref, "reference_tensors": n}``, the number of tensors compared.
@@ -289,22 +327,34 @@ def check_reference(trainer, pi_ref: str) -> dict[str, Any]:
         RuntimeError: a tensor of pi_ref's files is missing from the reference or differs, naming it (the
             reference is not pi_ref: KL would be taken to another model).
     """
+    import contextlib
+
     import torch
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     ref = trainer.accelerator.unwrap_model(trainer.ref_model)
-    held = {k: v.detach() for k, v in ref.state_dict().items()}
+    held = {**dict(ref.named_parameters(remove_duplicate=False)), **dict(ref.named_buffers(remove_duplicate=False))}
     files = sorted(Path(pi_ref).glob("*.safetensors"))
     if not files:
         raise RuntimeError(f"{pi_ref}: no .safetensors weights to check the reference model against")
     n = 0
     for f in files:
-        for name, tensor in load_file(str(f)).items():
-            mine = held.get(name)
-            if mine is None or mine.shape != tensor.shape or not torch.equal(mine.cpu().to(tensor.dtype), tensor):
-                raise RuntimeError(f"the reference model is not pi_ref ({pi_ref}): tensor {name} "
-                                   f"{'missing' if mine is None else 'differs'}")
-            n += 1
+        with safe_open(str(f), framework="pt") as weights:
+            for name in weights.keys():
+                mine = held.get(name)
+                gather = contextlib.nullcontext()
+                if mine is not None and hasattr(mine, "ds_id"):  # a ZeRO-3 shard: gather this one parameter
+                    import deepspeed
+
+                    gather = deepspeed.zero.GatheredParameters([mine], modifier_rank=None)
+                with gather:
+                    tensor = weights.get_tensor(name)
+                    same = (mine is not None and mine.shape == tensor.shape
+                            and torch.equal(mine.detach().cpu(), tensor.to(mine.dtype)))
+                if not same:
+                    raise RuntimeError(f"the reference model is not pi_ref ({pi_ref}): tensor {name} "
+                                       f"{'missing' if mine is None else 'differs'}")
+                n += 1
     return {"reference": str(pi_ref), "reference_tensors": n}
 
 
@@ -377,7 +427,7 @@ def run_online_rl(
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from .efficiency import StepTimer
-    from .resume import ResumeCallback, check_finished, resolve_resume, training_record
+    from .resume import CHECKPOINT_RE, ResumeCallback, check_finished, resolve_resume, training_record
     from .trainer_stage import Trained
     from .tracking import add_config
     from .weights import load_checked
@@ -418,6 +468,11 @@ def run_online_rl(
     reference = check_reference(trainer, inputs["pi_ref"])
 
     resumed_from = resolve_resume(args, trainer.model)
+    if trainer.accelerator.is_main_process:
+        match = CHECKPOINT_RE.match(Path(resumed_from).name) if resumed_from else None
+        resumed_step = int(match.group(1)) if match else None
+        trainer.history = resumed_history(stage.out / HISTORY_FILE, resumed_step)
+        trainer.history_path = stage.out / HISTORY_FILE
     result = trainer.train(resume_from_checkpoint=resumed_from)
     check_finished(trainer, resumed_from)
     verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="after training")

@@ -250,24 +250,40 @@ def test_the_cli_passes_online_rl_to_the_round():
     assert result.exit_code == 2 and "online_rl is 'grpo'" in " ".join(result.output.replace("│", " ").split())
 
 
-def test_the_flow_launches_the_chosen_stage_with_its_arguments(stages, tmp_path):
+def test_the_flow_launches_the_chosen_stage_and_a_killed_one_resumes(stages, tmp_path, monkeypatch):
     """As the round's stage task does: ``accelerate launch -m grpo.train`` in its own process, the smoke recipe and
-    the flow's arguments (flows.round.stage_args); a second call with the same inputs reuses the result."""
+    the flow's arguments (flows.round.stage_args). Killed (SIGKILL) after step 1, the rerun resumes from
+    checkpoint-1, and the manifest's history keeps the killed attempt's step 1; a third call is cached."""
     from flows.round import RoundParameters, stage_args
-    from flows.stages import run_stage
+    from flows.stages import StageFailed, run_stage
     from rlhf.registry import STAGES
+    from rlhf.resume import FAULT_ENV
 
     params = RoundParameters(preset="smoke", online_rl="grpo")
     dirs = {k: str(stages[k if k != "reward_model" else "rm"]) for k in ("sft", "dpo", "reward_model")}
     args = [*stage_args("grpo", params, stages["round"], dirs), "--round_id", "r1", "--report_to", "none"]
     out = stages["round"] / "grpo"
     lines: list[str] = []
-    run = run_stage("grpo", STAGES["grpo"].module, RECIPES / "grpo.yaml", out, extra_args=args, runs_dir=tmp_path,
-                    log=lines.append)
-    assert not run.cached and run.manifest["stage"] == "grpo"
-    assert run.manifest["outputs"]["checkpoint"] == str((out / "checkpoint").resolve())
-    assert [h["step"] for h in run.manifest["metrics"]["history"]] == [1, 2]
-    assert run.manifest["inputs"]["pi_ref_hash"] == stages["pi_ref_hash"] == content_hash(stages["pi_ref"])
-    again = run_stage("grpo", STAGES["grpo"].module, RECIPES / "grpo.yaml", out, extra_args=args, runs_dir=tmp_path,
-                      log=lines.append)
-    assert again.cached and again.cache_key == run.cache_key
+
+    def run():
+        return run_stage("grpo", STAGES["grpo"].module, RECIPES / "grpo.yaml", out, extra_args=args,
+                         runs_dir=tmp_path, log=lines.append)
+
+    monkeypatch.setenv(FAULT_ENV, "1")
+    with pytest.raises(StageFailed) as err:
+        run()
+    assert err.value.cause == "killed by signal 9 (SIGKILL)"
+    assert not (out / "manifest.json").exists() and (out / "checkpoint-1").is_dir()
+    killed_step1 = json.loads((out / "history.jsonl").read_text().splitlines()[0])
+    monkeypatch.delenv(FAULT_ENV)
+    rerun = run()
+    assert not rerun.cached and rerun.manifest["stage"] == "grpo"
+    training = rerun.manifest["training"]
+    assert training["resumed_from_step"] == 1 and training["global_step"] == 2 and training["steps_this_run"] == 1
+    assert rerun.manifest["outputs"]["checkpoint"] == str((out / "checkpoint").resolve())
+    history = rerun.manifest["metrics"]["history"]
+    assert [h["step"] for h in history] == [1, 2] and history[0] == killed_step1
+    assert [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()] == history
+    assert rerun.manifest["inputs"]["pi_ref_hash"] == stages["pi_ref_hash"] == content_hash(stages["pi_ref"])
+    again = run()
+    assert again.cached and again.cache_key == rerun.cache_key
