@@ -205,8 +205,9 @@ def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[
         "dpo": lambda: ["--sft_dir", dirs["sft"], *decon],
         "reward_model": lambda: ["--sft_dir", dirs["sft"], *decon],
         "ppo": online_rl,
-        "grpo": online_rl,
-        "rloo": online_rl,
+        # TRL's trainers read their prompts through the data loaders, so they are checked like the other rows
+        "grpo": lambda: [*online_rl(), *decon],
+        "rloo": lambda: [*online_rl(), *decon],
         "gates": lambda: ["--baseline_dir", dirs["sft"], "--candidate_dir", dirs["candidate"], "--reward_model_dir",
                           dirs["reward_model"], "--fail_on_block", "false", *unlock],  # fmt: skip
     }[stage]()

@@ -151,9 +151,6 @@ class OnlineRLArguments(PipelineArguments):
                              "checkpoint), not pi_ref; train all weights (use_peft false)")
         if getattr(self, "sync_ref_model", False):
             raise ValueError("sync_ref_model: it copies the policy into the reference; pi_ref never moves")
-        if self.decontaminate_against:
-            raise ValueError("decontaminate_against: the online-RL stages train on prompts only (no target text); "
-                             "like PPO they are not decontaminated, so leave it empty")
         super().__post_init__()
 
 

@@ -18,6 +18,7 @@ import sys
 
 from trl import RLOOTrainer
 
+from data.decontamination import decontaminate_stage_rows
 from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_eval_prompts
 from judging.unlock import require_unlocked
@@ -44,9 +45,11 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict:
                                             rm_manifest=inputs["reward_model_manifest"])
     rows = load_eval_prompts(args.train_data, mode=args.data_mode, max_reject_rate=args.max_reject_rate,
                              rejects_path=stage.out / "rejects-data.jsonl", limit=args.max_train_samples)
-    data = TrainingData(data_fingerprint(args.train_data),
-                        {"checked": False, "mode": args.decontaminate, "why": "prompts only, as PPO"},
-                        n_data_rejected=len(rows.rejects), n_rejected=0, path=local_path(args.train_data))
+    # prompts that overlap a gate suite are removed (or fail the stage) as every training stage's rows are
+    decontamination = decontaminate_stage_rows(rows, args.decontaminate_against, args.decontaminate,
+                                               label=args.train_data, log=logger.info)
+    data = TrainingData(data_fingerprint(args.train_data), decontamination, n_data_rejected=len(rows.rejects),
+                        n_rejected=0, path=local_path(args.train_data))
     return run_online_rl(stage, RLOOTrainer, inputs, [r.prompt for r in rows], data, callbacks=callbacks)
 
 

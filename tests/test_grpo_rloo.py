@@ -212,9 +212,10 @@ def test_the_round_runs_the_chosen_online_rl_stage_when_unlocked(tmp_path):
         params = RoundParameters(preset="smoke", online_rl=name)
         assert online_rl_stage(params, {"unlocked": True}) == name
         assert online_rl_stage(params, {"unlocked": False}) is None
+        decon = [] if name == "ppo" else ["--decontaminate_against", str((tmp_path / "gate_suites.yaml").resolve())]
         assert stage_args(name, params, tmp_path, dirs) == [
             "--sft_dir", "S", "--policy_dir", "D", "--reward_model_dir", "R",
-            "--ppo_unlock_json", str(tmp_path / "ppo_unlock.json")]
+            "--ppo_unlock_json", str(tmp_path / "ppo_unlock.json"), *decon]
         # recipes checked up front: the chosen stage's only, and only when the override makes it run for sure
         assert not {"ppo", "grpo", "rloo"} & set(checked_stages(params))
         forced = params.model_copy(update={"ppo_override": True, "ppo_override_reason": "test"})
@@ -254,14 +255,16 @@ def test_the_flow_launches_the_chosen_stage_and_a_killed_one_resumes(stages, tmp
     """As the round's stage task does: ``accelerate launch -m grpo.train`` in its own process, the smoke recipe and
     the flow's arguments (flows.round.stage_args). Killed (SIGKILL) after step 1, the rerun resumes from
     checkpoint-1, and the manifest's history keeps the killed attempt's step 1; a third call is cached."""
-    from flows.round import RoundParameters, stage_args
+    from flows.round import RoundParameters, gate_suites_file, stage_args
     from flows.stages import StageFailed, run_stage
     from rlhf.registry import STAGES
     from rlhf.resume import FAULT_ENV
 
     params = RoundParameters(preset="smoke", online_rl="grpo")
     dirs = {k: str(stages[k if k != "reward_model" else "rm"]) for k in ("sft", "dpo", "reward_model")}
+    suites = gate_suites_file(params, stages["round"])  # the smoke gates' suites, which the prompts are checked against
     args = [*stage_args("grpo", params, stages["round"], dirs), "--round_id", "r1", "--report_to", "none"]
+    assert args[args.index("--decontaminate_against") + 1] == str(suites)
     out = stages["round"] / "grpo"
     lines: list[str] = []
 
@@ -285,5 +288,7 @@ def test_the_flow_launches_the_chosen_stage_and_a_killed_one_resumes(stages, tmp
     assert [h["step"] for h in history] == [1, 2] and history[0] == killed_step1
     assert [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()] == history
     assert rerun.manifest["inputs"]["pi_ref_hash"] == stages["pi_ref_hash"] == content_hash(stages["pi_ref"])
+    decon = rerun.manifest["outputs"]["decontamination"]
+    assert decon["checked"] is True and decon["against"] == str(suites) and decon["n_train"] == 4
     again = run()
     assert again.cached and again.cache_key == rerun.cache_key
