@@ -22,7 +22,7 @@ from rlhf.manifest import dumps_strict
 from rlhf.registry import STAGES
 
 app = typer.Typer(
-    help="rlhf-flywheel: SFT -> pi_ref -> DPO -> reward model -> gated PPO -> release gates.",
+    help="rlhf-flywheel: SFT -> pi_ref -> DPO -> reward model -> gated online RL (PPO, GRPO or RLOO) -> release gates.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
@@ -40,8 +40,11 @@ def round_cmd(
     set_: Annotated[
         Optional[list[str]], typer.Option("--set", help="Stage override: stage.key=value (repeatable).")
     ] = None,
+    online_rl: Annotated[
+        str, typer.Option(help="ppo | grpo | rloo: the online-RL stage run after DPO when unlocked.")
+    ] = "ppo",
     ppo_override: Annotated[
-        Optional[str], typer.Option(help="Run PPO even if locked; the value is the recorded reason.")
+        Optional[str], typer.Option(help="Run the online-RL stage even if locked; the value is the recorded reason.")
     ] = None,
     accelerate_config: Annotated[Optional[str], typer.Option(help="accelerate config file.")] = None,
     force: Annotated[Optional[list[str]], typer.Option(help="Rerun this stage even if cached (repeatable).")] = None,
@@ -107,6 +110,7 @@ def round_cmd(
             runs_dir=runs_dir,
             base_model=base_model,
             overrides=overrides,
+            online_rl=online_rl,
             ppo_override=ppo_override is not None,
             ppo_override_reason=ppo_override,
             accelerate_config=accelerate_config,

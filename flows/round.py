@@ -1,4 +1,4 @@
-"""The round flow: SFT -> pi_ref -> DPO -> reward model -> (PPO, if unlocked) -> release gates.
+"""The round flow: SFT -> pi_ref -> DPO -> reward model -> (online RL, if unlocked) -> release gates.
 
 Each task launches its stage as a process (``accelerate launch -m <stage>.train``) and reads the manifest; no
 training math lives here. Stages whose inputs are unchanged are reused (flows/stages.py). The gate verdict is
@@ -7,9 +7,11 @@ hashes, the PPO unlock numbers and decision, and the verdict.
 
 The PPO unlock is decided here, not in a stage: the reward-model stage only records its measurements (RM and
 inter-annotator agreement), :func:`judging.unlock.decide_from_metrics` applies the rule (a pure function), and the
-research override is a flow parameter. The decision goes to ``<round_dir>/ppo_unlock.json``, which PPO reads
-(``--ppo_unlock_json``) and the gate report records; the override never reaches the reward-model stage, so
-switching it on never retrains the reward model.
+research override is a flow parameter. The decision goes to ``<round_dir>/ppo_unlock.json``, which the online-RL
+stage reads (``--ppo_unlock_json``) and the gate report records; the override never reaches the reward-model stage,
+so switching it on never retrains the reward model. The online-RL stage is the round's ``online_rl`` parameter:
+``ppo`` (ppo/, with a value model), ``grpo`` or ``rloo`` (TRL's trainers, no value model); one decision unlocks
+whichever is chosen, and its output becomes the round's candidate.
 
 Run from Python or the CLI (``rlhf round --preset demo``); by default on Prefect's ephemeral local API.
 """
@@ -41,6 +43,8 @@ from .launch.slurm import SlurmJob, slurm_launcher
 from .stages import StageFailed, StageRun, check_stage_config, dump, run_stage, summarize
 
 UNLOCK_FILE = "ppo_unlock.json"
+#: The stages a round may run as its online-RL step after DPO (one per round: RoundParameters.online_rl).
+ONLINE_RL_STAGES = ("ppo", "grpo", "rloo")
 GATE_SUITES_FILE = "gate_suites.yaml"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +72,13 @@ class RoundParameters(BaseModel):
     overrides: dict[str, list[str]] = Field(
         default_factory=dict, description='Extra CLI args per stage, e.g. {"dpo": ["--beta", "0.2"]}.'
     )
-    ppo_override: bool = Field(False, description="Research only: run PPO even when the unlock rule says no.")
+    online_rl: Literal["ppo", "grpo", "rloo"] = Field(
+        "ppo", description="The online-RL stage run when the unlock rule (or the override) says so: ppo (value model, "
+        "GAE), grpo (group-relative advantages) or rloo (leave-one-out baseline); its output is the candidate."
+    )
+    ppo_override: bool = Field(
+        False, description="Research only: run the online-RL stage even when the unlock rule says no."
+    )
     ppo_override_reason: str | None = Field(
         None, description="Required with ppo_override; recorded in round.json, ppo_unlock.json and the gate report."
     )
@@ -125,6 +135,16 @@ class RoundParameters(BaseModel):
     def _force_known_stages(cls, value: list[str]) -> list[str]:
         """``force`` names stages; one that is no stage would be ignored silently."""
         return [_known_stage(stage, "force") for stage in value]
+
+    @model_validator(mode="after")
+    def _online_rl_settings_for_the_chosen_stage(self) -> "RoundParameters":
+        """Overrides or ``force`` for an online-RL stage the round does not run would be ignored silently: refuse."""
+        for where, stages in (("overrides", set(self.overrides)), ("force", set(self.force))):
+            unused = sorted(stages & set(ONLINE_RL_STAGES) - {self.online_rl})
+            if unused:
+                raise ValueError(f"{where} for {', '.join(unused)}, but online_rl is {self.online_rl!r}: they would "
+                                 f"be ignored; set online_rl to the stage you mean or drop them")
+        return self
 
     @model_validator(mode="after")
     def _slurm_only_with_the_slurm_launcher(self) -> "RoundParameters":
@@ -184,12 +204,17 @@ def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[
     unlock = ["--ppo_unlock_json", str(round_dir / UNLOCK_FILE)]
     # the training stages check their data against this round's gate suites (gate_suites_file)
     decon = ["--decontaminate_against", str((round_dir / GATE_SUITES_FILE).resolve())]
+    # every online-RL stage: policy from DPO, KL to SFT's pi_ref, the round's reward model, the unlock decision
+    online_rl = lambda: ["--sft_dir", dirs["sft"], "--policy_dir", dirs["dpo"], "--reward_model_dir",  # noqa: E731
+                         dirs["reward_model"], *unlock]  # fmt: skip
     return {
         "sft": lambda: [*base, *decon],
         "dpo": lambda: ["--sft_dir", dirs["sft"], *decon],
         "reward_model": lambda: ["--sft_dir", dirs["sft"], *decon],
-        "ppo": lambda: ["--sft_dir", dirs["sft"], "--policy_dir", dirs["dpo"], "--reward_model_dir",
-                        dirs["reward_model"], *unlock],  # fmt: skip
+        "ppo": online_rl,
+        # TRL's trainers read their prompts through the data loaders, so they are checked like the other rows
+        "grpo": lambda: [*online_rl(), *decon],
+        "rloo": lambda: [*online_rl(), *decon],
         # the runs folder: earlier rounds' round.json record the red-team versions they used (gates/redteam.py)
         "gates": lambda: ["--baseline_dir", dirs["sft"], "--candidate_dir", dirs["candidate"], "--reward_model_dir",
                           dirs["reward_model"], "--fail_on_block", "false", *unlock,
@@ -255,9 +280,17 @@ def gate_suites_file(params: RoundParameters, round_dir: Path) -> Path:
 
 
 def checked_stages(params: RoundParameters) -> list[str]:
-    """The stages whose recipes are checked before a round starts: all but PPO, which only the override makes run
-    for sure (an unlocked PPO's recipe is checked when it starts)."""
-    return [name for name in STAGES if name != "ppo" or params.ppo_override]
+    """The stages whose recipes are checked before a round starts: all but the online-RL ones, of which only the
+    round's own (``online_rl``) may run, and only the override makes it run for sure (an unlocked one's recipe is
+    checked when it starts)."""
+    return [name for name in STAGES
+            if name not in ONLINE_RL_STAGES or (name == params.online_rl and params.ppo_override)]
+
+
+def online_rl_stage(params: RoundParameters, unlock: dict) -> str | None:
+    """The online-RL stage this round runs after DPO: ``params.online_rl`` when the unlock decision says unlocked
+    (the rule, or the recorded override), else None (the DPO policy stays the candidate)."""
+    return params.online_rl if unlock["unlocked"] else None
 
 
 def check_recipes(params: RoundParameters, stages: list[str]) -> None:
@@ -351,7 +384,7 @@ def _locked_round(params: RoundParameters) -> tuple[dict, dict]:
         raise ValueError("ppo_override needs a ppo_override_reason (who/why); it is recorded with the decision")
     if params.ppo_override_reason and not params.ppo_override:
         raise ValueError("ppo_override_reason given without ppo_override; set ppo_override to run PPO anyway")
-    # PPO's recipe is checked up front only when the override makes it run for sure
+    # the online-RL stage's recipe is checked up front only when the override makes it run for sure
     check_recipes_task(params, checked_stages(params))
     # One round per folder: the lock is held until this process exits (a second round fails at once, naming us).
     with RoundLock(round_dir, round_id):
@@ -382,7 +415,8 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     dirs["reward_model"] = rm.output_dir
     unlock = decide_unlock(params, rm, round_dir)
     logger.info(
-        "PPO unlock: %s (RM agreement %s vs inter-annotator %s%s)",
+        "online-RL (%s) unlock: %s (RM agreement %s vs inter-annotator %s%s)",
+        params.online_rl,
         unlock["unlocked"],
         unlock["rm_agreement"],
         unlock["inter_annotator_agreement"],
@@ -391,10 +425,11 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
 
     runs = [sft, dpo, rm]
     candidate = dpo
-    if unlock["unlocked"]:
-        ppo = stage_task("ppo", params, round_dir, dirs, [sft, dpo, rm])
-        runs.append(ppo)
-        candidate = ppo
+    online = online_rl_stage(params, unlock)
+    if online is not None:
+        rl = stage_task(online, params, round_dir, dirs, [sft, dpo, rm])
+        runs.append(rl)
+        candidate = rl
     dirs["candidate"] = candidate.output_dir
     gates = stage_task("gates", params, round_dir, dirs, [sft, candidate, rm])
     runs.append(gates)
@@ -404,6 +439,7 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
         "round_id": round_id,
         "preset": params.preset,
         "candidate": candidate.stage,
+        "online_rl": params.online_rl,
         "verdict": verdict,
         "ppo_unlock": unlock,
         "ppo_unlock_json": str(round_dir / UNLOCK_FILE),

@@ -218,3 +218,39 @@ def decide_from_metrics(
     rm = Agreement.from_dict(rm_metrics["rm_agreement"])
     iaa = InterAnnotatorAgreement.from_dict(rm_metrics["inter_annotator_agreement"])
     return ppo_unlock_decision(rm, iaa, override=override, override_reason=override_reason)
+
+
+def require_unlocked(
+    decision_file: str | None, rm_metrics: dict[str, Any], *, stage: str, rm_manifest: str
+) -> dict[str, Any]:
+    """The unlock decision an online-RL stage (GRPO, RLOO) runs under, as a dict; refuses a locked one.
+
+    The decision is the flow's file (``decision_file``, ``ppo_unlock.json``: it carries a recorded override) if
+    given, else the rule applied to the reward-model stage's recorded measurements (no override: that is the
+    flow's to give), as the PPO stage reads it.
+
+    Raises:
+        FileNotFoundError: ``decision_file`` is given and missing.
+        ValueError: the file is not a decision (no boolean ``unlocked``), or ``rm_metrics`` lack the measurements.
+        RuntimeError: the decision says locked, naming the file (or ``rm_manifest``), both agreements and the way
+            to override.
+    """
+    import json
+    from pathlib import Path
+
+    if decision_file:
+        path = Path(decision_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no PPO unlock decision file")
+        unlock = json.loads(path.read_text())
+        if not isinstance(unlock, dict) or not isinstance(unlock.get("unlocked"), bool):
+            raise ValueError(f"{path}: not a PPO unlock decision (needs a boolean 'unlocked')")
+    else:
+        unlock = decide_from_metrics(rm_metrics).to_dict()
+    if not unlock["unlocked"]:
+        raise RuntimeError(
+            f"{decision_file or rm_manifest}: online RL ({stage}) is locked (RM agreement "
+            f"{unlock.get('rm_agreement')} is not above inter-annotator agreement "
+            f"{unlock.get('inter_annotator_agreement')}); run the round with an explicit, recorded override "
+            "(rlhf round --ppo-override REASON) to run it anyway")
+    return unlock

@@ -43,6 +43,9 @@ STAGES: dict[str, Stage] = {
         Stage("dpo", "dpo", "dpo.train", ("dpo.config:DPOStageConfig",)),
         Stage("reward_model", "reward_model", "reward_model.train", ("reward_model.config:RewardStageConfig",)),
         Stage("ppo", "ppo", "ppo.train", ("ppo.config:PPOScriptArguments", "ppo.config:PPOConfig")),
+        # the online-RL alternatives to PPO on TRL (a round runs one of ppo / grpo / rloo: its online_rl)
+        Stage("grpo", "grpo", "grpo.train", ("grpo.config:GRPOStageConfig",)),
+        Stage("rloo", "rloo", "rloo.train", ("rloo.config:RLOOStageConfig",)),
         Stage("gates", "gates", "gates.evaluate", ("gates.config:GateStageConfig",)),
     )
 }

@@ -233,3 +233,24 @@ def test_ppo_runs_only_with_a_recorded_override_and_becomes_the_candidate(smoke_
     assert ppo["inputs"]["pi_ref_hash"] == sft["outputs"]["pi_ref_hash"]
     gates = json.loads((round_dir / "gates" / "manifest.json").read_text())
     assert gates["inputs"]["candidate"] == ppo["outputs"]["checkpoint"]
+
+
+def test_grpo_chosen_as_online_rl_runs_when_unlocked_and_becomes_the_candidate(smoke_round):
+    from flows.round import run_round
+
+    params, round_dir, first = smoke_round
+    manifest = run_round(params.model_copy(update={"online_rl": "grpo", "ppo_override": True,
+                                                   "ppo_override_reason": "e2e test of GRPO"}))
+    assert manifest["online_rl"] == "grpo" and manifest["candidate"] == "grpo"
+    assert manifest["ppo_unlock"]["overridden"] and "ppo" not in manifest["stages"]
+    for stage in ("sft", "dpo", "reward_model"):  # the stages before it are reused
+        assert manifest["stages"][stage]["cached"], stage
+    grpo = json.loads((round_dir / "grpo" / "manifest.json").read_text())
+    sft = json.loads((round_dir / "sft" / "manifest.json").read_text())
+    dpo = json.loads((round_dir / "dpo" / "manifest.json").read_text())
+    assert grpo["inputs"]["pi_ref_hash"] == sft["outputs"]["pi_ref_hash"]
+    assert grpo["inputs"]["policy"] == dpo["outputs"]["checkpoint"]
+    assert grpo["metrics"]["reference"] == sft["outputs"]["pi_ref"]
+    assert [h["step"] for h in grpo["metrics"]["history"]] == [1, 2]
+    gates = json.loads((round_dir / "gates" / "manifest.json").read_text())
+    assert gates["inputs"]["candidate"] == grpo["outputs"]["checkpoint"]
