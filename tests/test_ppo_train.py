@@ -423,3 +423,39 @@ def test_ppo_on_two_cpu_processes_is_one_data_parallel_run(stages):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     m = read_manifest(stages["out"])
     assert m["metrics"]["num_processes"] == 2 and m["metrics"]["efficiency"]["tokens"] > 0
+
+
+def test_main_records_the_tripwire_and_saves_the_restored_policy(stages, tmp_path):
+    """The tripwire through the stage: a second reward model as the gold scorer, a held-out slice, and a KL bound of
+    0 nats that a large first update breaks (step 2's rollout is the first sampled after an update: step 1's KL is
+    that of pi_ref against itself, 0): the trip, its step and values go to the manifest, and the checkpoint saved is
+    the policy of the last passing check (step 1's)."""
+    gold = save_tiny_models(tmp_path / "gold", seed=1)["reward"]  # another reward model than the optimised one
+    argv = stages["argv"] + ["--tripwire_steps", "1", "--tripwire_gold_model_path", str(gold), "--tripwire_n_prompts",
+                             "4", "--tripwire_prompts_data", "demo:hh_rlhf/pairs_heldout.jsonl",
+                             "--tripwire_max_kl", "0.0", "--learning_rate", "3e-2", "--num_steps", "3"]
+    m = main(argv)
+    tw = m["tripwire"]
+    assert tw["gold_model"] == str(gold.resolve()) and tw["gold_model_hash"] == content_hash(gold)
+    assert tw["prompts_data"] == "demo:hh_rlhf/pairs_heldout.jsonl" and tw["n_prompts"] == 4 and tw["gold_scorer"]
+    assert tw["prompts_data_hash"] == data_fingerprint("demo:hh_rlhf/pairs_heldout.jsonl")
+    assert m["inputs"]["tripwire_gold_model_hash"] == content_hash(gold)  # lineage: the gold scorer is an input
+    assert m["inputs"]["tripwire_prompts_data_hash"] == tw["prompts_data_hash"]
+    first = tw["checks"][0]
+    assert first["step"] == 0 and first["gold"] == 0.5 and first["passed"]  # the initial policy against itself
+    assert tw["checks"][1]["kl"] == 0.0 and tw["checks"][1]["passed"]
+    assert tw["checks"][2]["kl"] > 0.0, "the first update moved the policy away from pi_ref"
+    assert tw["tripped"] and tw["tripped_step"] == 2 and tw["restored_step"] == 1
+    assert tw["trips"] == [{"signal": "kl", "step": 2, "values": {"kl": tw["checks"][2]["kl"], "bound": 0.0}}]
+    assert m["metrics"]["tripwire_tripped"] is True and m["metrics"]["num_steps"] == 2
+    # the saved policy is step 1's (restored): trained, so not the initial one; the snapshot folder is gone
+    saved = load_file(str(stages["out"] / "checkpoint" / "model.safetensors"))
+    initial = load_file(str(stages["dpo"] / "checkpoint" / "model.safetensors"))
+    assert saved.keys() == initial.keys() and any(not torch.equal(saved[k], initial[k]) for k in initial)
+    assert m["outputs"]["checkpoint_hash"] == content_hash(stages["out"] / "checkpoint")
+    assert not (stages["out"] / "tripwire-last-pass").exists()
+
+    # the optimised reward model is no gold scorer
+    with pytest.raises(ValueError, match="is the optimised reward model"):
+        main(stages["argv"] + ["--tripwire_steps", "1", "--tripwire_gold_model_path",
+                               str(stages["rm"] / "checkpoint")])
