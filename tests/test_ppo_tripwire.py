@@ -107,3 +107,22 @@ def test_tripwire_config_fields_are_validated():
     with pytest.raises(ValueError, match="max_length_ratio"):
         PPOConfig(tripwire_max_length_ratio=0.5)
     assert PPOConfig(tripwire_steps=0, tripwire_max_length_ratio=0.5).tripwire_steps == 0  # off: bounds unused
+
+
+def test_a_resumed_run_replays_the_checks_and_ends_as_the_uninterrupted_one(tmp_path):
+    tok = build_tiny_tokenizer()
+
+    def trainer(out, **overrides):
+        m = build_tiny_models(tok, seed=0)
+        return ExclamationRewardPPO(config(out, num_steps=4, save_steps=2, save_total_limit=3, **overrides),
+                                    m["policy"], m["ref"], m["reward"], m["value"], tok, PROMPTS,
+                                    gold_scorer=penalise_exclamations)
+
+    whole = trainer(tmp_path / "whole", tripwire_gold_drop=None)  # no trip: every check is made
+    whole.train()
+    resumed = trainer(tmp_path / "resumed", tripwire_gold_drop=None)
+    assert resumed.load_state(tmp_path / "whole" / "checkpoint-2") == 2
+    assert [r.signals.step for r in resumed.tripwire.results] == [0, 1, 2]  # replayed from ppo_state.json
+    resumed.train()
+    assert resumed.tripwire_record() == whole.tripwire_record()
+    assert [c["step"] for c in whole.tripwire_record()["checks"]] == [0, 1, 2, 3, 4]
