@@ -850,7 +850,8 @@ class PPOTrainer:
         the first check (None without a gold scorer); ``kl`` = the mean of the steps' ``objective/kl_k1`` since the
         previous check (None at the first; each step's KL is its rollout's, sampled before that step's update, so a
         check sees the policy's KL up to the update before the last one); lengths in completion tokens (up to and
-        including EOS). Every process measures the same slice with the same weights, so all reach the same verdict.
+        including EOS). Every process measures the same slice (:meth:`tripwire_check` applies the rules to the main
+        process's numbers on all).
         """
         cfg, device = self.config, self.accelerator.device
         texts: list[str] = []
@@ -894,7 +895,14 @@ class PPOTrainer:
 
         from safetensors.torch import load_model, save_model
 
-        result = self.tripwire.check(self.tripwire_signals())
+        signals = self.tripwire_signals()
+        if self.accelerator.num_processes > 1:
+            # every process measured the same slice with the same weights, but the verdict must not hang on the last
+            # bits of a float: all apply the rules to the main process's numbers, so all stop (or go on) together
+            from accelerate.utils import broadcast_object_list
+
+            signals = broadcast_object_list([signals], from_process=0)[0]
+        result = self.tripwire.check(signals)
         folder = Path(self.config.output_dir) / TRIPWIRE_SNAPSHOT
         weights = folder / "model.safetensors"
         if result.passed:
@@ -912,7 +920,7 @@ class PPOTrainer:
         saved = json.loads((folder / "step.json").read_text())["step"] if (folder / "step.json").is_file() else None
         if saved != step:
             raise RuntimeError(f"{folder}: holds the policy of step {saved}, the last passing check is step {step}")
-        load_model(self.policy, str(weights), device=str(self.accelerator.device))
+        load_model(self.policy, str(weights), device="cpu")  # read on the CPU, copied into the policy's parameters
         self.tripwire_restored_step = step
         logger.warning("tripwire tripped at step %d (%s): policy of step %d restored from %s", self.global_step,
                        ", ".join(t.signal for t in result.trips), step, weights)
