@@ -26,9 +26,12 @@ Defaults that differ from TRL 0.x's removed PPOConfig, and why:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlhf.config import CommonArguments
+
+if TYPE_CHECKING:
+    from judging.tripwires import TripwireConfig
 
 SUPPORTED_REPORT_TO = ("wandb",)
 
@@ -251,6 +254,51 @@ class PPOConfig:
     )
     logging_steps: int = field(default=1, metadata={"help": "Call the callbacks every this many PPO steps."})
 
+    # ---- reward-hacking tripwire (judging.tripwires) ----------------------------------------------
+    tripwire_steps: int = field(
+        default=10,
+        metadata={"help": "Every this many PPO steps, check signals the reward does not control (gold check, KL, "
+                          "median length, refusal rate on a fixed slice; judging.tripwires) and on a trip stop and "
+                          "restore the policy of the last passing check. 0: off. A run of fewer steps than this "
+                          "makes no check."},
+    )
+    tripwire_min_step: int = field(default=0, metadata={"help": "Checks before this step never trip."})
+    tripwire_prompts_data: str | None = field(
+        default=None,
+        metadata={"help": "The fixed slice the tripwire generates on (a data source, as prompts_data; benign "
+                          "prompts, so a refusal is a false one). Default: the first tripwire_n_prompts training "
+                          "prompts (in training too: held out only with this set)."},
+    )
+    tripwire_n_prompts: int = field(default=32, metadata={"help": "Prompts of the tripwire's slice."})
+    tripwire_gold_model_path: str | None = field(
+        default=None,
+        metadata={"help": "Second reward model (a 1-label sequence classifier, not the optimised one) that scores "
+                          "the gold check: win rate of the policy's greedy responses over the initial policy's. "
+                          "None: no gold rule (KL, length and refusal rules only; recorded)."},
+    )
+    tripwire_gold_drop: float | None = field(
+        default=0.15,
+        metadata={"help": "Trip when gold falls more than this (win-rate points) below the best check while the "
+                          "reward rose. None: off."},
+    )
+    tripwire_max_kl: float | None = field(
+        default=20.0, metadata={"help": "Trip when the mean k1 KL to pi_ref (nats per sequence) of the rollouts since "
+                                        "the last check exceeds this (each rollout precedes its step's update). "
+                                        "None: off."},
+    )
+    tripwire_max_length_ratio: float | None = field(
+        default=1.5, metadata={"help": "Trip when the slice's median response length over the initial policy's "
+                                       "leaves [1/r, r]. None: off."},
+    )
+    tripwire_max_refusal_shift: float | None = field(
+        default=0.10, metadata={"help": "Trip when the slice's refusal rate rises more than this (share) over the "
+                                        "initial policy's. None: off."},
+    )
+    tripwire_max_style_shift: float | None = field(
+        default=None, metadata={"help": "Trip when a style share (bullets, restating, hedged) moves more than this "
+                                        "either way. None: recorded only."},
+    )
+
     # ---- resume ---------------------------------------------------------------------------------
     save_steps: int = field(
         default=0,
@@ -293,6 +341,15 @@ class PPOConfig:
             "logging_steps",
         ):
             positive(name)
+        if self.tripwire_steps < 0:
+            errors.append(f"tripwire_steps must be >= 0 (0: off), got {self.tripwire_steps}")
+        if self.tripwire_n_prompts <= 0:
+            errors.append(f"tripwire_n_prompts must be > 0, got {self.tripwire_n_prompts}")
+        if self.tripwire_steps:
+            try:
+                self.tripwire_config()
+            except ValueError as err:
+                errors.append(str(err))
         if self.save_steps < 0:
             errors.append(f"save_steps must be >= 0 (0: no resume checkpoints), got {self.save_steps}")
         if self.save_total_limit < 1:
@@ -329,6 +386,21 @@ class PPOConfig:
             errors.append(f"report_to: unsupported tracker(s) {unknown}; supported: {list(SUPPORTED_REPORT_TO)}")
         if errors:
             raise ValueError("PPOConfig: " + "; ".join(errors))
+
+    def tripwire_config(self) -> "TripwireConfig":
+        """The tripwire's rules (``judging.tripwires.TripwireConfig``) from the ``tripwire_*`` fields.
+
+        Raises:
+            ValueError: the tripwire is off (``tripwire_steps`` 0) or a bound is invalid.
+        """
+        from judging.tripwires import TripwireConfig
+
+        if not self.tripwire_steps:
+            raise ValueError("tripwire_steps is 0: the tripwire is off")
+        return TripwireConfig(
+            every_steps=self.tripwire_steps, min_step=self.tripwire_min_step, gold_drop=self.tripwire_gold_drop,
+            max_kl=self.tripwire_max_kl, max_length_ratio=self.tripwire_max_length_ratio,
+            max_refusal_shift=self.tripwire_max_refusal_shift, max_style_shift=self.tripwire_max_style_shift)
 
     @property
     def optimizer_steps_per_ppo_step(self) -> int:

@@ -25,6 +25,12 @@ Outputs (main process):
                                  written last, atomically
     ``output_dir/checkpoint-<step>/`` resume checkpoints every ``save_steps`` (``PPOTrainer.save_state``), removed
                                  once the manifest is written
+    manifest ``tripwire``        the reward-hacking tripwire (``judging.tripwires``, ``PPOTrainer.tripwire_check``):
+                                 every check's signals, the trips (signal, step, values), the restored step and the
+                                 best step by gold; None when off or the run makes no check. After a trip the saved
+                                 checkpoint is the policy of the last passing check. The gold scorer is
+                                 ``--tripwire_gold_model_path`` (a second reward model), the slice
+                                 ``--tripwire_prompts_data`` (default: the first training prompts)
 
 Resume: ``--resume_from_checkpoint <path | last>`` (the flow passes the newest complete checkpoint when it reruns
 a killed stage with the same inputs, ``flows.stages.run_stage``) is checked by ``rlhf.resume.resolve_resume``
@@ -40,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -61,7 +68,7 @@ from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_chat_prompts
 from judging.unlock import decide_from_metrics
 from ppo.config import PPOConfig, PPOScriptArguments
-from ppo.trainer import Callback, PPOTrainer
+from ppo.trainer import TRIPWIRE_SNAPSHOT, Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
 from rlhf.config import parse_stage_config
 from rlhf.distributed import init_state
@@ -237,6 +244,49 @@ def _load(cls: Any, path: str, what: str) -> torch.nn.Module:
     return model
 
 
+def tripwire_inputs(config: PPOConfig, reward_model_hash: str, device: Any = "cpu") -> dict[str, Any]:
+    """The tripwire's slice and gold scorer from the config: ``{"prompts": list | None (None: the first training
+    prompts), "gold_scorer": GoldScorer | None, "record": what the manifest says of them}``.
+
+    The gold scorer is the second reward model of ``--tripwire_gold_model_path``, scored as the reward-model stage
+    scores (``judging.scoring.score``) on ``device``, frozen; it is refused when it is the optimised reward model
+    (same content hash). ``record`` also goes to the manifest's inputs (lineage: the gold model's and the slice's
+    hashes).
+    """
+    from judging.scoring import load_reward_model, score
+
+    out: dict[str, Any] = {"prompts": None, "gold_scorer": None,
+                           "record": {"prompts_data": config.tripwire_prompts_data, "prompts_data_hash": None,
+                                      "gold_model": None, "gold_model_hash": None}}
+    if not config.tripwire_steps or config.num_steps < config.tripwire_steps:
+        return out
+    if config.tripwire_prompts_data:
+        from data.loaders import load_eval_prompts
+
+        rows = load_eval_prompts(config.tripwire_prompts_data, limit=config.tripwire_n_prompts)
+        out["prompts"] = [r.prompt for r in rows]
+        out["record"]["prompts_data_hash"] = data_fingerprint(config.tripwire_prompts_data)
+    path = config.tripwire_gold_model_path
+    if path:
+        gold_hash = content_hash(path)
+        if gold_hash == reward_model_hash:
+            raise ValueError(f"--tripwire_gold_model_path {path} is the optimised reward model: the gold check "
+                             "must come from another scorer")
+        model, tok = load_reward_model(path)
+        model.requires_grad_(False)
+        model.to(device).eval()
+
+        def gold_scorer(prompts: list[list[dict[str, Any]]], responses: list[str]) -> list[float]:
+            return list(score(model, tok, prompts, responses, batch_size=config.micro_batch_size,
+                              max_length=config.reward_max_length, desc="gold"))
+
+        out["gold_scorer"] = gold_scorer
+        out["record"].update(gold_model=str(Path(path).resolve()), gold_model_hash=gold_hash)
+    else:
+        logger.warning("tripwire without --tripwire_gold_model_path: no gold check (KL, length, refusal rules only)")
+    return out
+
+
 def _tokenizer(path: str) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
@@ -344,6 +394,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
 
     prompts, prompts_source, n_rejected = load_prompt_source(script_args, output_dir)
     models = load_models(inputs)
+    tripwire = tripwire_inputs(config, inputs["reward_model_hash"], accelerator.device)
     all_callbacks = ([WandbCallback(run_config)] if use_wandb else []) + list(callbacks or [])
     try:
         trainer = PPOTrainer(
@@ -357,6 +408,8 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
             prompts=prompts,
             accelerator=accelerator,
             callbacks=all_callbacks,
+            tripwire_prompts=tripwire["prompts"],
+            gold_scorer=tripwire["gold_scorer"],
         )
         precision = {"no": "fp32"}.get(trainer.mixed_precision, trainer.mixed_precision)
         # fp32 master weights for all four models (bf16/fp16 are autocast), and the autocast the accelerator applies
@@ -398,11 +451,16 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         "threads": torch.get_num_threads(),  # shows the flow's --num_cpu_threads_per_process reached the stage
         "efficiency": efficiency,
         "pi_ref_unchanged": True,  # verify_hash raised otherwise
+        "tripwire_tripped": bool(trainer.tripwire and trainer.tripwire.tripped),
         "history": history,
     }
-    inputs = {**inputs, "prompts_data": prompts_source, "prompts_data_hash": data_fingerprint(prompts_source)}
+    inputs = {**inputs, "prompts_data": prompts_source, "prompts_data_hash": data_fingerprint(prompts_source),
+              **{f"tripwire_{k}": v for k, v in tripwire["record"].items() if v is not None}}
     outputs: dict[str, Any] = {"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": None}
     manifest: dict[str, Any] = {"outputs": outputs}
+    tripwire_record = trainer.tripwire_record()
+    if tripwire_record is not None:
+        tripwire_record.update(tripwire["record"])
     if accelerator.is_main_process:
         outputs["checkpoint_hash"] = content_hash(checkpoint)
         training = {
@@ -420,8 +478,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
         path = stage_manifest("ppo", SimpleNamespace(**run_config), inputs=inputs, outputs=outputs, metrics=metrics,
                               precision=precision,
                               extra={"versions": _versions(), "precision_dtypes": precision_dtypes,
-                                     "training": training})
+                                     "training": training, "tripwire": tripwire_record})
         prune_trainer_checkpoints(output_dir)  # resume state only; after the manifest, so a kill before it keeps them
+        shutil.rmtree(output_dir / TRIPWIRE_SNAPSHOT, ignore_errors=True)  # the saved checkpoint holds what it had
         manifest = read_manifest(output_dir)
         logger.info("PPO done: %d steps, checkpoint %s, manifest %s", len(history), checkpoint, path)
         if use_wandb:  # lineage: the checkpoints and prompts read, the policy written (W&B artifacts by reference)

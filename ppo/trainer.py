@@ -10,6 +10,12 @@ One step:
        token mean over the whole mini-batch whatever the micro-batch split (every micro-batch's summed token loss
        divided by the mini-batch's real-token count, all-reduced over processes: :meth:`PPOTrainer.accumulate_minibatch`).
 
+Tripwire (``judging.tripwires``): every ``tripwire_steps`` steps (and once before the first), greedy responses to a
+fixed slice of prompts are scored by the reward model and a second, gold scorer, and counted (median length,
+refusal rate, style shares); with the KL since the last check, the rules say pass or trip. A passing check writes
+the policy's weights to ``output_dir/tripwire-last-pass``; a trip stops training and loads them back
+(:meth:`PPOTrainer.tripwire_check`), so what is saved afterwards is the policy of the last passing check.
+
 Resume: every ``save_steps`` a checkpoint holds weights, optimizer, scheduler, RNG states and the loop state
 (:meth:`PPOTrainer.save_state`); :meth:`PPOTrainer.load_state` continues from it to the uninterrupted run's result.
 
@@ -68,6 +74,7 @@ from ppo import core
 from ppo.config import PPOConfig
 from ppo.types import Rollout
 from judging.scoring import score as rm_score
+from judging.tripwires import CheckResult, Signals, Tripwire, gold_win_rate, style_signals
 from rlhf.generation import chat_prompt
 from rlhf.checkpoint import check_checkpoint, save_checkpoint
 from rlhf.precision import accelerate_mixed_precision, stage_accelerator
@@ -79,6 +86,12 @@ logger = logging.getLogger(__name__)
 Callback = Callable[[int, dict[str, float]], None]
 
 Prompt = str | Sequence[Mapping[str, Any]] | Mapping[str, Any]
+
+#: The gold check's scorer: (prompts as chat messages, responses) -> one score per response, higher is better.
+GoldScorer = Callable[[list[list[dict[str, Any]]], list[str]], Sequence[float]]
+
+#: Folder under output_dir holding the policy of the last passing tripwire check.
+TRIPWIRE_SNAPSHOT = "tripwire-last-pass"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,6 +293,11 @@ class PPOTrainer:
             (prompt, completion) pairs it scores, as the reward-model stage does.
         accelerator: an ``Accelerator``; created from ``config.precision`` (``rlhf.precision``) if omitted.
         callbacks: called as ``callback(step, metrics)`` every ``logging_steps`` steps on the main process.
+        tripwire_prompts: the tripwire's fixed slice (as ``prompts``); default the first ``tripwire_n_prompts``
+            of ``prompts``.
+        gold_scorer: the gold check's scorer (:data:`GoldScorer`), never the optimised reward model; None: no gold
+            rule. Gold = :func:`judging.tripwires.gold_win_rate` of its scores of the current greedy responses over
+            its scores of the initial policy's.
     """
 
     def __init__(
@@ -294,6 +312,8 @@ class PPOTrainer:
         accelerator: Accelerator | None = None,
         callbacks: Sequence[Callback] | None = None,
         reward_tokenizer: PreTrainedTokenizerBase | None = None,
+        tripwire_prompts: Sequence[Prompt] | None = None,
+        gold_scorer: GoldScorer | None = None,
     ):
         self.config = config
         if accelerator is None:
@@ -390,6 +410,22 @@ class PPOTrainer:
         self.ref_model.to(self.accelerator.device)
         self.reward_model.to(self.accelerator.device)
         self._batches = self._cycle()
+
+        # tripwire: only when the run reaches a check (a run shorter than tripwire_steps measures nothing)
+        self.tripwire: Tripwire | None = None
+        self.gold_scorer = gold_scorer
+        self._gold_reference: list[float] | None = None  # the gold scorer's scores of the initial policy's responses
+        self.tripwire_restored_step: int | None = None
+        if config.tripwire_steps and config.num_steps >= config.tripwire_steps:
+            kind = str(self.accelerator.distributed_type).split(".")[-1]
+            if kind in ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA"):
+                raise ValueError(f"the PPO tripwire keeps the whole weights of the last passing check: one process or "
+                                 f"DDP only, this run is {kind}; set tripwire_steps: 0")
+            rows = (list(tripwire_prompts) if tripwire_prompts is not None
+                    else list(prompts)[: config.tripwire_n_prompts])
+            self.tripwire_prompts = [prompt_messages(p, i) for i, p in enumerate(rows)]
+            self.tripwire_prompt_ids = tokenize_prompts(tokenizer, self.tripwire_prompts, config.max_prompt_length)
+            self.tripwire = Tripwire(config.tripwire_config())
 
     # ---- checks -----------------------------------------------------------------------------------
 
@@ -762,6 +798,9 @@ class PPOTrainer:
         bar, writing a resume checkpoint every ``save_steps`` (:meth:`save_state`); verify pi_ref is unchanged at
         the end. Returns the metrics of every step of the run (a resumed run's include the checkpoint's).
 
+        With the tripwire on: a baseline check first, then one every ``tripwire_steps`` (:meth:`tripwire_check`); a
+        trip ends the loop early with the last passing check's policy loaded (``tripwire_restored_step``).
+
         Fault injection for the resume tests (``rlhf.resume.FAULT_ENV`` = N, never set outside tests): SIGKILL to
         this process when step N is done (and saved, if it was a save step), at the start of step N + 1.
         """
@@ -770,6 +809,8 @@ class PPOTrainer:
         kill_after = int(raw) if raw else None
         bar = tqdm(range(self.global_step, self.config.num_steps), desc="PPO", initial=self.global_step,
                    total=self.config.num_steps, disable=not self.accelerator.is_local_main_process)
+        if self.tripwire is not None and not self.tripwire.results:
+            self.tripwire_check()  # the baseline: the policy before this run's first step
         for _ in bar:
             if kill_after is not None and self.global_step == kill_after:
                 logger.warning("%s=%d: sending SIGKILL to this process (pid %d)", FAULT_ENV, kill_after, os.getpid())
@@ -781,15 +822,116 @@ class PPOTrainer:
                 kl=f"{metrics['objective/kl_k1']:.3f}",
                 len=f"{metrics['response/length_mean']:.1f}",
             )
+            result = None
+            if self.tripwire is not None and self.tripwire.due(self.global_step):
+                result = self.tripwire_check()
+                metrics.update(tripwire_metrics(result))
             if self.global_step % self.config.logging_steps == 0 and self.accelerator.is_main_process:
                 for callback in self.callbacks:
                     callback(self.global_step, metrics)
+            if result is not None and not result.passed:
+                break  # the policy of the last passing check is loaded back: no further step, no resume checkpoint
             save_steps = self.config.save_steps
             if save_steps and self.global_step % save_steps == 0 and self.global_step < self.config.num_steps:
                 self.save_state()
         self.accelerator.wait_for_everyone()
         self.verify_frozen()
         return self.log_history
+
+    # ---- tripwire -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def tripwire_signals(self) -> Signals:
+        """Measure the tripwire's signals now (``judging.tripwires`` for units and rules).
+
+        Greedy responses (no sampling: the same weights give the same responses) to the fixed slice, in chunks of
+        ``batch_size``; ``reward`` = the reward model's mean score of them (:meth:`score_completions`, the optimised
+        scorer); ``gold`` = :func:`judging.tripwires.gold_win_rate` of the gold scorer's scores over its scores at
+        the first check (None without a gold scorer); ``kl`` = the mean of the steps' ``objective/kl_k1`` since the
+        previous check (None at the first; each step's KL is its rollout's, sampled before that step's update, so a
+        check sees the policy's KL up to the update before the last one); lengths in completion tokens (up to and
+        including EOS). Every process measures the same slice (:meth:`tripwire_check` applies the rules to the main
+        process's numbers on all).
+        """
+        cfg, device = self.config, self.accelerator.device
+        texts: list[str] = []
+        lengths: list[int] = []
+        rewards: list[float] = []
+        for start in range(0, len(self.tripwire_prompt_ids), cfg.batch_size):
+            rows = self.tripwire_prompt_ids[start : start + cfg.batch_size]
+            ids, mask = left_pad(rows, self.pad_token_id)
+            sequences = self.generate(ids.to(device), mask.to(device), do_sample=False)
+            completion_ids = sequences[:, ids.shape[1] :]
+            completion_mask = core.completion_mask_from_ids(completion_ids, self.eos_token_ids)
+            prompts = self.tripwire_prompts[start : start + cfg.batch_size]
+            rewards += self.score_completions(prompts, completion_ids, completion_mask).tolist()
+            texts += decode_completions(self.tokenizer, completion_ids, completion_mask)
+            lengths += completion_mask.sum(-1).tolist()
+        gold = None
+        if self.gold_scorer is not None:
+            scores = [float(x) for x in self.gold_scorer(self.tripwire_prompts, texts)]
+            if len(scores) != len(texts):
+                raise ValueError(f"gold scorer returned {len(scores)} scores for {len(texts)} responses")
+            if self._gold_reference is None:
+                self._gold_reference = scores
+            gold = gold_win_rate(scores, self._gold_reference)
+        previous = self.tripwire.results[-1].signals.step if self.tripwire.results else None
+        window = [m["objective/kl_k1"] for m in self.log_history if previous is not None and m["step"] > previous]
+        user_texts = [next((m["content"] for m in reversed(p) if m["role"] == "user"), "")
+                      for p in self.tripwire_prompts]
+        return Signals(step=self.global_step, reward=sum(rewards) / len(rewards), gold=gold,
+                       kl=sum(window) / len(window) if window else None, **style_signals(user_texts, texts, lengths))
+
+    def tripwire_check(self) -> CheckResult:
+        """One tripwire check (:meth:`tripwire_signals`, ``Tripwire.check``). Pass: the policy's weights go to
+        ``output_dir/tripwire-last-pass/model.safetensors`` (with ``step.json``), replacing the previous pass's.
+        Trip: those weights are loaded back into the policy and ``tripwire_restored_step`` is set. Every process
+        calls it.
+
+        Raises:
+            RuntimeError: on a trip, the snapshot on disk is not the last passing check's.
+        """
+        import json
+
+        from safetensors.torch import load_model, save_model
+
+        signals = self.tripwire_signals()
+        if self.accelerator.num_processes > 1:
+            # every process measured the same slice with the same weights, but the verdict must not hang on the last
+            # bits of a float: all apply the rules to the main process's numbers, so all stop (or go on) together
+            from accelerate.utils import broadcast_object_list
+
+            signals = broadcast_object_list([signals], from_process=0)[0]
+        result = self.tripwire.check(signals)
+        folder = Path(self.config.output_dir) / TRIPWIRE_SNAPSHOT
+        weights = folder / "model.safetensors"
+        if result.passed:
+            self.accelerator.wait_for_everyone()
+            if self.accelerator.is_main_process:
+                folder.mkdir(parents=True, exist_ok=True)
+                tmp = folder / "model.safetensors.partial"
+                save_model(self.policy, str(tmp))
+                os.replace(tmp, weights)  # a kill mid-write leaves the previous pass's weights whole
+                (folder / "step.json").write_text(json.dumps({"step": self.global_step}) + "\n")
+            self.accelerator.wait_for_everyone()
+            return result
+        self.accelerator.wait_for_everyone()
+        step = self.tripwire.restore_step
+        saved = json.loads((folder / "step.json").read_text())["step"] if (folder / "step.json").is_file() else None
+        if saved != step:
+            raise RuntimeError(f"{folder}: holds the policy of step {saved}, the last passing check is step {step}")
+        load_model(self.policy, str(weights), device="cpu")  # read on the CPU, copied into the policy's parameters
+        self.tripwire_restored_step = step
+        logger.warning("tripwire tripped at step %d (%s): policy of step %d restored from %s", self.global_step,
+                       ", ".join(t.signal for t in result.trips), step, weights)
+        return result
+
+    def tripwire_record(self) -> dict[str, Any] | None:
+        """``Tripwire.record()`` plus the slice's size and whether a gold scorer was used; None when off."""
+        if self.tripwire is None:
+            return None
+        return {**self.tripwire.record(), "n_prompts": len(self.tripwire_prompts),
+                "gold_scorer": self.gold_scorer is not None}
 
     # ---- resume checkpoints -----------------------------------------------------------------------
 
@@ -850,6 +992,8 @@ class PPOTrainer:
             ).save_to_json(str(folder / "trainer_state.json"))
             state = {"global_step": step, "kl_coef": self.kl_coef, "data_epoch": epoch, "data_batches": used,
                      "world_size": self.accelerator.num_processes, "history": self.log_history}
+            if self.tripwire is not None:
+                state["tripwire"] = {"checks": self.tripwire.record()["checks"], "gold_reference": self._gold_reference}
             (folder / "ppo_state.json").write_text(json.dumps(state) + "\n")
         self.accelerator.wait_for_everyone()
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
@@ -903,6 +1047,9 @@ class PPOTrainer:
         self._batches = self._cycle(int(state["data_epoch"]), int(state["data_batches"]))
         self.data_position = (int(state["data_epoch"]), int(state["data_batches"]))
         self.resumed_from, self.resumed_from_step = str(folder.resolve()), self.global_step
+        if self.tripwire is not None and "tripwire" in state:  # the checks so far, replayed: the killed run's state
+            self.tripwire.replay(state["tripwire"]["checks"])
+            self._gold_reference = state["tripwire"]["gold_reference"]
         # the file's sha256 was checked against the completion marker before this: only then is it unpickled
         rng = torch.load(folder / self._rng_file(), weights_only=False)
         random.setstate(rng["python"])
@@ -973,6 +1120,17 @@ class PPOTrainer:
             save_checkpoint(_GatheredPolicy(self.policy, policy_sd), self.tokenizer, final)
         self.accelerator.wait_for_everyone()
         return final
+
+
+def tripwire_metrics(result: CheckResult) -> dict[str, float]:
+    """A check's numbers as step metrics (``tripwire/*``; a signal not measured is left out)."""
+    s = result.signals
+    out = {"tripwire/reward": s.reward, "tripwire/passed": float(result.passed)}
+    for key in ("gold", "kl", "median_length", "refusal_rate"):
+        if getattr(s, key) is not None:
+            out[f"tripwire/{key}"] = float(getattr(s, key))
+    out.update({f"tripwire/{k}": float(v) for k, v in s.style.items()})
+    return out
 
 
 class _GatheredPolicy:

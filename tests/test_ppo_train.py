@@ -406,6 +406,13 @@ def test_ppo_on_two_cpu_processes_is_one_data_parallel_run(stages):
     """torchrun with 2 CPU processes: the stage makes the process group (gloo) before its Accelerator, so accelerate
     sees 2 processes (DDP) and not 2 separate single-process runs, which would each train alone and normalise the
     loss by their own tokens only. Rank 0 alone writes the manifest."""
+    _torchrun_ppo(stages, "--batch_size", "2", "--num_steps", "1")
+    m = read_manifest(stages["out"])
+    assert m["metrics"]["num_processes"] == 2 and m["metrics"]["efficiency"]["tokens"] > 0
+
+
+def _torchrun_ppo(stages, *args: str) -> None:
+    """The stage under torchrun with 2 CPU processes (fp32, no tracker)."""
     import socket
     import subprocess
 
@@ -417,9 +424,59 @@ def test_ppo_on_two_cpu_processes_is_one_data_parallel_run(stages):
            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     env.pop("RLHF_EXPECTED_WORLD_SIZE", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), "-m", "ppo.train", *stages["argv"], "--batch_size", "2", "--num_steps", "1",
-           "--precision", "fp32", "--report_to", "none"]
+           "--master_port", str(port), "-m", "ppo.train", *stages["argv"], *args, "--precision", "fp32",
+           "--report_to", "none"]
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_a_tripwire_trip_on_two_processes_stops_both_and_restores_the_policy(stages):
+    """DDP: both processes apply the rules to rank 0's numbers, stop at the same step and load the same weights
+    back (a process that went on alone would hang the other in its next collective)."""
+    _torchrun_ppo(stages, "--batch_size", "2", "--num_steps", "4", "--tripwire_steps", "1", "--tripwire_n_prompts",
+                  "2", "--tripwire_max_kl", "0.0", "--learning_rate", "3e-2")
     m = read_manifest(stages["out"])
-    assert m["metrics"]["num_processes"] == 2 and m["metrics"]["efficiency"]["tokens"] > 0
+    tw = m["tripwire"]
+    # k1 on 2 x 2 completions is noisy (it can be negative): the trip is at the first check whose KL is above 0
+    kls = [c["kl"] for c in tw["checks"]]
+    first_positive = next(i for i, kl in enumerate(kls) if kl is not None and kl > 0.0)
+    assert tw["tripped"] and tw["tripped_step"] == first_positive < 4 and tw["restored_step"] == first_positive - 1
+    assert m["metrics"]["num_steps"] == first_positive and m["metrics"]["num_processes"] == 2
+    assert [t["signal"] for t in tw["trips"]] == ["kl"]
+
+
+def test_main_records_the_tripwire_and_saves_the_restored_policy(stages, tmp_path):
+    """The tripwire through the stage: a second reward model as the gold scorer, a held-out slice, and a KL bound of
+    0 nats that large updates break (step 2's rollout is the first sampled after an update: step 1's KL is that of
+    pi_ref against itself, 0): the trip, its step and values go to the manifest, and the checkpoint saved is the
+    policy of the last passing check."""
+    gold = save_tiny_models(tmp_path / "gold", seed=1)["reward"]  # another reward model than the optimised one
+    argv = stages["argv"] + ["--tripwire_steps", "1", "--tripwire_gold_model_path", str(gold), "--tripwire_n_prompts",
+                             "4", "--tripwire_prompts_data", "demo:hh_rlhf/pairs_heldout.jsonl",
+                             "--tripwire_max_kl", "0.0", "--learning_rate", "3e-2", "--num_steps", "4"]
+    m = main(argv)
+    tw = m["tripwire"]
+    assert tw["gold_model"] == str(gold.resolve()) and tw["gold_model_hash"] == content_hash(gold)
+    assert tw["prompts_data"] == "demo:hh_rlhf/pairs_heldout.jsonl" and tw["n_prompts"] == 4 and tw["gold_scorer"]
+    assert tw["prompts_data_hash"] == data_fingerprint("demo:hh_rlhf/pairs_heldout.jsonl")
+    assert m["inputs"]["tripwire_gold_model_hash"] == content_hash(gold)  # lineage: the gold scorer is an input
+    assert m["inputs"]["tripwire_prompts_data_hash"] == tw["prompts_data_hash"]
+    first = tw["checks"][0]
+    assert first["step"] == 0 and first["gold"] == 0.5 and first["passed"]  # the initial policy against itself
+    assert tw["checks"][1]["kl"] == 0.0 and tw["checks"][1]["passed"]
+    # k1 on 4 completions is noisy (it can be negative): the trip is at the first check whose KL is above 0
+    trip = next(c for c in tw["checks"] if c["kl"] is not None and c["kl"] > 0.0)["step"]
+    assert tw["tripped"] and tw["tripped_step"] == trip and tw["restored_step"] == trip - 1 >= 1
+    assert tw["trips"] == [{"signal": "kl", "step": trip, "values": {"kl": tw["checks"][trip]["kl"], "bound": 0.0}}]
+    assert m["metrics"]["tripwire_tripped"] is True and m["metrics"]["num_steps"] == trip
+    # the saved policy is the restored one, of a step >= 1: trained, so not the initial one; the snapshot is gone
+    saved = load_file(str(stages["out"] / "checkpoint" / "model.safetensors"))
+    initial = load_file(str(stages["dpo"] / "checkpoint" / "model.safetensors"))
+    assert saved.keys() == initial.keys() and any(not torch.equal(saved[k], initial[k]) for k in initial)
+    assert m["outputs"]["checkpoint_hash"] == content_hash(stages["out"] / "checkpoint")
+    assert not (stages["out"] / "tripwire-last-pass").exists()
+
+    # the optimised reward model is no gold scorer
+    with pytest.raises(ValueError, match="is the optimised reward model"):
+        main(stages["argv"] + ["--tripwire_steps", "1", "--tripwire_gold_model_path",
+                               str(stages["rm"] / "checkpoint")])
