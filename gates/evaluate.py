@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     traffic, previous, _ = check_inputs(args)
     ppo_unlock = read_ppo_unlock(args.ppo_unlock_json)
     models = resolve_models(args)
-    suites = load_suites(args)
+    suites = load_suites(args, models)
     if main_rank:
         mark_own_output_dir(out, "gates")
         clear_previous_outputs(out)
@@ -220,7 +220,7 @@ def input_hashes(args: GateStageConfig, models: dict[str, Any], judge: dict | No
         **{f"{k}_hash": content_hash(models[k]) for k in ("baseline", "candidate")},
         "judge_hash": content_hash(models["judge"]) if Path(models["judge"]).exists() else (
             (judge or {}).get("identity_hash") or json_hash(models["judge"])),
-        **{f"{k}_hash": data_fingerprint(getattr(args, k)) for k in DATA_FIELDS},
+        **{f"{k}_hash": data_fingerprint(getattr(args, k)) if getattr(args, k) else "" for k in DATA_FIELDS},
     }
 
 
