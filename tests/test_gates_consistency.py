@@ -208,3 +208,23 @@ def test_constraints_by_name_and_the_recall_plot(tmp_path, suite):
     assert path.stat().st_size > 1000
     with pytest.raises(ValueError, match="at least one row"):
         recall_by_depth_plot([], tmp_path / "empty.png")
+
+
+def test_the_gate_is_on_the_consistency_axis_when_on_and_the_axis_is_not_measured_when_off(suite):
+    from gates.config import GateStageConfig
+    from gates.rubric import DEFAULT_RUBRIC, check_rubric, group_by_axis, load_rubric, round_gates
+    from gates.result import GateResult
+
+    rubric = load_rubric(DEFAULT_RUBRIC)
+    on, off = GateStageConfig(), GateStageConfig(consistency=False)
+    assert "consistency_recall" in round_gates(on) and "consistency_recall" not in round_gates(off)
+    check_rubric(rubric, config=on)
+    check_rubric(rubric, config=off)
+    base = replies(suite, lambda it, j: True)
+    r = consistency_gate(measure_consistency(suite, {"candidate": base, "baseline": base}))
+    others = [GateResult(name=n, version="1", verdict="pass", reason="x", metrics={}) for n in round_gates(off)
+              if n != "canaries"]
+    axes = group_by_axis([*others, r], rubric, on)
+    assert axes["consistency"]["verdict"] == "pass"
+    assert axes["consistency"]["gates"][0]["thresholds"]["consistency_depths"] == [5, 10, 20, 40]
+    assert group_by_axis(others, rubric, off)["consistency"]["verdict"] == "not_measured"
