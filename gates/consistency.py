@@ -18,6 +18,9 @@ and the baseline answered the same conversations, so the change is paired: Newco
 recall_candidate - recall_baseline (``judging.intervals.newcombe_paired_diff``). The rule (:func:`verdict`) tests
 every measured depth, so each interval is at confidence ``1 - (1 - confidence) / k`` for k measured depths
 (Bonferroni: the chance that any of the k intervals misses its true change is at most ``1 - confidence``).
+The positions of one conversation share its filler and constraint, and the interval counts them as separate
+probes; where a model's compliance hardly depends on position that overstates the evidence up to the number of
+positions (a cluster-robust paired interval is not built here), so ``min_items`` counts conversations x positions.
 """
 
 from __future__ import annotations

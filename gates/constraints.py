@@ -104,10 +104,8 @@ def bullet_list(reply: str) -> bool:
     bullets = [bool(_BULLET.match(ln)) for ln in lines]
     if sum(bullets) < 2:
         return False
-    first = bullets.index(True)
-    others = [ln for ln, b in zip(lines, bullets) if not b]
-    return first <= 1 and all(not b for b in bullets[:first]) and (
-        not others or (len(others) == 1 and first == 1 and lines[0].rstrip().endswith(":")))
+    others = [i for i, b in enumerate(bullets) if not b]
+    return not others or (others == [0] and lines[0].rstrip().endswith(":"))
 
 
 def uses_name(reply: str, name: str) -> bool:
