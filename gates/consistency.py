@@ -18,9 +18,11 @@ and the baseline answered the same conversations, so the change is paired: Newco
 recall_candidate - recall_baseline (``judging.intervals.newcombe_paired_diff``). The rule (:func:`verdict`) tests
 every measured depth, so each interval is at confidence ``1 - (1 - confidence) / k`` for k measured depths
 (Bonferroni: the chance that any of the k intervals misses its true change is at most ``1 - confidence``).
-The positions of one conversation share its filler and constraint, and the interval counts them as separate
-probes; where a model's compliance hardly depends on position that overstates the evidence up to the number of
-positions (a cluster-robust paired interval is not built here), so ``min_items`` counts conversations x positions.
+The positions of one conversation share its filler and constraint, so its probes are not independent: the paired
+interval's half-widths are scaled by sqrt(deff), deff the design effect of the mean paired difference with the
+conversations as clusters (``judging.intervals.mean_design_effect``: the cluster-robust CR1 variance over the
+item-level one, Cameron & Miller 2015; Kish 1965 section 8.2 for the variance inflation), clipped to [-1, 1]; with
+no within-conversation correlation deff = 1 and the interval is Newcombe's.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from typing import Any
 from gates import wording
 from gates.constraints import CONSTRAINTS, Constraint, constraints_by_name
 from gates.result import Finding, GateResult, Metric, Verdict
-from judging.intervals import DEFAULT_CONFIDENCE, newcombe_paired_diff, wilson
+import numpy as np
+
+from judging.intervals import DEFAULT_CONFIDENCE, mean_design_effect, newcombe_paired_diff, wilson
 
 GATE_NAME = "consistency_recall"
 GATE_VERSION = "1"
@@ -147,6 +151,7 @@ class ConsistencyItem:
             exchange index (0-based).
         constraint: the constraint's name (``gates.constraints.CONSTRAINTS``); messages: the chat, ending in the probe.
         sources: the conversations the filler came from; n_tokens: the rendered prompt's tokens (None: not counted).
+        conversation: ``d<depth>-<item>``, shared by the positions of one conversation (the cluster of the interval).
     """
 
     id: str
@@ -157,6 +162,7 @@ class ConsistencyItem:
     messages: list[dict[str, str]]
     sources: tuple[str, ...]
     n_tokens: int | None = None
+    conversation: str = ""
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,7 @@ def build_suite(
                 rows.append(ConsistencyItem(
                     id=f"consistency-d{depth}-p{p:g}-{j}-{c.name}", depth=depth, position=p, statement_turn=k,
                     constraint=c.name, messages=messages, sources=tuple(dict.fromkeys(e.source for e in filler)),
-                    n_tokens=n))
+                    n_tokens=n, conversation=f"d{depth}-{j}"))
         if short is not None:
             skipped[depth] = short
             continue
@@ -356,7 +362,8 @@ class Recall:
 @dataclass(frozen=True)
 class DepthChange:
     """One depth's paired comparison: the 2x2 table (both, candidate only, baseline only, neither compliant), the
-    change in points and its Newcombe paired interval (fractions) at the Bonferroni-adjusted ``confidence``."""
+    change in points and its Newcombe paired interval (fractions) at the Bonferroni-adjusted ``confidence``, widened
+    by sqrt(``design_effect``) for the ``n_conversations`` clusters (:func:`clustered_paired_diff`)."""
 
     depth: int
     both: int
@@ -366,6 +373,8 @@ class DepthChange:
     delta_pp: float
     ci: tuple[float, float]
     confidence: float
+    design_effect: float = 1.0
+    n_conversations: int = 0
 
     @property
     def n(self) -> int:
@@ -376,20 +385,45 @@ def _select(m: ConsistencyMeasure, who: str, **where: Any) -> list[bool]:
     return [f for it, f in zip(m.suite.items, m.compliant[who]) if all(getattr(it, k) == v for k, v in where.items())]
 
 
+def clustered_paired_diff(candidate: Sequence[bool], baseline: Sequence[bool], clusters: Sequence[Any],
+                          confidence: float) -> tuple[tuple[int, int, int, int], tuple[float, float], float, int]:
+    """The paired change candidate - baseline of 0/1 outcomes on the same probes, with clustered probes.
+
+    Newcombe's paired interval (``judging.intervals.newcombe_paired_diff``) of the 2x2 table, its half-widths scaled
+    by sqrt(deff) around the difference d and clipped to [-1, 1], deff = ``mean_design_effect`` of the centred
+    paired differences (c_i - b_i - d) with ``clusters`` (1 when every probe is its own cluster).
+
+    Returns:
+        ((both, candidate_only, baseline_only, neither), (low, high) as fractions, deff, n_clusters); NaN bounds
+        when there is no probe.
+    """
+    c, b = np.asarray(candidate, dtype=bool), np.asarray(baseline, dtype=bool)
+    cells = (int((c & b).sum()), int((c & ~b).sum()), int((~c & b).sum()), int((~c & ~b).sum()))
+    lo, hi = newcombe_paired_diff(*cells, confidence=confidence)
+    if not len(c):
+        return cells, (lo, hi), math.nan, 0
+    diff = c.astype(float) - b.astype(float)
+    d = float(diff.mean())
+    deff, n_clusters = mean_design_effect(diff - d, list(clusters))
+    r = math.sqrt(deff)
+    return cells, (max(-1.0, d - r * (d - lo)), min(1.0, d + r * (hi - d))), float(deff), n_clusters
+
+
 def depth_changes(m: ConsistencyMeasure, confidence: float = DEFAULT_CONFIDENCE) -> list[DepthChange]:
     """Per measured depth, the paired change candidate - baseline with its interval at ``1 - (1 - confidence) / k``
-    (k = measured depths; Bonferroni)."""
+    (k = measured depths; Bonferroni), clustered by conversation (:func:`clustered_paired_diff`)."""
     k = max(1, len(m.suite.depths))
     level = 1 - (1 - confidence) / k
     out = []
     for d in m.suite.depths:
-        c, b = _select(m, "candidate", depth=d), _select(m, "baseline", depth=d)
-        cells = (sum(x and y for x, y in zip(c, b)), sum(x and not y for x, y in zip(c, b)),
-                 sum(y and not x for x, y in zip(c, b)), sum(not x and not y for x, y in zip(c, b)))
-        n = len(c)
+        keep = [i for i, it in enumerate(m.suite.items) if it.depth == d]
+        cells, ci, deff, g = clustered_paired_diff(
+            [m.compliant["candidate"][i] for i in keep], [m.compliant["baseline"][i] for i in keep],
+            [m.suite.items[i].conversation for i in keep], level)
+        n = len(keep)
         delta = 100 * (cells[1] - cells[2]) / n if n else math.nan
-        out.append(DepthChange(d, *cells, delta_pp=delta, ci=newcombe_paired_diff(*cells, confidence=level),
-                               confidence=level))
+        out.append(DepthChange(d, *cells, delta_pp=delta, ci=ci, confidence=level, design_effect=deff,
+                               n_conversations=g))
     return out
 
 
@@ -436,7 +470,8 @@ def verdict(m: ConsistencyMeasure, th: ConsistencyThresholds,
         findings.append(Finding(code="no_depth_measured", values={"n_skipped": len(m.suite.skipped)}))
     for ch in depth_changes(m, confidence):
         lo, hi = ch.ci
-        values = {"depth": ch.depth, "n": ch.n, "delta_pp": ch.delta_pp, "ci_low_pp": 100 * lo,
+        values = {"depth": ch.depth, "n": ch.n, "n_conversations": ch.n_conversations,
+                  "design_effect": ch.design_effect, "delta_pp": ch.delta_pp, "ci_low_pp": 100 * lo,
                   "ci_high_pp": 100 * hi, "confidence": ch.confidence, "allowed_pp": th.max_drop_pp,
                   "candidate_recall": 100 * (ch.both + ch.candidate_only) / ch.n if ch.n else math.nan,
                   "baseline_recall": 100 * (ch.both + ch.baseline_only) / ch.n if ch.n else math.nan}

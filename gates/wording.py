@@ -453,7 +453,8 @@ def _canary_reason(findings: Sequence[Finding]) -> str:
 def _consistency_depth(v: dict[str, Any]) -> str:
     return (f"depth {v['depth']}: recall {v['candidate_recall']:.1f}% vs baseline {v['baseline_recall']:.1f}%, "
             f"change {v['delta_pp']:+.1f} points ({100 * v['confidence']:.4g}% paired CI {v['ci_low_pp']:+.1f} to "
-            f"{v['ci_high_pp']:+.1f}, n={v['n']})")
+            f"{v['ci_high_pp']:+.1f}, n={v['n']} probes in {v['n_conversations']} conversations, design effect "
+            f"{v['design_effect']:.2f})")
 
 
 def _consistency_reason(findings: Sequence[Finding]) -> str:

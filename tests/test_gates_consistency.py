@@ -10,6 +10,7 @@ from data.bundle import demo_path
 from gates.consistency import (
     ConsistencyMeasure,
     build_suite,
+    clustered_paired_diff,
     consistency_gate,
     context_budget,
     load_exchanges,
@@ -160,9 +161,13 @@ def test_a_candidate_that_drops_the_constraint_at_depth_20_is_blocked(suite):
     assert codes == {5: "depth_within", 10: "depth_within", 20: "depth_regressed"}
     ch = r.metrics["recall_change_d20"]
     assert ch.value == -100.0 and ch.n == 40
-    # the paired interval at the Bonferroni level 1 - 0.05 / 3: 40 probes kept by the baseline only
+    # the paired interval at the Bonferroni level 1 - 0.05 / 3: 40 probes kept by the baseline only, in 20
+    # conversations whose 2 positions agree: every centred difference is 0, so the design effect is n / G = 2 and
+    # the half-widths grow by sqrt(2)
     lo, hi = newcombe_paired_diff(0, 0, 40, 0, confidence=1 - 0.05 / 3)
-    assert (ch.ci_low, ch.ci_high) == pytest.approx((100 * lo, 100 * hi))
+    assert (ch.ci_low, ch.ci_high) == pytest.approx((-100.0, 100 * (-1 + 2 ** 0.5 * (hi + 1))))
+    (d20,) = [f.values for f in r.findings if f.values.get("depth") == 20]
+    assert d20["design_effect"] == 2.0 and d20["n_conversations"] == 20
     assert r.metrics["recall_change_worst_depth"] == ch
     assert r.metrics["recall_candidate"].value == pytest.approx(100 * 80 / 120)
     assert "Blocked on evidence" in r.reason and "depth 20: recall 0.0% vs baseline 100.0%" in r.reason
@@ -228,3 +233,20 @@ def test_the_gate_is_on_the_consistency_axis_when_on_and_the_axis_is_not_measure
     assert axes["consistency"]["verdict"] == "pass"
     assert axes["consistency"]["gates"][0]["thresholds"]["consistency_depths"] == [5, 10, 20, 40]
     assert group_by_axis(others, rubric, off)["consistency"]["verdict"] == "not_measured"
+
+
+def test_the_paired_interval_widens_by_the_design_effect_of_shared_conversations():
+    # 20 conversations x 2 positions; the candidate loses both positions of conversations 0-5 (d = -12/40)
+    cand = [g >= 6 for g in range(20) for _ in range(2)]
+    base = [True] * 40
+    pairs = [g for g in range(20) for _ in range(2)]
+    cells, (lo, hi), deff, g = clustered_paired_diff(cand, base, pairs, 0.95)
+    assert cells == (28, 0, 12, 0) and g == 20
+    # duplicated clusters: CR1 / item-level variance = [G/(G-1) * 4 S] / [2G/(2G-1) * 2 S] = (2G-1)/(G-1) = 39/19
+    assert deff == pytest.approx(39 / 19)
+    nlo, nhi = newcombe_paired_diff(28, 0, 12, 0, confidence=0.95)
+    r = (39 / 19) ** 0.5
+    assert (lo, hi) == pytest.approx((-0.3 - r * (-0.3 - nlo), -0.3 + r * (nhi + 0.3)))
+    # every probe its own conversation: exactly Newcombe's
+    cells, ci, deff, g = clustered_paired_diff(cand, base, list(range(40)), 0.95)
+    assert deff == 1.0 and g == 40 and ci == (nlo, nhi)
