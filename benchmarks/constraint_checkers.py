@@ -13,6 +13,11 @@ Target: both >= 0.95 per kind; a kind whose set has no positive (or no negative)
 measure. The shared data holds almost no non-English, all-capital or bare-JSON replies, so those classes are thin
 here (see the printed counts); ``max_words``, ``use_name`` and ``all_caps`` are string rules covered by hand-worked
 cases in tests/test_gates_consistency.py. Runs in a second on a CPU.
+
+Measured (93 replies: all_caps 10 (5 compliant), bullet_list 14 (8), forbidden 10 (6), json 19 (5), language 18 (3),
+max_words 12 (6), use_name 10 (5)): every kind precision, recall and specificity 1.000; pooled 38/38 precision and
+recall (95% Wilson 0.908-1.000), 55/55 specificity (0.935-1.000). The sets are small: the pooled lower bounds are
+below the 0.95 target, so these figures show no error found, not the target met with confidence.
 """
 
 from __future__ import annotations
@@ -61,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         ok &= meets
         fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
         print(f"{kind:<12} {n:>4} {pos:>4} {fmt(prec):>10} {fmt(rec):>8} {fmt(spec):>12}  {'yes' if meets else 'NO'}")
+    from judging.intervals import wilson
+
+    tot = {k: sum(c[k] for c in cells.values()) for k in ("tp", "fp", "fn", "tn")}
+    for name, k, n in (("precision", tot["tp"], tot["tp"] + tot["fp"]), ("recall", tot["tp"], tot["tp"] + tot["fn"]),
+                       ("specificity", tot["tn"], tot["tn"] + tot["fp"])):
+        lo, hi = wilson(k, n)
+        print(f"all kinds pooled: {name} {k}/{n} = {k / n:.3f} (95% Wilson {lo:.3f}-{hi:.3f})")
     if args.show_misses:
         for r, got in misses:
             print(f"- {r['source']} row {r['row']} {r['field']} [{r['kind']}] label {r['label']} checked {got}: "
