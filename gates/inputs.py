@@ -87,7 +87,10 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
             f"--refusal_classifier must be 'learned', 'rules' or 'openai', got {args.refusal_classifier!r}")
     if args.refusal_classifier == "openai":
         args.refusal_judge_config()  # raises naming --refusal_judge, or when no endpoint is configured
-    for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp", "consistency_max_drop_pp"):
+    if args.consistency_max_drop_pp < 0:
+        raise ValueError(f"--consistency_max_drop_pp is an allowed drop in points and must be >= 0, got "
+                         f"{args.consistency_max_drop_pp}")
+    for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp"):
         if getattr(args, key) < 0:
             raise ValueError(f"--{key} is an allowed increase in points and must be >= 0, got {getattr(args, key)}")
     judge = args.judge_config()

@@ -250,3 +250,13 @@ def test_the_paired_interval_widens_by_the_design_effect_of_shared_conversations
     # every probe its own conversation: exactly Newcombe's
     cells, ci, deff, g = clustered_paired_diff(cand, base, list(range(40)), 0.95)
     assert deff == 1.0 and g == 40 and ci == (nlo, nhi)
+
+
+def test_bad_consistency_settings_are_refused_at_start_up():
+    from gates.config import GateStageConfig
+    from gates.inputs import check_inputs
+
+    with pytest.raises(ValueError, match="--n_consistency must be at least 1, got 0"):
+        check_inputs(GateStageConfig(n_consistency=0))
+    with pytest.raises(ValueError, match="--consistency_max_drop_pp is an allowed drop in points and must be >= 0, got -1.0"):
+        check_inputs(GateStageConfig(consistency_max_drop_pp=-1.0))
