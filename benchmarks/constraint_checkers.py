@@ -9,8 +9,8 @@ reply text verbatim), each read and labelled by hand for compliance with one con
 labelling rule is in ``why``). "Positive" = compliant. Precision = replies checked compliant that are labelled
 compliant / replies checked compliant; recall = labelled-compliant replies checked compliant / labelled compliant; specificity = labelled-violating replies
 checked violating / labelled violating (the one figure a kind with no compliant reply here can show).
-Target: both >= 0.95 per kind; a kind whose set has no positive (or no negative) prints "n/a" for what it cannot
-measure. The shared data holds almost no non-English, all-capital or bare-JSON replies, so those classes are thin
+Target: each >= 0.95 per kind; a figure with no denominator prints "n/a". ``measure()`` gives the rows
+``benchmarks/instruments.py`` prints. The shared data holds almost no non-English, all-capital or bare-JSON replies, so those classes are thin
 here (see the printed counts); ``max_words``, ``use_name`` and ``all_caps`` are string rules covered by hand-worked
 cases in tests/test_gates_consistency.py. Runs in a second on a CPU.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -35,49 +36,80 @@ DATA = ROOT / "benchmarks" / "data" / "constraint_checker_labels.jsonl"
 TARGET = 0.95
 
 
-def main(argv: list[str] | None = None) -> int:
+SET_NAME = "constraint_checker_labels (AlpacaEval + Arena-Hard replies)"
+
+
+def load(path: Path = DATA) -> list[dict]:
+    """The labelled rows (``source``, ``row``, ``field``, ``kind``, ``params``, ``label``, ``reply``, ``why``)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def confusion(rows: list[dict]) -> tuple[dict[str, dict[str, int]], list[tuple[dict, bool]]]:
+    """Per kind the counts tp / fp / fn / tn of ``gates.constraints.check`` against the labels, and the misses."""
     from gates.constraints import check
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(DATA))
-    ap.add_argument("--show-misses", action="store_true")
-    args = ap.parse_args(argv)
-    rows = [json.loads(line) for line in Path(args.data).read_text(encoding="utf-8").splitlines() if line.strip()]
     cells: dict[str, dict[str, int]] = defaultdict(lambda: {"tp": 0, "fp": 0, "fn": 0, "tn": 0})
     misses = []
     for r in rows:
         got = check(r["kind"], r["reply"], **r["params"])
-        key = ("tp" if r["label"] else "fp") if got else ("fn" if r["label"] else "tn")
-        cells[r["kind"]][key] += 1
+        cells[r["kind"]][("tp" if r["label"] else "fp") if got else ("fn" if r["label"] else "tn")] += 1
         if got != r["label"]:
             misses.append((r, got))
-    print(f"constraint checkers on {len(rows)} hand-labelled real replies ({args.data}); target precision and "
-          f"recall >= {TARGET}")
-    print(f"{'kind':<12} {'n':>4} {'pos':>4} {'precision':>10} {'recall':>8} {'specificity':>12}  meets target")
-    ok = True
-    for kind, c in sorted(cells.items()):
-        n, pos = sum(c.values()), c["tp"] + c["fn"]
-        prec = c["tp"] / (c["tp"] + c["fp"]) if c["tp"] + c["fp"] else None
-        rec = c["tp"] / pos if pos else None
-        # a class with no negative cannot show a false positive, so precision is only measured when both exist
-        prec = prec if pos < n else None
-        spec = c["tn"] / (c["tn"] + c["fp"]) if c["tn"] + c["fp"] else None  # non-compliant replies caught
-        meets = all(x is None or x >= TARGET for x in (prec, rec, spec))
-        ok &= meets
-        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-        print(f"{kind:<12} {n:>4} {pos:>4} {fmt(prec):>10} {fmt(rec):>8} {fmt(spec):>12}  {'yes' if meets else 'NO'}")
+    return dict(sorted(cells.items())), misses
+
+
+def _ratio(k: int, n: int) -> float:
+    return k / n if n else math.nan
+
+
+def measure(path: Path = DATA) -> list[dict]:
+    """One row per (kind, metric): precision, recall and specificity, then the pooled figures with their 95% Wilson
+    interval in ``set``. Keys as the benchmark contract (instrument, metric, value, target, n, set, passed); a
+    figure with no denominator is NaN with ``passed`` None."""
     from judging.intervals import wilson
 
+    cells, _ = confusion(load(path))
+    out = []
+
+    def row(metric: str, k: int, n: int, where: str) -> dict:
+        v = _ratio(k, n)
+        return {"instrument": "constraint checkers", "metric": metric, "value": round(v, 3) if n else v,
+                "target": f">= {TARGET}", "n": n, "set": where, "passed": None if not n else bool(v >= TARGET)}
+
+    for kind, c in cells.items():
+        out += [row(f"{kind} precision", c["tp"], c["tp"] + c["fp"], SET_NAME),
+                row(f"{kind} recall", c["tp"], c["tp"] + c["fn"], SET_NAME),
+                row(f"{kind} specificity", c["tn"], c["tn"] + c["fp"], SET_NAME)]
     tot = {k: sum(c[k] for c in cells.values()) for k in ("tp", "fp", "fn", "tn")}
-    for name, k, n in (("precision", tot["tp"], tot["tp"] + tot["fp"]), ("recall", tot["tp"], tot["tp"] + tot["fn"]),
-                       ("specificity", tot["tn"], tot["tn"] + tot["fp"])):
+    for metric, k, n in (("precision", tot["tp"], tot["tp"] + tot["fp"]), ("recall", tot["tp"], tot["tp"] + tot["fn"]),
+                         ("specificity", tot["tn"], tot["tn"] + tot["fp"])):
         lo, hi = wilson(k, n)
-        print(f"all kinds pooled: {name} {k}/{n} = {k / n:.3f} (95% Wilson {lo:.3f}-{hi:.3f})")
+        out.append(row(f"pooled {metric}", k, n, f"{SET_NAME}, all kinds; 95% Wilson {lo:.3f}-{hi:.3f}"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--show-misses", action="store_true")
+    args = ap.parse_args(argv)
+    rows = load(Path(args.data))
+    cells, misses = confusion(rows)
+    print(f"constraint checkers on {len(rows)} hand-labelled real replies ({args.data}); target precision, recall "
+          f"and specificity >= {TARGET}")
+    print(f"{'kind':<12} {'n':>4} {'pos':>4} {'precision':>10} {'recall':>8} {'specificity':>12}")
+    fmt = lambda k, n: "n/a" if not n else f"{k / n:.3f}"
+    for kind, c in cells.items():
+        print(f"{kind:<12} {sum(c.values()):>4} {c['tp'] + c['fn']:>4} {fmt(c['tp'], c['tp'] + c['fp']):>10} "
+              f"{fmt(c['tp'], c['tp'] + c['fn']):>8} {fmt(c['tn'], c['tn'] + c['fp']):>12}")
+    for r in measure(Path(args.data)):
+        if r["metric"].startswith("pooled"):
+            print(f"{r['metric']}: {r['value']} (n={r['n']}; {r['set'].split('; ', 1)[1]})")
     if args.show_misses:
         for r, got in misses:
             print(f"- {r['source']} row {r['row']} {r['field']} [{r['kind']}] label {r['label']} checked {got}: "
                   f"{r['reply'][:160]!r}")
-    return 0 if ok else 1
+    return 0
 
 
 if __name__ == "__main__":
