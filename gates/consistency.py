@@ -497,7 +497,8 @@ def _pct(r: Recall) -> dict[str, Any]:
 def gate_table(m: ConsistencyMeasure, confidence: float = DEFAULT_CONFIDENCE) -> list[dict[str, Any]]:
     """Rows ``{model, depth, position, constraint, k, n, recall_pct, ci_low_pct, ci_high_pct}`` (Wilson at
     ``confidence``), baseline first: per (depth, position) with constraint "all", per depth with position "all",
-    and per constraint with depth and position "all"."""
+    and per constraint with depth and position "all". Depth and position are strings ("20", "0.5", "all") so each
+    column has one type (the trackers' tables refuse a column mixing numbers and text)."""
     rows = []
     names = list(dict.fromkeys(it.constraint for it in m.suite.items))
     for who in ("baseline", "candidate"):
@@ -505,9 +506,9 @@ def gate_table(m: ConsistencyMeasure, confidence: float = DEFAULT_CONFIDENCE) ->
             continue
         for d in m.suite.depths:
             for p in m.suite.positions:
-                rows.append({"model": who, "depth": d, "position": p, "constraint": "all",
+                rows.append({"model": who, "depth": str(d), "position": f"{p:g}", "constraint": "all",
                              **_pct(Recall.of(_select(m, who, depth=d, position=p), confidence))})
-            rows.append({"model": who, "depth": d, "position": "all", "constraint": "all",
+            rows.append({"model": who, "depth": str(d), "position": "all", "constraint": "all",
                          **_pct(Recall.of(_select(m, who, depth=d), confidence))})
         for c in names:
             rows.append({"model": who, "depth": "all", "position": "all", "constraint": c,

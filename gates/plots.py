@@ -243,7 +243,7 @@ def drift_plot(
 
 def recall_by_depth_plot(rows: list[Mapping[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
     """Constraint recall by depth, one line per (model, position), with its Wilson interval as error bars
-    (``gates.consistency.gate_table``'s rows with a numeric depth; a position of "all" is drawn dashed).
+    (``gates.consistency.gate_table``'s rows with a depth other than "all"; a position of "all" is drawn dashed).
 
     Args:
         rows: dicts with model, depth, position, constraint, recall_pct, ci_low_pct, ci_high_pct; rows whose

@@ -172,7 +172,16 @@ def test_a_candidate_that_drops_the_constraint_at_depth_20_is_blocked(suite):
     assert r.metrics["recall_candidate"].value == pytest.approx(100 * 80 / 120)
     assert "Blocked on evidence" in r.reason and "depth 20: recall 0.0% vs baseline 100.0%" in r.reason
     rows = {(t["model"], t["depth"], t["position"], t["constraint"]): t for t in r.table}
-    assert rows[("candidate", 20, 0.5, "all")]["recall_pct"] == 0.0 and rows[("baseline", 20, "all", "all")]["n"] == 40
+    assert rows[("candidate", "20", "0.5", "all")]["recall_pct"] == 0.0 and rows[("baseline", "20", "all", "all")]["n"] == 40
+    # one type per column (the W&B table of the gate refuses a column mixing numbers and text)
+    for col in ("model", "depth", "position", "constraint"):
+        assert {type(t[col]) for t in r.table} == {str}, col
+    import wandb
+
+    from rlhf.tracking import _cell
+
+    cols = list(r.table[0])
+    assert len(wandb.Table(columns=cols, data=[[_cell(t.get(c)) for c in cols] for t in r.table]).data) == len(r.table)
 
 
 def test_equal_recall_passes_and_a_small_noisy_drop_is_inconclusive(suite):
