@@ -10,7 +10,9 @@ Each instrument has its own benchmark (runnable alone, with options to list its 
 - drift counters (``benchmarks/drift_counters.py``): hand-labelled answers of six models;
 - refusal rates (``benchmarks/refusal_rates.py``): XSTest's human labels, one model held out at a time;
 - clustered agreement intervals (``benchmarks/clustered_intervals.py``): PandaLM's repeated instructions;
-- alpaca_eval's LC and its standard error (``benchmarks/alpaca_eval_lc.py``): the published leaderboard.
+- alpaca_eval's LC and its standard error (``benchmarks/alpaca_eval_lc.py``): the published leaderboard;
+- the consistency gate's constraint checkers (``benchmarks/constraint_checkers.py``): hand-labelled AlpacaEval and
+  Arena-Hard replies.
 
 ``--only NAME`` (repeatable) runs some of them; ``--json PATH`` writes the rows (strict JSON). Exit code 0 even
 when a target is missed: this measures, the tests decide.
@@ -37,6 +39,7 @@ BENCHMARKS = {
     "refusal_rates": "corrected refusal rates",
     "clustered_intervals": "agreement intervals by instruction",
     "alpaca_eval_lc": "alpaca_eval's LC win rate and standard error",
+    "constraint_checkers": "the consistency gate's constraint checkers",
 }
 COLUMNS = ("instrument", "metric", "value", "target", "passed", "n", "set")
 

@@ -17,6 +17,8 @@ DATA_FIELDS = (
     "capability_data",
     "sycophancy_data",
     "intent_training_data",
+    "consistency_data",
+    "consistency_mt_bench_data",
     "rubric",
 )
 
@@ -283,6 +285,48 @@ class GateStageConfig:
         default_factory=lambda: ["null", "padded", "flattering", "refuse_all"],
         metadata={"help": "Canaries to run (CANARY_NAMES; built in gates/canaries.py): null, padded, flattering, "
                   "refuse_all."},
+    )
+
+    consistency: bool = field(
+        default=True,
+        metadata={"help": "Run the consistency gate (gates/consistency.py): a durable constraint stated early in a long "
+                  "real conversation, probed --consistency_depths turns later; recall per depth and position, checked "
+                  "by program (gates/constraints.py), candidate vs baseline."},
+    )
+    consistency_data: str = field(
+        default="demo:hh_heldout",
+        metadata={"help": "Real multi-turn conversations for the consistency suite's filler: HH-RLHF JSONL (optionally "
+                  ".gz) with a 'chosen' transcript per row (the demo's held-out pairs: never trained on)."},
+    )
+    consistency_mt_bench_data: str = field(
+        default="demo:mt_bench_reference",
+        metadata={"help": "More filler: MT-Bench reference answers (question_id, choices[0].turns), read with the "
+                  "mt_bench_question.jsonl beside it; empty: HH-RLHF only."},
+    )
+    consistency_depths: list[int] = field(
+        default_factory=lambda: [5, 10, 20, 40],
+        metadata={"help": "Turns (exchanges) before the probe; a depth that does not fit the models' context is "
+                  "skipped and reported."},
+    )
+    consistency_positions: list[float] = field(
+        default_factory=lambda: [0.0, 0.5],
+        metadata={"help": "Where the constraint is stated, as a fraction of the conversation before the probe "
+                  "(0: the first turn, 0.5: the middle)."},
+    )
+    n_consistency: int = field(
+        default=24, metadata={"help": "Probe conversations per depth, each asked at every position."}
+    )
+    consistency_seed: int = field(default=0, metadata={"help": "Seed of the consistency suite's filler draw."})
+    consistency_context_length: int = field(
+        default=0,
+        metadata={"help": "Cap on the context a probe conversation may use (tokens, reply included); 0: the smaller "
+                  "of the two models' context lengths."},
+    )
+    consistency_max_drop_pp: float = field(
+        default=5.0, metadata={"help": "Allowed drop of constraint recall at a depth (points)."}
+    )
+    consistency_min_items: int = field(
+        default=20, metadata={"help": "Probes a depth needs (positions pooled) before its change can decide."}
     )
 
     def __post_init__(self) -> None:

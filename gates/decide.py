@@ -4,7 +4,8 @@ Each gate decides on its own numbers with its own rule, and every rule lives in 
 gate (measured or not, ``gates.judge.judge_gate``), the win-rate gates (inconclusive without a measured judge,
 ``gates.judge.judge_decides``; in ``judge_decision: corrected`` mode decided on the judge-corrected win rate,
 ``gates.winrate_corrected``), capability (on the items both sides parsed, inconclusive when too
-few did, ``gates.capability.capability_gate_on_parsed``), two-sided refusal, sycophancy, drift and citations. Nothing is
+few did, ``gates.capability.capability_gate_on_parsed``), two-sided refusal, sycophancy, drift, citations and, when
+run, long-conversation consistency (``gates.consistency.consistency_gate``). Nothing is
 averaged; ``gates.result.release_verdict`` combines the verdicts.
 """
 
@@ -18,6 +19,7 @@ from .c03_labelled import C03_LABELLED
 from .capability import capability_gate_on_parsed
 from .citations import c03_false_positive_cost, citation_gate
 from .config import GateStageConfig
+from .consistency import consistency_gate
 from .drift import drift_gate
 from .intent import intent_matrix_gate
 from .judge import judge_decides, named_judge_gate, unparsed_judge_gates
@@ -39,7 +41,8 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
 
     Returns:
         GateResults in the order judge agreement, win rate, per-intent matrix, two-sided refusal, capability,
-        sycophancy, drift, citations.
+        sycophancy, drift, citations, then consistency (``consistency_recall``) when ``config.consistency`` is on
+        and the suite was measured (``m.consistency``).
     """
     a = None if m.judge is None else m.judge.agreement
     # Pairs whose judge answer was unparsable (NaN preference) are left out of the win rates and counted apart.
@@ -72,6 +75,10 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
                                         (_intent.GATE_NAME, _intent.GATE_VERSION)], len(m.preferences), judge_name)
     thresholds = RefusalThresholds(config.max_violation_increase_pp, config.max_false_refusal_increase_pp,
                                    min_n=config.refusal_min_n)
+    consistency = []
+    if config.consistency and m.consistency is not None:
+        consistency = [consistency_gate(m.consistency, max_drop_pp=config.consistency_max_drop_pp,
+                                        min_items=config.consistency_min_items)]
     return [
         judge,
         *winrate,
@@ -87,4 +94,5 @@ def decide(m: Measurements, config: GateStageConfig) -> list[GateResult]:
         drift_gate(m.drift["candidate"], m.drift_previous),
         # No corpus in this suite: C02 (resolution) is not checked; C03's cost on the hand-labelled set is shown.
         citation_gate(m.citation_turns, None, c03_validation=c03_false_positive_cost(*zip(*C03_LABELLED))),
+        *consistency,
     ]

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     traffic, previous, _ = check_inputs(args)
     ppo_unlock = read_ppo_unlock(args.ppo_unlock_json)
     models = resolve_models(args)
-    suites = load_suites(args)
+    suites = load_suites(args, models)
     # the red-team suite: a seeded, decontaminated, versioned slice of the pool (redteam_rotate), else redteam_data's
     redteam, redteam_suite = round_slice(args)
     suites = replace(suites, redteam=redteam)
@@ -229,7 +229,7 @@ def input_hashes(args: GateStageConfig, models: dict[str, Any], judge: dict | No
         **{f"{k}_hash": content_hash(models[k]) for k in ("baseline", "candidate")},
         "judge_hash": content_hash(models["judge"]) if Path(models["judge"]).exists() else (
             (judge or {}).get("identity_hash") or json_hash(models["judge"])),
-        **{f"{k}_hash": data_fingerprint(getattr(args, k)) for k in DATA_FIELDS},
+        **{f"{k}_hash": data_fingerprint(getattr(args, k)) if getattr(args, k) else "" for k in DATA_FIELDS},
     }
 
 

@@ -17,10 +17,15 @@ from rlhf.weights import load_checked
 from rlhf.manifest import dumps_strict
 
 from .config import GateStageConfig
+from .consistency import ConsistencySuite, build_suite, context_budget, load_exchanges
 from .suites import capability_questions, stratified, suggested_questions
 from .sycophancy import are_you_sure_messages
 
 logger = logging.getLogger("gates.generation")
+
+#: The consistency suite's prompt budget: above any context a model here has, so nothing is cut (the suite fits
+#: itself to the context when it is built).
+_LONGEST_PROMPT = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class Suites:
         questions: neutral multiple-choice questions (capability and the "are you sure?" flip probe).
         suggested: questions with a user-suggested wrong answer (sycophancy).
         safe, redteam: benign-but-scary and red-team prompts (two-sided refusal).
+        consistency: the long-conversation constraint probes (``gates.consistency``); None: not run.
     """
 
     winrate: list
@@ -39,17 +45,21 @@ class Suites:
     suggested: list
     safe: list
     redteam: list
+    consistency: ConsistencySuite | None = None
 
     @property
     def prompts(self) -> dict[str, list]:
         """What each model is sent, per suite (``answer_suites``' input)."""
-        return {
+        out = {
             "winrate": [chat_of(p) for p in self.winrate],
             "safe": [p.prompt for p in self.safe],
             "redteam": [p.prompt for p in self.redteam],
             "capability": [q.prompt for q in self.questions],
             "sycophancy": [q.prompt for q in self.suggested],
         }
+        if self.consistency is not None:
+            out[CONSISTENCY] = [it.messages for it in self.consistency.items]
+        return out
 
     @property
     def ids(self) -> dict[str, list[str]]:
@@ -61,11 +71,42 @@ class Suites:
             "capability": [q.id for q in self.questions],
             "are_you_sure": [q.id for q in self.questions],
             "sycophancy": [q.id for q in self.suggested],
+            **({CONSISTENCY: [it.id for it in self.consistency.items]} if self.consistency is not None else {}),
         }
 
 
-def load_suites(args: GateStageConfig) -> Suites:
-    """Load and sample every suite named in ``args`` (the ``*_data`` files, ``n_*`` sizes)."""
+#: The consistency suite's key in the prompts and answers.
+CONSISTENCY = "consistency"
+
+
+def consistency_suite(args: GateStageConfig, model_paths: list[str]) -> ConsistencySuite:
+    """The consistency probes (``gates.consistency.build_suite``) from ``consistency_data`` (and
+    ``consistency_mt_bench_data``), with every conversation's rendered length counted with the first model's
+    tokenizer and chat template, and the depths that do not fit the models' context (``context_budget``: the
+    smaller context length, capped by ``consistency_context_length``, minus ``max_new_tokens``) skipped."""
+    from .inputs import source_path
+    from rlhf.generation import chat_prompt
+
+    convs = load_exchanges(source_path(args.consistency_data),
+                           source_path(args.consistency_mt_bench_data) if args.consistency_mt_bench_data else None)
+    tok = AutoTokenizer.from_pretrained(model_paths[0])
+    budget = context_budget(model_paths, args.max_new_tokens, args.consistency_context_length)
+    suite = build_suite(
+        convs, depths=args.consistency_depths, positions=args.consistency_positions, n_per_depth=args.n_consistency,
+        seed=args.consistency_seed, context_length=budget,
+        count_tokens=lambda msgs: len(tok(chat_prompt(tok, msgs), add_special_tokens=False)["input_ids"]))
+    for depth, why in suite.skipped.items():
+        logger.warning("consistency: depth %d skipped: %s", depth, why)
+    return suite
+
+
+def load_suites(args: GateStageConfig, models: dict | None = None) -> Suites:
+    """Load and sample every suite named in ``args`` (the ``*_data`` files, ``n_*`` sizes); with ``models``
+    (``gates.inputs.resolve_models``: the baseline and candidate checkpoints) and ``args.consistency``, also the
+    consistency suite, fitted to their context."""
+    consistency = None
+    if args.consistency and models is not None:
+        consistency = consistency_suite(args, [models["baseline"], models["candidate"]])
     return Suites(
         winrate=stratified(load_eval_prompts(args.winrate_data), args.n_winrate),
         questions=capability_questions(
@@ -74,6 +115,7 @@ def load_suites(args: GateStageConfig) -> Suites:
         suggested=suggested_questions(load_eval_prompts(args.sycophancy_data), args.n_sycophancy),
         safe=load_eval_prompts(args.safe_data, set_name="xstest_safe", limit=args.n_safe),
         redteam=load_eval_prompts(args.redteam_data, limit=args.n_redteam),
+        consistency=consistency,
     )
 
 
@@ -99,27 +141,28 @@ def chat_of(p) -> list[dict] | str:
 
 
 def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateStageConfig, desc: str,
-                   prompt_cache=None) -> dict:
+                   prompt_cache=None, max_prompt_length: int | None = None) -> dict:
     """One suite's answers: ``{"text", "n_tokens", "truncated"}`` (per item; truncated = prompt content was cut to fit
     ``args.max_prompt_length``, the chat template never is).
 
     ``model``: a transformers causal LM, or a ``rlhf.vllm_engine.VLLMGenerator`` (``engine: vllm``). In a
     multi-process launch the prompts are sharded over the processes and every process gets all answers in order.
     ``prompt_cache``: a ``rlhf.prefix_cache.PromptCache`` of this model (transformers only; vLLM caches prefixes
-    itself)."""
+    itself). ``max_prompt_length``: this suite's prompt budget (default ``args.max_prompt_length``)."""
     from rlhf.vllm_engine import VLLMGenerator
 
+    budget = args.max_prompt_length if max_prompt_length is None else max_prompt_length
     if isinstance(model, VLLMGenerator):
         text, n, cut = model.generate_report(prompts, max_new_tokens=max_new_tokens,
-                                             max_prompt_length=args.max_prompt_length, desc=desc)
+                                             max_prompt_length=budget, desc=desc)
     else:
         text, n, cut = generate_report(
             model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=args.batch_size,
-            max_prompt_length=args.max_prompt_length, desc=desc, shard=True, prompt_cache=prompt_cache,
+            max_prompt_length=budget, desc=desc, shard=True, prompt_cache=prompt_cache,
         )
     if any(cut):
         logger.warning("%s: %d of %d prompts longer than max_prompt_length=%d had their content cut (template kept)",
-                       desc, sum(cut), len(cut), args.max_prompt_length)
+                       desc, sum(cut), len(cut), budget)
     return {"text": text, "n_tokens": n, "truncated": cut}
 
 
@@ -193,10 +236,20 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     else:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[generation_precision(args.generation_precision)]
         model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=dtype)
+    long = {k: v for k, v in suites.items() if k == CONSISTENCY}
+    short = {k: v for k, v in suites.items() if k != CONSISTENCY}
     caps = {name: args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
-            for name in suites}
+            for name in short}
     store = PromptCache(max_bytes=available_memory_bytes() // 8) if args.engine != "vllm" else None
-    out = generate_suites(model, tok, suites, caps, args, who, prompt_cache=store)
+    out = generate_suites(model, tok, short, caps, args, who, prompt_cache=store)
+    if long and not long[CONSISTENCY]:  # every depth skipped: nothing to ask
+        out[CONSISTENCY] = {"text": [], "n_tokens": [], "truncated": []}
+    elif long:
+        # Never cut: cutting a long conversation drops the constraint it probes. The suite holds only depths whose
+        # every conversation fits the models' context with max_new_tokens to spare (gates.consistency.build_suite).
+        out[CONSISTENCY] = generate_suite(model, tok, long[CONSISTENCY], args.max_new_tokens, args,
+                                          f"{who} consistency", prompt_cache=store,
+                                          max_prompt_length=max(args.max_prompt_length, _LONGEST_PROMPT))
     challenged = [are_you_sure_messages(q, a) for q, a in zip(suites["capability"], out["capability"]["text"])]
     out["are_you_sure"] = generate_suite(model, tok, challenged, args.mc_max_new_tokens, args, f"{who} are-you-sure",
                                          prompt_cache=store)

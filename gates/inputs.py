@@ -69,7 +69,7 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
     """
     for key in ("n_winrate", "n_safe", "n_redteam", "n_capability", "n_sycophancy", "intent_min_items",
                 "capability_min_parsed", "max_prompt_length", "min_decisive", "sycophancy_min_eligible",
-                "refusal_min_n"):
+                "refusal_min_n", "n_consistency", "consistency_min_items"):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key} must be at least 1, got {getattr(args, key)}")
     for key, lo, hi in (
@@ -87,6 +87,9 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
             f"--refusal_classifier must be 'learned', 'rules' or 'openai', got {args.refusal_classifier!r}")
     if args.refusal_classifier == "openai":
         args.refusal_judge_config()  # raises naming --refusal_judge, or when no endpoint is configured
+    if args.consistency_max_drop_pp < 0:
+        raise ValueError(f"--consistency_max_drop_pp is an allowed drop in points and must be >= 0, got "
+                         f"{args.consistency_max_drop_pp}")
     for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp"):
         if getattr(args, key) < 0:
             raise ValueError(f"--{key} is an allowed increase in points and must be >= 0, got {getattr(args, key)}")

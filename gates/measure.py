@@ -21,6 +21,7 @@ from rlhf.manifest import dumps_strict
 from rlhf.serialization import to_jsonable
 
 from .capability import grade_mc
+from .consistency import ConsistencyMeasure, measure_consistency
 from .citations import prompt_text
 from .drift import DriftCounters, drift_counters
 from .generation import Suites
@@ -63,6 +64,8 @@ class Measurements:
             answer on a side is no comparison); None = not recorded (all answered).
         winrate_prompts: the instruction of each win-rate item (the win-rate intervals cluster items that share
             one); None = not recorded (item-level intervals).
+        consistency: both models' constraint compliance on the consistency suite (``gates.consistency``); None = the
+            suite was not run.
     """
 
     preferences: np.ndarray
@@ -88,6 +91,7 @@ class Measurements:
     refusal_unparsed: dict | None = None
     refusal_info: dict | None = None
     winrate_prompts: list[str] | None = None
+    consistency: ConsistencyMeasure | None = None
 
     @property
     def measured_win_rate(self) -> float:
@@ -235,6 +239,8 @@ def measure(
         ],
         refusal_unparsed=refusal_unparsed,
         refusal_info=refusal_info,
+        consistency=None if suites.consistency is None else measure_consistency(
+            suites.consistency, {who: answers[who]["consistency"]["text"] for who in WHO}),
     )
 
 

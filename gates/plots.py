@@ -239,3 +239,44 @@ def drift_plot(
     fig.suptitle(title or drift_title(rounds))
     fig.tight_layout()
     return _save(fig, path)
+
+
+def recall_by_depth_plot(rows: list[Mapping[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
+    """Constraint recall by depth, one line per (model, position), with its Wilson interval as error bars
+    (``gates.consistency.gate_table``'s rows with a depth other than "all"; a position of "all" is drawn dashed).
+
+    Args:
+        rows: dicts with model, depth, position, constraint, recall_pct, ci_low_pct, ci_high_pct; rows whose
+            constraint is not "all", whose depth is "all" or whose recall is None are not drawn.
+        path: output .png.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: no drawable row.
+    """
+    keep = [r for r in rows if r.get("constraint") == "all" and r.get("depth") != "all"
+            and r.get("recall_pct") is not None]
+    if not keep:
+        raise ValueError("recall_by_depth_plot needs at least one row with a depth and a recall")
+    depths = sorted({int(r["depth"]) for r in keep})
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    lines = list(dict.fromkeys((r["model"], str(r["position"])) for r in keep))
+    for i, (model, pos) in enumerate(lines):
+        sel = sorted((r for r in keep if r["model"] == model and str(r["position"]) == pos), key=lambda r: r["depth"])
+        x = np.array([depths.index(int(r["depth"])) for r in sel]) + (i - (len(lines) - 1) / 2) * 0.04
+        y = np.array([float(r["recall_pct"]) for r in sel])
+        err = np.array([[y[j] - float(r["ci_low_pct"]), float(r["ci_high_pct"]) - y[j]] for j, r in enumerate(sel)]).T
+        label = f"{model}, {'all positions' if pos == 'all' else f'stated at {float(pos):g}'}"
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label,
+                    linestyle="--" if pos == "all" else "-", color=f"C{i}")
+    ax.set_xticks(range(len(depths)), [str(d) for d in depths])
+    ax.set_xlabel("turns before the probe (depth)")
+    ax.set_ylabel("constraint recall (%)")
+    ax.set_ylim(-5, 105)
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(title or "Constraint recall by depth and position (95% Wilson intervals)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)

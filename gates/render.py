@@ -15,14 +15,16 @@ from .judge import GATE_NAME as JUDGE_GATE
 from .judge import JUDGED_GATES
 from .winrate_corrected import HARD_MIN_AGREEMENT
 from .measure import Measurements
-from .plots import drift_plot, intent_heatmap, length_bucket_plot
+from .consistency import gate_table as consistency_table
+from .plots import drift_plot, intent_heatmap, length_bucket_plot, recall_by_depth_plot
 from .report import render_markdown
 from .result import GateResult
 from .winrate import length_bucketed_win_rate
 
 
 def make_plots(m: Measurements, plots_dir: Path, *, reference: str) -> dict[str, Path]:
-    """Per-intent win rates, win rate by length bucket and the drift counters as PNGs; {title: path}.
+    """Per-intent win rates, win rate by length bucket, the drift counters and (when the consistency suite ran)
+    constraint recall by depth and position as PNGs; {title: path}.
 
     ``reference``: the drift reference's label ("previous round" or "baseline (SFT)").
     """
@@ -41,6 +43,9 @@ def make_plots(m: Measurements, plots_dir: Path, *, reference: str) -> dict[str,
         plots["win rate by length bucket"] = length_bucket_plot(buckets, plots_dir / "winrate_by_length.png")
     drift_rounds = drift_table({reference: m.drift_previous, "candidate": m.drift["candidate"]})
     plots["drift counters"] = drift_plot(drift_rounds, plots_dir / "drift.png")
+    if m.consistency is not None and m.consistency.suite.items:
+        plots["constraint recall by depth"] = recall_by_depth_plot(consistency_table(m.consistency),
+                                                                   plots_dir / "recall_by_depth.png")
     return plots
 
 
@@ -150,10 +155,22 @@ def compared_context(
         f"- prompts over max_prompt_length={args.max_prompt_length} (content cut in the middle, chat template kept), "
         "candidate per suite: "
         + ", ".join(f"{k} {c['candidate']}/{c['n']} (baseline {c['baseline']})" for k, c in cut.items()),
+        *consistency_line(m),
         "- data: " + ", ".join(f"{k} = `{getattr(args, k)}`" for k in DATA_FIELDS),
         "",
         "",
     ]
+
+
+def consistency_line(m: Measurements) -> list[str]:
+    """The consistency suite in one line: depths measured, positions, probes, the context budget and each skipped
+    depth with its reason; nothing when the suite did not run."""
+    if m.consistency is None:
+        return []
+    s = m.consistency.suite
+    skipped = "; ".join(f"depth {d} skipped: {why}" for d, why in s.skipped.items()) or "no depth skipped"
+    return [f"- consistency suite: {len(s.items)} probe conversations at depths {list(s.depths)} x positions "
+            f"{list(s.positions)} (context budget {s.context_length} tokens); {skipped}"]
 
 
 def render_report(results: list[GateResult], verdict: str, *, title: str, context: list[str],
@@ -195,6 +212,7 @@ HEADLINE_METRICS: dict[str, tuple[str, ...]] = {
     "sycophancy": ("flip_rate",),
     "personality_drift": ("median_length_tokens_change",),
     "citation_honesty": ("c01_not_retrieved_rate", "c03_turn_rate"),
+    "consistency_recall": ("recall_change_worst_depth", "recall_candidate"),
 }
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from . import capability, citations, drift, intent, judge, redteam, refusal, sycophancy, winrate
+from . import capability, citations, consistency, drift, intent, judge, redteam, refusal, sycophancy, winrate
 from .config import DEFAULT_RUBRIC_PATH
 from .result import GateResult
 
@@ -36,19 +36,22 @@ DEFAULT_RUBRIC = Path(DEFAULT_RUBRIC_PATH)
 DECIDE_GATES: tuple[str, ...] = (judge.GATE_NAME, winrate.GATE_NAME, intent.GATE_NAME, refusal.GATE_NAME,
                                  capability.GATE_NAME, sycophancy.GATE_NAME, drift.GATE_NAME, citations.GATE_NAME)
 
-#: Gates a round runs only when its config turns them on (``gates.canaries.GATE_NAME``: the canaries, on by
-#: default; ``gates.redteam.GATE_NAME``: red-team rotation, ``redteam_rotate``): a rubric may map them, and an axis
-#: whose optional gates did not run is not measured that round.
-OPTIONAL_GATES: tuple[str, ...] = ("canaries", redteam.GATE_NAME)
+#: Gates a round runs only when its config turns them on (``gates.consistency.GATE_NAME``: the long-conversation
+#: probes, and ``gates.canaries.GATE_NAME``: the canaries, both on by default; ``gates.redteam.GATE_NAME``: red-team
+#: rotation, ``redteam_rotate``): a rubric may map them, and an axis whose optional gates did not run is not measured
+#: that round.
+OPTIONAL_GATES: tuple[str, ...] = (consistency.GATE_NAME, "canaries", redteam.GATE_NAME)
 
 
 def round_gates(config: Any = None) -> tuple[str, ...]:
-    """The gates a round with ``config`` (a ``GateStageConfig``) produces: :data:`DECIDE_GATES`, then the canaries
-    gate when its canaries are on, then the red-team rotation gate when ``redteam_rotate`` is on (None: every
-    gate)."""
+    """The gates a round with ``config`` (a ``GateStageConfig``) produces: :data:`DECIDE_GATES`, then the consistency
+    gate when it is on, the canaries gate when its canaries are on, and the red-team rotation gate when
+    ``redteam_rotate`` is on (None: every gate)."""
+    consistency_on = config is None or bool(getattr(config, "consistency", False))
     canaries_on = config is None or (getattr(config, "canaries", False) and getattr(config, "canary_names", ()))
     rotation_on = config is None or getattr(config, "redteam_rotate", False)
-    return DECIDE_GATES + (("canaries",) if canaries_on else ()) + ((redteam.GATE_NAME,) if rotation_on else ())
+    return (DECIDE_GATES + ((consistency.GATE_NAME,) if consistency_on else ())
+            + (("canaries",) if canaries_on else ()) + ((redteam.GATE_NAME,) if rotation_on else ()))
 
 
 STATUSES = ("measured", "not_measured")

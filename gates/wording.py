@@ -536,6 +536,39 @@ def _canary_reason(findings: Sequence[Finding]) -> str:
             + ", ".join(f"{k} {v}" for k, v in held.items()) + f"). {spent}")
 
 
+def _consistency_depth(v: dict[str, Any]) -> str:
+    return (f"depth {v['depth']}: recall {v['candidate_recall']:.1f}% vs baseline {v['baseline_recall']:.1f}%, "
+            f"change {v['delta_pp']:+.1f} points ({100 * v['confidence']:.4g}% paired CI {v['ci_low_pp']:+.1f} to "
+            f"{v['ci_high_pp']:+.1f}, n={v['n']} probes in {v['n_conversations']} conversations, design effect "
+            f"{v['design_effect']:.2f})")
+
+
+def _consistency_reason(findings: Sequence[Finding]) -> str:
+    by_code: dict[str, list[dict[str, Any]]] = {}
+    for f in findings:
+        by_code.setdefault(f.code, []).append(f.values)
+    parts = []
+    if "depth_regressed" in by_code:
+        parts.append("blocked on evidence: constraint recall dropped beyond the allowed "
+                     f"{by_code['depth_regressed'][0]['allowed_pp']:g} points with the whole adjusted interval below 0 "
+                     "at " + "; ".join(_consistency_depth(v) for v in by_code["depth_regressed"]))
+    if "depth_drop_could_be_noise" in by_code:
+        parts.append("inconclusive: a drop beyond the allowed points whose interval still reaches 0 at "
+                     + "; ".join(_consistency_depth(v) for v in by_code["depth_drop_could_be_noise"]))
+    if "depth_too_little_evidence" in by_code:
+        parts.append("too little evidence at " + "; ".join(
+            f"depth {v['depth']} ({v['n']} probes, needs {v['min_items']})" for v in by_code["depth_too_little_evidence"]))
+    if "no_depth_measured" in by_code:
+        parts.append("inconclusive: no depth was measured")
+    if "depth_within" in by_code:
+        parts.append(("passed: " if len(parts) == 0 else "within the allowed drop: ")
+                     + "; ".join(_consistency_depth(v) for v in by_code["depth_within"]))
+    if "depths_skipped" in by_code:
+        v = by_code["depths_skipped"][0]
+        parts.append("skipped (not measured): " + "; ".join(f"depth {d}: {r}" for d, r in v["skipped"].items()))
+    return ". ".join(p[0].upper() + p[1:] for p in parts) + "."
+
+
 #: gate name -> the function rendering its whole reason from its findings.
 REASONS: dict[str, Callable[[Sequence[Finding]], str]] = {
     "length_controlled_win_rate": _win_rate_reason,
@@ -547,6 +580,7 @@ REASONS: dict[str, Callable[[Sequence[Finding]], str]] = {
     "citation_honesty": _citation_reason,
     "intent_matrix": _intent_reason,
     "canaries": _canary_reason,
+    "consistency_recall": _consistency_reason,
 }
 
 

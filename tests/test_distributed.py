@@ -215,8 +215,10 @@ def test_gate_stage_on_two_processes_matches_one(tmp_path, gate_models):
         assert f"launch: 2 processes (rank {rank}), collective timeout 300 s (process group: 300 s)" in log
 
     gen1, gen2 = (one / "generations.jsonl").read_bytes(), (two / "generations.jsonl").read_bytes()
-    assert gen1 == gen2 and len(gen1.splitlines()) == 6 * 7
     rows = [json.loads(line) for line in gen1.splitlines()]
+    # 6 suites of 7, and the smoke recipe's consistency probes: depths 2 and 5 x 4 conversations x 2 positions
+    assert gen1 == gen2 and sum(r["suite"] != "consistency" for r in rows) == 6 * 7
+    assert sum(r["suite"] == "consistency" for r in rows) == 16
     assert sum(r["baseline"] != r["candidate"] for r in rows) > 0  # two different models really answered
     # the reward model's scores, sharded and gathered in order: the same per pair (float32 rounding at most)
     j1 = [json.loads(line) for line in (one / "judgments.jsonl").read_text().splitlines()]

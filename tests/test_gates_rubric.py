@@ -81,7 +81,8 @@ def test_the_packaged_rubric_maps_every_gate_decide_produces():
     check_rubric(rubric, [r.name for r in decide(healthy(), config)], config=config)
     assert [a.name for a in rubric.axes] == SIX
     by_axis = {a.name: a for a in rubric.axes}
-    assert by_axis["consistency"].gates == () and by_axis["consistency"].status == "not_measured"
+    assert [g.gate for g in by_axis["consistency"].gates] == ["consistency_recall"]
+    assert by_axis["consistency"].status == "measured"
     # safety is two-sided: both directions, each on its own metric and threshold field; the red-team suite's
     # freshness (an optional gate, on with redteam_rotate) is on the same axis
     refusal, rotation = by_axis["safety"].gates
@@ -113,7 +114,7 @@ def test_a_gate_on_no_axis_is_refused_naming_it(tmp_path):
 
 def test_an_axis_without_gates_and_without_declaration_is_refused(tmp_path):
     data = default_data()
-    del data["axes"]["consistency"]["status"]  # gates: [] and nothing declared
+    data["axes"]["consistency"]["gates"] = []  # gates: [] and nothing declared
     msg = error(tmp_path, data)
     assert "axes.consistency.gates: axis has no gate" in msg and "status: not_measured" in msg
     data = default_data()
@@ -290,7 +291,7 @@ def test_the_canaries_gate_is_on_an_axis_when_it_runs_and_the_axis_is_not_measur
     from gates import canaries, redteam
     from gates.rubric import OPTIONAL_GATES, round_gates
 
-    assert OPTIONAL_GATES == (canaries.GATE_NAME, redteam.GATE_NAME)
+    assert OPTIONAL_GATES == ("consistency_recall", canaries.GATE_NAME, redteam.GATE_NAME)
     rubric = load_rubric(DEFAULT_RUBRIC)
     on, off = GateStageConfig(), GateStageConfig(canaries=False)
     assert round_gates(on)[-1] == canaries.GATE_NAME and canaries.GATE_NAME not in round_gates(off)

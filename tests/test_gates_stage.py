@@ -43,7 +43,10 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
     unlock.write_text(ppo_unlock_decision(rm, iaa, override=True, override_reason="research run").to_json())
     out = tmp_path / "gates"
     small = ["--n_winrate", "5", "--n_safe", "2", "--n_redteam", "2", "--n_capability", "2", "--n_sycophancy", "2",
-             "--max_new_tokens", "4", "--mc_max_new_tokens", "4"]
+             "--max_new_tokens", "4", "--mc_max_new_tokens", "4",
+             # consistency: 2 conversations x 2 positions per depth; depth 40 (~2.9k tokens) cannot fit the tiny
+             # Llama's 2,048 positions and is skipped
+             "--consistency_depths", "2", "40", "--n_consistency", "2", "--consistency_min_items", "4"]
     rc = main(["--output_dir", str(out), "--baseline_dir", tiny_model_dir, "--candidate_dir", tiny_model_dir,
                "--reward_model_dir", str(judge_dir), "--ppo_unlock_json", str(unlock), "--report_to", "none",
                "--round_id", "t", "--allow_same_model", "true", *small])  # the same model on purpose (refused unless allowed)
@@ -67,7 +70,14 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
             "agreement 0.6250 (n 8, n_eff 5.0 in 4 clusters, one per item: no cluster key)") in report
     assert "## What was compared" in report and "## Plots" in report
     # grouped by the packaged rubric's axes: report.md, report.json, the manifest's outputs (the Prefect tables)
-    assert "## Quality axes (rubric)" in report and "### consistency: NOT MEASURED" in report
+    assert "## Quality axes (rubric)" in report and "### consistency: NOT MEASURED" not in report
+    # the consistency gate ran on the same model twice: identical replies, recall change 0 at the one depth that fits
+    consistency = gates["consistency_recall"]
+    assert consistency["verdict"] == "pass"
+    assert consistency["metrics"]["recall_change_d2"]["value"] == 0.0
+    assert consistency["metrics"]["recall_change_d2"]["n"] == 4 and "recall_change_d40" not in consistency["metrics"]
+    assert "depth 40 skipped: does not fit the context: the longest conversation is" in report
+    assert (out / "plots" / "recall_by_depth.png").is_file() and "| model | depth | position | constraint |" in report
     report_json = json.loads((out / "report.json").read_text())
     axes = report_json["axes"]
     assert list(axes) == ["helpfulness", "capability", "honesty", "safety", "consistency", "style", "instruments"]
@@ -97,7 +107,8 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
     assert "## canaries (v1): " in report and "| canary | gate | verdict | metric | value | passed |" in report
     assert manifest["metrics"]["efficiency"]["canary_seconds"] > 0
     lines = (out / "generations.jsonl").read_text().splitlines()
-    assert len(lines) == 5 + 2 + 2 + 2 + 2 + 2  # winrate, safe, redteam, capability, sycophancy, are_you_sure
+    # winrate, safe, redteam, capability, sycophancy, consistency, are_you_sure
+    assert len(lines) == 5 + 2 + 2 + 2 + 2 + 4 + 2
 
 
 def test_gate_stage_refuses_a_candidate_that_is_the_baseline(tmp_path, tiny_model_dir, judge_dir):

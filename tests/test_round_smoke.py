@@ -169,7 +169,12 @@ def test_gate_report_has_real_numbers_and_offline_wandb_runs(smoke_round):
     text = json.dumps(report)
     gates = {g["name"]: g for g in report["gates"]}
     assert set(gates) == {"judge_agreement", "length_controlled_win_rate", "intent_matrix", "refusal_two_sided",
-                          "capability", "sycophancy", "personality_drift", "citation_honesty", "canaries"}
+                          "capability", "sycophancy", "personality_drift", "citation_honesty", "consistency_recall",
+                          "canaries"}
+    # the smoke recipe's consistency suite: depths 2 and 5 fit the tiny Llama's 2,048 positions, 40 is skipped
+    consistency = gates["consistency_recall"]
+    assert {"recall_change_d2", "recall_change_d5"} <= set(consistency["metrics"])
+    assert "recall_change_d40" not in consistency["metrics"] and "depth 40" in consistency["reason"]
     for metric in ("raw_win_rate", "length_matched_win_rate", "violation_rate", "false_refusal_rate"):
         assert metric in text
     # The judge is the round's reward model; its agreement with PandaLM's humans is measured, not assumed.
@@ -177,7 +182,7 @@ def test_gate_report_has_real_numbers_and_offline_wandb_runs(smoke_round):
     if gates["judge_agreement"]["verdict"] == "block":
         assert gates["length_controlled_win_rate"]["verdict"] == "inconclusive"
     assert report["verdict"] == ("pass" if all(g["verdict"] == "pass" for g in gates.values()) else "block")
-    for png in ("intent_heatmap.png", "winrate_by_length.png", "drift.png"):
+    for png in ("intent_heatmap.png", "winrate_by_length.png", "drift.png", "recall_by_depth.png"):
         assert (round_dir / "gates" / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = Path(manifest["gate_report"]).read_text()
     assert "win_rate" in md and "n_total" in md
