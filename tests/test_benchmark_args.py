@@ -34,3 +34,29 @@ def test_step_time_precision_fields_for_cpu_and_cuda(bf16, defaults):
     if not torch.cuda.is_available():  # the CPU configs build on this machine, whatever its bf16 flags
         config = SFTConfig(output_dir="/tmp/unused", report_to=[], **cpu)
         assert config.bf16 == (bf16 or defaults)
+
+
+def test_online_rl_benchmark_gives_every_method_the_same_budget(tmp_path):
+    from transformers import HfArgumentParser
+
+    from rlhf.registry import STAGES
+
+    budget_args = _load("online_rl").budget_args
+    given = dict(steps=3, completions=6, samples=3, max_new_tokens=12, prompts=9, prompts_data="demo:x.jsonl")
+    per_step = {}
+    for method in ("ppo", "grpo", "rloo"):
+        argv = [*budget_args(method, **given), "--output_dir", str(tmp_path / method)]
+        parsed = HfArgumentParser(STAGES[method].config_classes()).parse_args_into_dataclasses(args=argv)
+        values = {k: v for cfg in parsed for k, v in vars(cfg).items()}
+        if method == "ppo":
+            steps, completions, tokens = values["num_steps"], values["batch_size"], values["max_new_tokens"]
+            data, prompts = values["prompts_data"], values["max_prompts"]
+        else:  # a step is per_device_train_batch_size completions: / num_generations prompts x num_generations
+            steps, completions, tokens = values["max_steps"], values["per_device_train_batch_size"], \
+                values["max_completion_length"]
+            data, prompts = values["train_data"], values["max_train_samples"]
+            assert values["num_generations"] == 3 and values["gradient_accumulation_steps"] == 1
+        per_step[method] = (steps, completions, tokens, data, prompts)
+    assert set(per_step.values()) == {(3, 6, 12, "demo:x.jsonl", 9)}
+    with pytest.raises(ValueError, match="multiple of --samples"):
+        budget_args("grpo", **{**given, "completions": 5})
