@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +59,21 @@ class SliceMeasure:
         prompts: the slice's user prompts, shape (n,).
         max_new_tokens: most tokens of a greedy response.
         batch_size: prompts generated (and gold-scored) at once.
-        gold: ``(model, tokenizer, max_length)`` of the gold reward model, or None (no gold rule).
+        gold_scorer: ``(prompts as chat messages, responses) -> one score per response``, higher is better (ppo's
+            ``GoldScorer``; never the optimised reward), or None (no gold rule).
 
     :meth:`bind` gives it the trainer (tokenizer, reward functions, log history) once the trainer is built.
     """
 
     def __init__(self, prompts: list[str], *, max_new_tokens: int, batch_size: int = 8,
-                 gold: tuple[Any, Any, int] | None = None):
+                 gold_scorer: Callable[[list, list[str]], Sequence[float]] | None = None):
         if not prompts:
             raise ValueError("tripwire slice: no prompts")
         self.prompts = list(prompts)
         self.messages = [[{"role": "user", "content": p}] for p in self.prompts]
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
-        self.gold = gold
+        self.gold_scorer = gold_scorer
         self.gold_reference: list[float] | None = None
         self.trainer: Any = None
 
@@ -113,8 +115,6 @@ class SliceMeasure:
     def reward(self, texts: list[str], ids: list[list[int]]) -> float:
         """Mean over the slice of the trainer's weighted reward (TRL's ``_calculate_rewards`` and
         ``reward_weights``, NaN rewards skipped per function as TRL's ``nansum``)."""
-        import torch
-
         t = self.trainer
         completions = [[{"role": "assistant", "content": x}] for x in texts]
         per_func = t._calculate_rewards([{"prompt": m} for m in self.messages], self.messages, completions, ids)
@@ -130,12 +130,10 @@ class SliceMeasure:
             raise RuntimeError("SliceMeasure: bind(trainer) first")
         texts, lengths, ids = self.generate(model)
         gold = None
-        if self.gold is not None:
-            from .scoring import score
-
-            gold_model, gold_tok, max_length = self.gold
-            scores = [float(x) for x in score(gold_model, gold_tok, self.messages, texts,
-                                              batch_size=self.batch_size, max_length=max_length, desc="gold")]
+        if self.gold_scorer is not None:
+            scores = [float(x) for x in self.gold_scorer(self.messages, texts)]
+            if len(scores) != len(texts):
+                raise ValueError(f"gold scorer returned {len(scores)} scores for {len(texts)} responses")
             if self.gold_reference is None:
                 self.gold_reference = scores
             gold = gold_win_rate(scores, self.gold_reference)
@@ -167,7 +165,7 @@ class OnlineRLTripwire(TripwireCallback):
         """``Tripwire.record()`` plus the slice's size, whether a gold model was used, its and the slice's
         provenance, and the checkpoint folder the final policy was restored from (None: not restored)."""
         return {**self.tripwire.record(), "n_prompts": len(self.measure.prompts),
-                "gold_scorer": self.measure.gold is not None, **self.inputs_record,
+                "gold_scorer": self.measure.gold_scorer is not None, **self.inputs_record,
                 "restored_from": self.restored_from}
 
     def remove_snapshots(self) -> None:
@@ -202,10 +200,10 @@ def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: st
         record["prompts_data_hash"] = data_fingerprint(args.tripwire_prompts_data)
     else:
         prompts = list(train_prompts)[: args.tripwire_n_prompts]
-    gold = None
+    gold_scorer = None
     path = args.tripwire_gold_model_path
     if path:
-        from .scoring import load_reward_model
+        from .scoring import load_reward_model, score
 
         gold_hash = content_hash(path)
         if gold_hash == reward_model_hash:
@@ -214,10 +212,14 @@ def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: st
         model, tok = load_reward_model(path)
         model.requires_grad_(False)
         model.to(args.device).eval()
-        gold = (model, tok, GOLD_MAX_LENGTH)
+
+        def gold_scorer(prompts: list, responses: list[str]) -> list[float]:
+            return list(score(model, tok, prompts, responses, batch_size=args.per_device_train_batch_size,
+                              max_length=GOLD_MAX_LENGTH, desc="gold"))
+
         record.update(gold_model=str(Path(path).resolve()), gold_model_hash=gold_hash)
     else:
         logger.warning("tripwire without --tripwire_gold_model_path: no gold check (KL, length, refusal rules only)")
     measure = SliceMeasure(prompts, max_new_tokens=args.tripwire_max_new_tokens,
-                           batch_size=args.per_device_train_batch_size, gold=gold)
+                           batch_size=args.per_device_train_batch_size, gold_scorer=gold_scorer)
     return OnlineRLTripwire(config, measure, record)

@@ -1,6 +1,7 @@
 """The reward-hacking tripwire in the GRPO / RLOO stages (judging.online_tripwire through rlhf.online_rl): a forced
 trip stops training and the policy saved is the last passing check's; a run without a trip records every check,
-the gold check against a second reward model; configs that cannot check are refused or make no check."""
+the gold check against a second reward model; configs that cannot check are refused or make no check; and a
+deliberately hackable reward (it pays for '!') trips GRPO's gold rule, as in tests/test_ppo_tripwire.py."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_tripwire_fields_from_config(tmp_path):
     assert tripwire_callback(parse(), ["p"], "h") is None
     assert tripwire_callback(parse("--tripwire_steps", "0", "--max_steps", "20"), ["p"], "h") is None
     cb = tripwire_callback(parse("--tripwire_steps", "2", "--tripwire_n_prompts", "3"), ["a", "b", "c", "d"], "h")
-    assert cb.config.every_steps == 2 and cb.measure.prompts == ["a", "b", "c"] and cb.measure.gold is None
+    assert cb.config.every_steps == 2 and cb.measure.prompts == ["a", "b", "c"] and cb.measure.gold_scorer is None
     cfg = tripwire_config(parse("--tripwire_steps", "5", "--tripwire_max_kl", "0.5", "--tripwire_gold_drop", "null"))
     assert (cfg.every_steps, cfg.max_kl, cfg.gold_drop, cfg.max_length_ratio) == (5, 0.5, None, 1.5)
     with pytest.raises(ValueError, match="max_length_ratio must be >= 1"):
@@ -115,3 +116,59 @@ def test_tripwire_fields_from_config(tmp_path):
         parse("--tripwire_n_prompts", "0")
     with pytest.raises(ValueError, match=r"tripwire_steps \(-1\)"):
         parse("--tripwire_steps", "-1")
+
+
+def exclamations(completions, **kwargs):
+    """A hackable reward (a reward model's blind spot): it pays for exclamation marks."""
+    return [float(c[-1]["content"].count("!")) for c in completions]
+
+
+def penalise_exclamations(prompts, responses):
+    """The independent gold scorer: it dislikes what the hackable reward pays for."""
+    return [-float(r.count("!")) for r in responses]
+
+
+def test_a_hacked_reward_trips_grpos_gold_rule_and_the_policy_before_the_hack_is_restored(tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from char_tokenizer import build_tiny_tokenizer
+    from judging.online_tripwire import OnlineRLTripwire, SliceMeasure
+    from judging.tripwires import TripwireConfig
+    from rlhf.models import build_tiny_models
+    from rlhf.online_rl import pi_ref_trainer
+
+    tok = build_tiny_tokenizer()
+    models = build_tiny_models(tok, seed=0)
+    models["ref"].save_pretrained(tmp_path / "pi_ref")
+    prompts = [f"say {i}" for i in range(4)]
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), beta=0.001, num_generations=8, per_device_train_batch_size=16,
+                      max_completion_length=8, max_steps=12, learning_rate=1e-3, seed=0, report_to="none",
+                      use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, disable_dropout=True)
+    rules = TripwireConfig(every_steps=1, max_kl=None, max_length_ratio=None, max_refusal_shift=None)
+    tripwire = OnlineRLTripwire(rules, SliceMeasure(prompts, max_new_tokens=8, gold_scorer=penalise_exclamations),
+                                record={})
+    recorder = WeightsAtStepEnd()
+    trainer = pi_ref_trainer(GRPOTrainer)(
+        pi_ref=str(tmp_path / "pi_ref"), model=models["policy"], reward_funcs=[exclamations], args=args,
+        train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts * 8]),
+        processing_class=tok, callbacks=[tripwire, recorder])
+    tripwire.bind(trainer)
+    trainer.train()
+    rec = tripwire.manifest_record()
+    assert rec["tripped"], rec["checks"]
+    trip_step, restored = rec["tripped_step"], rec["restored_step"]
+    checks = {c["step"]: c for c in rec["checks"]}
+    (trip,) = [t for t in rec["trips"] if t["signal"] == "gold"]
+    # the optimised reward (its mean on the slice's greedy replies) rose while gold fell more than 0.15; the
+    # checks before passed (gold at its baseline 0.5: no '!' in the greedy replies yet)
+    assert trip["values"]["gold_drop"] > 0.15 and trip["values"]["reward_rise"] > 0
+    assert checks[trip_step]["reward"] > checks[0]["reward"] and checks[trip_step]["gold"] < 0.5 - 0.15
+    assert sorted(checks) == list(range(trip_step + 1)) and restored == trip_step - 1
+    assert trainer.state.global_step == trip_step < 12 and tripwire.stopped_training
+    now = trainer.model.state_dict()
+    # the policy in memory (what the stage saves) is the last passing check's checkpoint, not the hacked one
+    assert restored > 0 and rec["restored_from"] == str(tmp_path / "out" / f"checkpoint-{restored}")
+    assert all(torch.equal(now[k], recorder.weights[restored][k]) for k in now)
+    assert any(not torch.equal(now[k], recorder.weights[trip_step][k]) for k in now)
+    assert all(checks[s]["passed"] for s in range(trip_step)) and rec["best_step_by_gold"] < trip_step
