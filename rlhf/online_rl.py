@@ -28,6 +28,12 @@ trainer's step (:class:`rlhf.trainer_stage.StepWandbCallback`) and the completio
 is also appended to ``<output_dir>/history.jsonl`` as it is logged, so a stage killed and resumed from
 ``checkpoint-N`` keeps the killed attempt's entries up to step N (:func:`resumed_history`).
 
+Reward-hacking tripwire: the ``tripwire_*`` fields (ppo's names and meaning; KL bound per token, TRL's unit) are
+read by ``judging.online_tripwire``, which builds the callback the stages pass in ``callbacks``; a trip stops
+training before ``max_steps`` (accepted here, any other early end is refused), the last passing check's weights are
+loaded back before the save, and the record is the manifest's ``tripwire`` (this package only sees the callback's
+``bind`` / ``manifest_section`` / ``manifest_record`` / ``stopped_training``: judging sits above it).
+
 Efficiency (:func:`rollout_efficiency`) follows ``ppo/``: tokens = prompt + completion tokens of the rollouts
 (TRL's ``num_input_tokens_seen``, attention-masked) times ``num_iterations`` (each rollout is trained on that many
 times), N = the policy's parameters, ``MFU = 6 N tokens/s / peak`` over the whole loop, rollouts included;
