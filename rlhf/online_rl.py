@@ -28,6 +28,12 @@ trainer's step (:class:`rlhf.trainer_stage.StepWandbCallback`) and the completio
 is also appended to ``<output_dir>/history.jsonl`` as it is logged, so a stage killed and resumed from
 ``checkpoint-N`` keeps the killed attempt's entries up to step N (:func:`resumed_history`).
 
+Reward-hacking tripwire: the ``tripwire_*`` fields (ppo's names and meaning; KL bound per token, TRL's unit) are
+read by ``judging.online_tripwire``, which builds the callback the stages pass in ``callbacks``; a trip stops
+training before ``max_steps`` (accepted here, any other early end is refused), the last passing check's weights are
+loaded back before the save, and the record is the manifest's ``tripwire`` (this package only sees the callback's
+``bind`` / ``manifest_section`` / ``manifest_record`` / ``stopped_training``: judging sits above it).
+
 Efficiency (:func:`rollout_efficiency`) follows ``ppo/``: tokens = prompt + completion tokens of the rollouts
 (TRL's ``num_input_tokens_seen``, attention-masked) times ``num_iterations`` (each rollout is trained on that many
 times), N = the policy's parameters, ``MFU = 6 N tokens/s / peak`` over the whole loop, rollouts included;
@@ -133,6 +139,54 @@ class OnlineRLArguments(PipelineArguments):
         default=4, metadata={"help": "Completions (with their rewards) kept per logged step in the manifest."}
     )
 
+    # ---- reward-hacking tripwire (judging.tripwires; same names and meaning as ppo's) -----------------
+    tripwire_steps: int = field(
+        default=10,
+        metadata={"help": "Every this many steps, check signals the reward does not control (gold check, KL, "
+                          "median length, refusal rate on a fixed slice; judging.tripwires) and on a trip stop and "
+                          "restore the policy of the last passing check. 0: off. A run of fewer max_steps than "
+                          "this makes no check."},
+    )
+    tripwire_min_step: int = field(default=0, metadata={"help": "Checks before this step never trip."})
+    tripwire_prompts_data: str | None = field(
+        default=None,
+        metadata={"help": "The fixed slice the tripwire generates on (a data source, as train_data; benign "
+                          "prompts, so a refusal is a false one). Default: the first tripwire_n_prompts training "
+                          "prompts (in training too: held out only with this set)."},
+    )
+    tripwire_n_prompts: int = field(default=32, metadata={"help": "Prompts of the tripwire's slice."})
+    tripwire_max_new_tokens: int = field(
+        default=32, metadata={"help": "Most tokens of each greedy response on the slice."}
+    )
+    tripwire_gold_model_path: str | None = field(
+        default=None,
+        metadata={"help": "Second reward model (a 1-label sequence classifier, not the optimised one) that scores "
+                          "the gold check: win rate of the policy's greedy responses over the initial policy's. "
+                          "None: no gold rule (KL, length and refusal rules only; recorded)."},
+    )
+    tripwire_gold_drop: float | None = field(
+        default=0.15,
+        metadata={"help": "Trip when gold falls more than this (win-rate points) below the best check while the "
+                          "reward rose. None: off."},
+    )
+    tripwire_max_kl: float | None = field(
+        # TRL logs KL per token (PPO's bound, 20, is per sequence; ~1 nat a token over the demo's ~20-token replies)
+        default=1.0, metadata={"help": "Trip when the latest KL to pi_ref TRL logged (its 'kl', nats per "
+                                       "completion token) exceeds this. None: off."},
+    )
+    tripwire_max_length_ratio: float | None = field(
+        default=1.5, metadata={"help": "Trip when the slice's median response length over the initial policy's "
+                                       "leaves [1/r, r]. None: off."},
+    )
+    tripwire_max_refusal_shift: float | None = field(
+        default=0.10, metadata={"help": "Trip when the slice's refusal rate rises more than this (share) over the "
+                                        "initial policy's. None: off."},
+    )
+    tripwire_max_style_shift: float | None = field(
+        default=None, metadata={"help": "Trip when a style share (bullets, restating, hedged) moves more than this "
+                                        "either way. None: recorded only."},
+    )
+
     def __post_init__(self):
         unknown = [n for n in self.reward_functions if n not in REWARD_FUNCTIONS]
         if unknown or not self.reward_functions:
@@ -151,6 +205,12 @@ class OnlineRLArguments(PipelineArguments):
                              "checkpoint), not pi_ref; train all weights (use_peft false)")
         if getattr(self, "sync_ref_model", False):
             raise ValueError("sync_ref_model: it copies the policy into the reference; pi_ref never moves")
+        for name in ("tripwire_n_prompts", "tripwire_max_new_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.tripwire_steps < 0 or self.tripwire_min_step < 0:
+            raise ValueError(f"tripwire_steps ({self.tripwire_steps}) and tripwire_min_step "
+                             f"({self.tripwire_min_step}) must be >= 0 (tripwire_steps 0: off)")
         super().__post_init__()
 
 
@@ -412,7 +472,10 @@ def run_online_rl(
         prompts: user prompts (each becomes a one-turn conversation TRL renders with the chat template).
         data: the prompts' record (fingerprint, rejects, decontamination).
         callbacks: ``transformers.TrainerCallback`` instances added to the trainer (beside the stage's own resume,
-            timing and W&B callbacks), e.g. reward-hacking tripwires.
+            timing and W&B callbacks), e.g. reward-hacking tripwires. One with a ``bind(trainer)`` method is given
+            the trainer once it is built; one with ``manifest_section`` (a str) and ``manifest_record()`` has that
+            record written in the manifest under that key after training; one whose ``stopped_training`` is True
+            after training ended the run before ``max_steps`` on purpose (else that is refused).
 
     Returns:
         The manifest's ``metrics`` on rank 0 (as :meth:`TrainerStage.finish`).
@@ -463,6 +526,9 @@ def run_online_rl(
         callbacks=[ResumeCallback(), timer, *(callbacks or [])],
     ))
     reference = check_reference(trainer, inputs["pi_ref"])
+    for cb in callbacks or []:
+        if hasattr(cb, "bind"):
+            cb.bind(trainer)
 
     resumed_from = resolve_resume(args, trainer.model)
     if trainer.accelerator.is_main_process:
@@ -471,7 +537,10 @@ def run_online_rl(
         trainer.history = resumed_history(stage.out / HISTORY_FILE, resumed_step)
         trainer.history_path = stage.out / HISTORY_FILE
     result = trainer.train(resume_from_checkpoint=resumed_from)
-    check_finished(trainer, resumed_from)
+    # a callback that stopped training on purpose (a tripwire's trip) ends the run before max_steps; any other
+    # early end is refused
+    if not any(getattr(cb, "stopped_training", False) for cb in callbacks or []):
+        check_finished(trainer, resumed_from)
     verify_hash(inputs["pi_ref"], inputs["pi_ref_hash"], when="after training")
     trained = Trained(trainer, result, training_record(trainer, resumed_from, result),
                       rollout_efficiency(trainer, result, timer, precision_name(args)))
@@ -496,4 +565,6 @@ def run_online_rl(
             "history": history,
         },
         table={"completions": table} if table else None,
+        extra={cb.manifest_section: cb.manifest_record() for cb in callbacks or []
+               if hasattr(cb, "manifest_section")},
     )

@@ -191,6 +191,7 @@ class TrainerStage:
         publish: Callable[[Any, Path], Published] | None = None,
         table: dict[str, list[dict]] | None = None,
         used: list[ReferenceArtifact | None] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Save and record the trained model; every rank calls it, rank 0 alone writes.
 
@@ -204,6 +205,7 @@ class TrainerStage:
             table: W&B tables (name -> rows).
             used: more W&B artifacts the stage read (beside the training data and every input ``<k>`` with a
                 ``<k>_hash`` that is a local path, :func:`rlhf.tracking.producer_artifact`).
+            extra: more top-level manifest sections (e.g. ``tripwire``).
 
         Returns:
             Rank 0: the manifest's ``metrics``. Other ranks: ``{"train_loss", "train_steps", "rank"}``.
@@ -264,7 +266,7 @@ class TrainerStage:
             inputs={"train_data": args.train_data, "train_data_hash": data.fingerprint, **inputs},
             outputs=outputs,
             metrics=metrics,
-            extra={"training": trained.training, "precision_dtypes": precision_dtypes},
+            extra={"training": trained.training, "precision_dtypes": precision_dtypes, **(extra or {})},
         )
         prune_trainer_checkpoints(self.out)  # resume state only; after the manifest, so a kill before it keeps them
         logger.info("%s done: loss %.4f over %d steps, checkpoint %s", self.name, metrics["train_loss"],

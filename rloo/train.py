@@ -21,6 +21,7 @@ from trl import RLOOTrainer
 from data.decontamination import decontaminate_stage_rows
 from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_eval_prompts
+from judging.online_tripwire import tripwire_callback
 from judging.unlock import require_unlocked
 from rlhf.online_rl import resolve_inputs, run_online_rl
 from rlhf.trainer_stage import TrainerStage, TrainingData
@@ -33,7 +34,8 @@ NAME = "rloo"
 
 
 def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict:
-    """Run the stage; returns the manifest's metrics (rank 0). ``callbacks``: extra ``TrainerCallback``s.
+    """Run the stage; returns the manifest's metrics (rank 0). ``callbacks``: extra ``TrainerCallback``s (after the
+    reward-hacking tripwire, ``--tripwire_steps``; its record is the manifest's ``tripwire``).
 
     Raises:
         RuntimeError: locked (no override), pi_ref moved, or the reference model is not pi_ref.
@@ -50,7 +52,14 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict:
                                                label=args.train_data, log=logger.info)
     data = TrainingData(data_fingerprint(args.train_data), decontamination, n_data_rejected=len(rows.rejects),
                         n_rejected=0, path=local_path(args.train_data))
-    return run_online_rl(stage, RLOOTrainer, inputs, [r.prompt for r in rows], data, callbacks=callbacks)
+    prompts = [r.prompt for r in rows]
+    # the reward-hacking tripwire (judging.online_tripwire): None when off or when the run is shorter than a check
+    tripwire = tripwire_callback(args, prompts, inputs["reward_model_hash"])
+    metrics = run_online_rl(stage, RLOOTrainer, inputs, prompts, data,
+                            callbacks=[*([tripwire] if tripwire else []), *(callbacks or [])])
+    if tripwire is not None and args.process_index == 0:
+        tripwire.remove_snapshots()  # after the manifest: the saved checkpoint holds what it had
+    return metrics
 
 
 if __name__ == "__main__":
