@@ -141,3 +141,53 @@ def test_stage_by_hand_says_a_bad_row_in_one_line(tmp_path, tiny_model_dir):
     assert "Traceback" not in proc.stderr and "╭" not in proc.stderr
     assert not (out / "checkpoint").exists() and not (out / "manifest.json").exists()
     shutil.rmtree(out, ignore_errors=True)
+
+
+def test_round_refuses_a_gate_value_out_of_range_before_anything_trains(tmp_path, monkeypatch):
+    """`--set gates.n_winrate=0` used to be found by the gate stage, after SFT, DPO and the reward model trained."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for override, message in (("gates.n_winrate=0", "--n_winrate must be at least 1, got 0"),
+                              ("gates.judge_floor=0.2", "--judge_floor must be in [0.5, 1], got 0.2")):
+        result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                          "--round-id", "r1", "--set", override])
+        assert result.exit_code == 2, result.output
+        assert message in _flat(result.output)
+        assert not (tmp_path / "runs").exists()
+
+
+def _event(i: int) -> dict:
+    return {"event_id": f"e{i}", "conversation_id": f"c{i}", "turn_id": 0, "user_id": f"u{i}", "model_version": "r1",
+            "intent": "helpful_base", "signal": "thumbs_down", "timestamp": 1764000000 + i,
+            "prompt": f"question {i}", "response": f"answer {i}"}
+
+
+def test_flywheel_ingest_refuses_an_events_file_given_as_the_store(tmp_path):
+    """`--db events.jsonl`: DuckDB opened the JSONL file as an in-memory database, so the ingest reported 3 rows
+    inserted and kept none. Now: exit 1, one line naming the file, the file unchanged; a real store still works."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from flywheel.store import SignalStore
+
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps(_event(i)) + "\n" for i in range(3)))
+    before = events.read_bytes()
+    result = CliRunner().invoke(app, ["flywheel", "ingest", "--db", str(events), str(events)])
+    assert result.exit_code == 1, result.output
+    assert f"error: {events}: not a DuckDB database file" in result.output
+    assert '"inserted"' not in result.output
+    assert events.read_bytes() == before
+    store = tmp_path / "signals.duckdb"
+    for _ in range(2):  # created, then reopened: a DuckDB file passes the check
+        result = CliRunner().invoke(app, ["flywheel", "ingest", "--db", str(store), str(events)])
+        assert result.exit_code == 0, result.output
+    opened = SignalStore(store)
+    try:
+        with opened.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM events").scalar() == 3
+    finally:
+        opened.close()
