@@ -132,6 +132,15 @@ def round_cmd(
         check_recipes(params, checked_stages(params))
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="--preset/--set") from None
+    if accelerate_config and not Path(accelerate_config).is_file():  # found by the first stage otherwise
+        raise typer.BadParameter(f"{accelerate_config}: no such accelerate config", param_hint="--accelerate-config")
+    if flywheel_data:
+        from flows.flywheel import round_overrides
+
+        try:  # the dataset version's manifest, read again by the flow; here a bad one is said before Prefect starts
+            round_overrides(flywheel_data)
+        except (ValueError, OSError) as err:
+            raise typer.BadParameter(str(err), param_hint="--flywheel-data") from None
     from rlhf.rundir import check_writable_folder
 
     try:  # a read-only or unwritable runs folder: said before Prefect starts, not as a traceback after it

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import flows.round  # noqa: F401 - Prefect sets up its log handlers on import: here, not inside a CliRunner whose
+#                    streams close after the call (a later test's Prefect log line would then write to a closed file)
 from rlhf.rundir import RoundError, check_writable_folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,3 +193,23 @@ def test_flywheel_ingest_refuses_an_events_file_given_as_the_store(tmp_path):
             assert conn.exec_driver_sql("SELECT count(*) FROM events").scalar() == 3
     finally:
         opened.close()
+
+
+@pytest.mark.parametrize("args, field, message", [
+    (["--accelerate-config", "no-such.yaml"], "--accelerate-config", "no-such.yaml: no such accelerate config"),
+    (["--flywheel-data", "no-such-version"], "--flywheel-data",
+     "no-such-version: not a flywheel dataset version (no manifest.json)"),
+], ids=["accelerate-config", "flywheel-data"])
+def test_round_names_the_bad_option_before_prefect_starts(tmp_path, monkeypatch, args, field, message):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", *args])
+    assert result.exit_code == 2, result.output
+    flat = _flat(result.output)
+    assert message in flat and field in flat
+    assert "temporary server" not in result.output
+    assert not (tmp_path / "runs").exists()
