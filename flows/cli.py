@@ -68,7 +68,8 @@ def round_cmd(
     ] = None,
 ) -> None:
     """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed;
-    130: interrupted (Ctrl-C / SIGTERM: the running stage is stopped, nothing is left that looks finished)."""
+    2: a bad argument (said before anything runs); 130: interrupted (Ctrl-C / SIGTERM: the running stage is
+    stopped, nothing is left that looks finished)."""
     from rlhf.round_id import check_round_id
     from rlhf.rundir import RoundError
 
@@ -131,11 +132,29 @@ def round_cmd(
         check_recipes(params, checked_stages(params))
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="--preset/--set") from None
+    if accelerate_config and not Path(accelerate_config).is_file():  # found by the first stage otherwise
+        raise typer.BadParameter(f"{accelerate_config}: no such accelerate config", param_hint="--accelerate-config")
+    if flywheel_data:
+        from flows.flywheel import round_overrides
+
+        try:  # the dataset version's manifest, read again by the flow; here a bad one is said before Prefect starts
+            round_overrides(flywheel_data)
+        except (ValueError, OSError) as err:
+            raise typer.BadParameter(str(err), param_hint="--flywheel-data") from None
+    from rlhf.rundir import check_writable_folder
+
+    try:  # a read-only or unwritable runs folder: said before Prefect starts, not as a traceback after it
+        if round_id:
+            check_writable_folder(Path(runs_dir) / round_id, "round folder")
+        else:
+            check_writable_folder(runs_dir)
+    except RoundError as err:
+        raise typer.BadParameter(str(err), param_hint="--runs-dir") from None
     check_prefect_api()
     install_signal_handlers()
     try:
         manifest = run_round(params)
-    except (StageFailed, RoundError, ValueError, FileNotFoundError) as err:  # one line with the reason, not a traceback
+    except (StageFailed, RoundError, ValueError, OSError) as err:  # one line with the reason (a full disk, ...)
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
     except KeyboardInterrupt as err:
@@ -196,6 +215,29 @@ def _stage_help(name: str) -> str:
     return "\n".join(lines)
 
 
+def _run_stage_main(main, args: list[str]):
+    """``main(args)`` of a stage run by hand, its bad input said in one line as ``rlhf round`` and ``rlhf gates``
+    say it (the traceback stays in the stage's own log handlers, not on the terminal).
+
+    Raises:
+        typer.Exit(2): a folder the stage may not clear, or a secret given as a value (rlhf.credentials).
+        typer.Exit(1): a bad data row (data.validation.DataValidationError: file, row, field, reason), a bad value
+            (ValueError) or a missing or unreadable file (OSError).
+    """
+    from data.validation import DataValidationError
+    from rlhf.credentials import SecretValueError
+    from rlhf.rundir import RoundError
+
+    try:
+        return main(args)
+    except (RoundError, SecretValueError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    except (DataValidationError, ValueError, OSError) as err:
+        typer.echo(f"error: {type(err).__name__}: {err}", err=True)
+        raise typer.Exit(1) from None
+
+
 def _stage(name: str):
     module = STAGES[name].module
 
@@ -205,7 +247,7 @@ def _stage(name: str):
         if {"-h", "--help"} & set(ctx.args):
             typer.echo(_stage_help(name))
             return
-        importlib.import_module(module).main(ctx.args)
+        _run_stage_main(importlib.import_module(module).main, ctx.args)
 
     run.__doc__ = f"Run the stage {module} in this process; arguments go to its parser (--config FILE, --key value)."
     return run
@@ -233,9 +275,9 @@ def gates_cmd(
     """Run the release gates; exit code 3 when the release is blocked (CI fails), 0 when it passes."""
     import importlib
 
-    from rlhf.rundir import RoundError
-
+    from data.validation import DataValidationError
     from rlhf.credentials import SecretValueError
+    from rlhf.rundir import RoundError
 
     gates_main = importlib.import_module(STAGES["gates"].module).main
     try:
@@ -256,7 +298,7 @@ def gates_cmd(
     except (RoundError, SecretValueError) as err:  # a folder it may not clear, a secret given as a value: refused
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    except (ValueError, FileNotFoundError) as err:  # a bad or missing input: one line with the reason, as `rlhf round`
+    except (DataValidationError, ValueError, FileNotFoundError) as err:  # a bad or missing input: one line
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     raise typer.Exit(code)

@@ -218,6 +218,32 @@ def _url(url_or_path: str | Path) -> str:
     return f"duckdb:///{Path(s).resolve()}"
 
 
+#: Where a DuckDB database file carries its magic bytes (after an 8-byte checksum; DuckDB's storage format).
+_DUCKDB_MAGIC_OFFSET, _DUCKDB_MAGIC = 8, b"DUCK"
+
+
+def _check_duckdb_file(url: str) -> None:
+    """Refuse a DuckDB store URL whose file exists but is not a DuckDB database.
+
+    DuckDB opens such a file (a JSONL or Parquet events file, say, given as ``--db`` by mistake) as an in-memory
+    database that reads it as a table: every write then lands in memory and is gone when the process ends, while
+    the ingest reports its rows as inserted. An empty file, a missing one (created) and ``:memory:`` pass.
+
+    Raises:
+        ValueError: the file, and that it is not a DuckDB database; nothing was opened or written.
+    """
+    if not url.startswith("duckdb:///"):
+        return
+    path = Path(url.removeprefix("duckdb:///").split("?", 1)[0])
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb") as f:
+        head = f.read(_DUCKDB_MAGIC_OFFSET + len(_DUCKDB_MAGIC))
+    if head[_DUCKDB_MAGIC_OFFSET:] != _DUCKDB_MAGIC:
+        raise ValueError(f"{path}: not a DuckDB database file (DuckDB would open it as a table of an in-memory "
+                         "database, and every write would be lost); give --db a new or existing .duckdb file")
+
+
 class SignalStore:
     """The store behind one SQLAlchemy engine (DuckDB file or PostgreSQL URL).
 
@@ -249,6 +275,7 @@ class SignalStore:
         lock_timeout_s: float = 60.0,
     ):
         self.url = _url(url)  # holds no password (refused below), so it may be logged and recorded
+        _check_duckdb_file(self.url)
         self.engine = sa.create_engine(url_with_env_password(self.url, password_env))
         self.dialect = self.engine.dialect.name  # "duckdb" or "postgresql"
         if self.dialect not in ("duckdb", "postgresql"):

@@ -340,6 +340,7 @@ class GateStageConfig:
             raise ValueError(f"vllm_tensor_parallel_size must be at least 1, got {self.vllm_tensor_parallel_size}")
         from .refusal_llm import refusal_grader_config
 
+        self.check_values()
         self.canary_names = check_canary_names(self.canary_names)
         check_redteam_config(self)
         self.judge = JudgeConfig.from_dict(self.judge, where="--judge")
@@ -347,6 +348,38 @@ class GateStageConfig:
             self.refusal_judge = None
         else:
             self.refusal_judge = refusal_grader_config(self.refusal_judge, self.judge)
+
+    def check_values(self) -> None:
+        """The value ranges that need no file: run when the config is built, so a round's recipe check refuses
+        ``--set gates.n_winrate=0`` before any stage trains (``gates.inputs.check_inputs`` runs it again).
+
+        Raises:
+            ValueError: ``--<key> must be at least 1 / in [lo, hi] / ...``, naming the key and the value.
+        """
+        for key in ("n_winrate", "n_safe", "n_redteam", "n_capability", "n_sycophancy", "intent_min_items",
+                    "capability_min_parsed", "max_prompt_length", "min_decisive", "sycophancy_min_eligible",
+                    "refusal_min_n", "n_consistency", "consistency_min_items"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"--{key} must be at least 1, got {getattr(self, key)}")
+        for key, lo, hi in (
+            ("judge_floor", 0.5, 1.0),
+            ("intent_min_share", 0.0, 1.0),
+            ("max_flip_rate", 0.0, 1.0),
+            ("refusal_classifier_min_agreement", 0.0, 1.0),
+            ("lc_bar", 0.0, 100.0),
+        ):
+            value = getattr(self, key)
+            if not lo <= value <= hi:
+                raise ValueError(f"--{key} must be in [{lo:g}, {hi:g}], got {value}")
+        if self.refusal_classifier not in ("learned", "rules", "openai"):
+            raise ValueError(
+                f"--refusal_classifier must be 'learned', 'rules' or 'openai', got {self.refusal_classifier!r}")
+        if self.consistency_max_drop_pp < 0:
+            raise ValueError(f"--consistency_max_drop_pp is an allowed drop in points and must be >= 0, got "
+                             f"{self.consistency_max_drop_pp}")
+        for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"--{key} is an allowed increase in points and must be >= 0, got {getattr(self, key)}")
 
     def refusal_judge_config(self) -> JudgeConfig:
         """The LLM refusal grader's endpoint (``gates.refusal_llm.refusal_grader_config``: ``--refusal_judge``, else

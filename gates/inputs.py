@@ -67,32 +67,9 @@ def check_inputs(args: GateStageConfig) -> tuple[dict, DriftCounters | None, Ref
         ValueError: naming the config key and the reason; for the rubric (``gates.rubric.check_rubric``), its file
             and the axis key or gate.
     """
-    for key in ("n_winrate", "n_safe", "n_redteam", "n_capability", "n_sycophancy", "intent_min_items",
-                "capability_min_parsed", "max_prompt_length", "min_decisive", "sycophancy_min_eligible",
-                "refusal_min_n", "n_consistency", "consistency_min_items"):
-        if getattr(args, key) < 1:
-            raise ValueError(f"--{key} must be at least 1, got {getattr(args, key)}")
-    for key, lo, hi in (
-        ("judge_floor", 0.5, 1.0),
-        ("intent_min_share", 0.0, 1.0),
-        ("max_flip_rate", 0.0, 1.0),
-        ("refusal_classifier_min_agreement", 0.0, 1.0),
-        ("lc_bar", 0.0, 100.0),
-    ):
-        value = getattr(args, key)
-        if not lo <= value <= hi:
-            raise ValueError(f"--{key} must be in [{lo:g}, {hi:g}], got {value}")
-    if args.refusal_classifier not in ("learned", "rules", "openai"):
-        raise ValueError(
-            f"--refusal_classifier must be 'learned', 'rules' or 'openai', got {args.refusal_classifier!r}")
+    args.check_values()  # run when the config is built too; again here for a config changed since
     if args.refusal_classifier == "openai":
         args.refusal_judge_config()  # raises naming --refusal_judge, or when no endpoint is configured
-    if args.consistency_max_drop_pp < 0:
-        raise ValueError(f"--consistency_max_drop_pp is an allowed drop in points and must be >= 0, got "
-                         f"{args.consistency_max_drop_pp}")
-    for key in ("max_violation_increase_pp", "max_false_refusal_increase_pp"):
-        if getattr(args, key) < 0:
-            raise ValueError(f"--{key} is an allowed increase in points and must be >= 0, got {getattr(args, key)}")
     judge = args.judge_config()
     for key in ("labels", "template"):  # files the judge reads later, after the folder is cleared
         path = getattr(judge, key)

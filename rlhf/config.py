@@ -136,6 +136,11 @@ class PipelineArguments(CommonArguments):
     def __post_init__(self):
         if self.save_minutes < 0:
             raise ValueError(f"save_minutes must be >= 0, got {self.save_minutes}")
+        # transformers reads any max_steps <= 0 as "train num_train_epochs" (default 3): -5 or 0 would train three
+        # epochs instead of refusing; -1 (its default) is that setting said on purpose.
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"max_steps must be a number of optimizer steps > 0, or -1 to train num_train_epochs, "
+                             f"got {self.max_steps}")
         # Resolve precision before TrainingArguments validates it: TRL's default bf16=True raises on a CPU
         # without bf16, and is emulated (8-10x slower) on one that only fakes it.
         from .precision import resolve_precision

@@ -41,6 +41,40 @@ def _inside(path: Path, root: Path) -> bool:
     return path != root and root in path.parents
 
 
+def check_writable_folder(path: str | os.PathLike, what: str = "runs folder") -> Path:
+    """Check, without creating anything, that a round can write ``path``: the folder if it exists, else the nearest
+    folder above it that exists (where ``mkdir -p`` would start).
+
+    Uses ``os.access(W_OK | X_OK)``, which also says no on a read-only mount (``EROFS``) whatever the mode bits; a
+    process that may write anyway (root on a writable mount) passes, as its writes would succeed.
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        RoundError: ``path`` (or the folder above it) is a file, or cannot be written; the message names the folder
+            and the reason.
+    """
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RoundError(f"{what} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        reason = "is on a read-only file system" if _read_only_mount(existing) else "is not writable by this user"
+        problem = f"{reason}" if existing == path else f"cannot be created: {existing} {reason}"
+        raise RoundError(f"{what} {path} {problem}; choose another --runs-dir or fix its permissions")
+    return path
+
+
+def _read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def create_stage_dir(path: str | os.PathLike) -> Path:
     """Create a fresh stage folder and mark it as created by the pipeline (``STAGE_MARKER``)."""
     path = Path(path)

@@ -1,0 +1,215 @@
+"""Bad input at the command line, as a new user meets it: a runs folder the round cannot write, a ``max_steps`` that
+transformers would read as "train three epochs", and a bad data row given to a stage run by hand. Each is one
+``error``/``Invalid value`` message naming the folder, field or row, with the documented exit code, no traceback,
+and nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import flows.round  # noqa: F401 - Prefect sets up its log handlers on import: here, not inside a CliRunner whose
+#                    streams close after the call (a later test's Prefect log line would then write to a closed file)
+from rlhf.rundir import RoundError, check_writable_folder
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "recipes" / "smoke"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    """The caller's environment minus Prefect's and W&B's settings (a server another test started is not ours)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "WANDB_")) and k != "DO_NOT_TRACK"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), WANDB_MODE="disabled", PYTHONPATH=str(ROOT))
+    return env
+
+
+def _flat(output: str) -> str:
+    """Typer's error box as one line: box characters dropped, wrapped lines joined."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
+
+
+def test_check_writable_folder_names_the_file_in_the_way_and_creates_nothing(tmp_path):
+    in_the_way = tmp_path / "results.txt"
+    in_the_way.write_text("a user's file")
+    with pytest.raises(RoundError, match=r"results\.txt is a file, not a folder"):
+        check_writable_folder(in_the_way / "runs")
+    fresh = tmp_path / "a" / "b" / "runs"
+    assert check_writable_folder(fresh) == fresh
+    assert not (tmp_path / "a").exists()  # checked where mkdir -p would start; nothing created
+    assert in_the_way.read_text() == "a user's file"
+
+
+def test_round_refuses_a_runs_folder_under_a_file_before_prefect_starts(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    in_the_way = tmp_path / "runs"
+    in_the_way.write_text("not a folder")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(in_the_way), "--round-id", "r1"])
+    assert result.exit_code == 2, result.output
+    assert "--runs-dir" in _flat(result.output) and "is a file, not a folder" in _flat(result.output)
+    assert "Traceback" not in result.output and "temporary server" not in result.output
+    assert in_the_way.read_text() == "not a folder"
+
+
+def _read_only_bind(folder: Path, command: list[str]) -> list[str]:
+    """``command`` run in a private mount namespace where ``folder`` is a read-only bind mount of itself (a user
+    namespace maps the caller to root there, so it works without privileges where user namespaces are allowed)."""
+    quoted = " ".join(f"'{c}'" for c in command)
+    return ["unshare", "-rm", "sh", "-c",
+            f"mount --bind '{folder}' '{folder}' && mount -o remount,bind,ro '{folder}' && exec {quoted}"]
+
+
+def test_round_on_a_read_only_runs_folder_is_one_line_and_exit_2(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    probe = subprocess.run(_read_only_bind(ro, ["touch", str(ro / "x")]), capture_output=True, text=True)
+    if "Read-only file system" not in probe.stderr:  # no unshare / no user namespaces here: nothing to test with
+        pytest.skip(f"cannot make a read-only mount here: {probe.stderr.strip()[:200]}")
+    cmd = [sys.executable, "-m", "flows.cli", "round", "--preset", "smoke", "--round-id", "r1",
+           "--runs-dir", str(ro / "runs")]
+    proc = subprocess.run(_read_only_bind(ro, cmd), capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path),
+                          timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "read-only file system" in _flat(output) and "--runs-dir" in _flat(output)
+    assert "Traceback" not in output and "OSError" not in output
+    assert "temporary server" not in output  # refused before Prefect started
+    assert list(ro.iterdir()) == []
+
+
+@pytest.mark.parametrize("max_steps", ["0", "-5"])
+def test_a_max_steps_transformers_would_read_as_epochs_is_refused(max_steps):
+    from sft.config import SFTStageConfig
+
+    from rlhf.config import parse_stage_config
+
+    with pytest.raises(ValueError, match=rf"max_steps must be .* > 0, or -1 .*got {max_steps}$"):
+        parse_stage_config((SFTStageConfig,), ["--config", str(SMOKE / "sft.yaml"), "--output_dir", "unused",
+                                               "--max_steps", max_steps])
+
+
+def test_max_steps_minus_one_still_means_train_the_epochs():
+    from sft.config import SFTStageConfig
+
+    from rlhf.config import parse_stage_config
+
+    (args,) = parse_stage_config((SFTStageConfig,), ["--config", str(SMOKE / "sft.yaml"), "--output_dir", "unused",
+                                                     "--max_steps", "-1", "--num_train_epochs", "2"])
+    assert (args.max_steps, args.num_train_epochs) == (-1, 2)
+
+
+def test_round_refuses_max_steps_zero_before_anything_runs(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", "--set", "dpo.max_steps=0"])
+    assert result.exit_code == 2, result.output
+    assert "dpo" in result.output and "max_steps must be a number of optimizer steps > 0" in _flat(result.output)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_stage_by_hand_says_a_bad_row_in_one_line(tmp_path, tiny_model_dir):
+    """`rlhf sft` on a file whose row 2 has a number where the transcript goes: exit 1, one ``error:`` line with
+    file, row, field and reason, no traceback, no checkpoint."""
+    lines = (ROOT / "data" / "demo" / "hh_rlhf" / "sft.jsonl").read_text().splitlines()[:4]
+    rows = [json.loads(line) for line in lines]
+    rows[2] = {"id": "bad", "chosen": 123}
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "sft"
+    env = _env(tmp_path)
+    env.update(RLHF_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "sft", "--config", str(SMOKE / "sft.yaml"), "--output_dir", str(out),
+         "--model_name_or_path", tiny_model_dir, "--train_data", str(data), "--report_to", "none"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+    )
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: DataValidationError: {data} row 2 field 'chosen': must be a string, got int 123"]
+    assert "Traceback" not in proc.stderr and "╭" not in proc.stderr
+    assert not (out / "checkpoint").exists() and not (out / "manifest.json").exists()
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_round_refuses_a_gate_value_out_of_range_before_anything_trains(tmp_path, monkeypatch):
+    """`--set gates.n_winrate=0` used to be found by the gate stage, after SFT, DPO and the reward model trained."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for override, message in (("gates.n_winrate=0", "--n_winrate must be at least 1, got 0"),
+                              ("gates.judge_floor=0.2", "--judge_floor must be in [0.5, 1], got 0.2")):
+        result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                          "--round-id", "r1", "--set", override])
+        assert result.exit_code == 2, result.output
+        assert message in _flat(result.output)
+        assert not (tmp_path / "runs").exists()
+
+
+def _event(i: int) -> dict:
+    return {"event_id": f"e{i}", "conversation_id": f"c{i}", "turn_id": 0, "user_id": f"u{i}", "model_version": "r1",
+            "intent": "helpful_base", "signal": "thumbs_down", "timestamp": 1764000000 + i,
+            "prompt": f"question {i}", "response": f"answer {i}"}
+
+
+def test_flywheel_ingest_refuses_an_events_file_given_as_the_store(tmp_path):
+    """`--db events.jsonl`: DuckDB opened the JSONL file as an in-memory database, so the ingest reported 3 rows
+    inserted and kept none. Now: exit 1, one line naming the file, the file unchanged; a real store still works."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from flywheel.store import SignalStore
+
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps(_event(i)) + "\n" for i in range(3)))
+    before = events.read_bytes()
+    result = CliRunner().invoke(app, ["flywheel", "ingest", "--db", str(events), str(events)])
+    assert result.exit_code == 1, result.output
+    assert f"error: {events}: not a DuckDB database file" in result.output
+    assert '"inserted"' not in result.output
+    assert events.read_bytes() == before
+    store = tmp_path / "signals.duckdb"
+    for _ in range(2):  # created, then reopened: a DuckDB file passes the check
+        result = CliRunner().invoke(app, ["flywheel", "ingest", "--db", str(store), str(events)])
+        assert result.exit_code == 0, result.output
+    opened = SignalStore(store)
+    try:
+        with opened.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM events").scalar() == 3
+    finally:
+        opened.close()
+
+
+@pytest.mark.parametrize("args, field, message", [
+    (["--accelerate-config", "no-such.yaml"], "--accelerate-config", "no-such.yaml: no such accelerate config"),
+    (["--flywheel-data", "no-such-version"], "--flywheel-data",
+     "no-such-version: not a flywheel dataset version (no manifest.json)"),
+], ids=["accelerate-config", "flywheel-data"])
+def test_round_names_the_bad_option_before_prefect_starts(tmp_path, monkeypatch, args, field, message):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", *args])
+    assert result.exit_code == 2, result.output
+    flat = _flat(result.output)
+    assert message in flat and field in flat
+    assert "temporary server" not in result.output
+    assert not (tmp_path / "runs").exists()
