@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from data.validation import DataValidationError
 
-from .schema import MAX_TURN_ID, SIGNALS, EventRow, Timestamp
+from .schema import EMAIL_PATTERN, MAX_TURN_ID, SIGNALS, EventRow, Timestamp
 
 __all__ = ["check_batch", "column_type_error", "conflicting_ids_error", "read_columns", "timestamp_column"]
 
@@ -334,6 +334,8 @@ def check_batch(table: pa.Table, *, file: str | Path, base: int = 0) -> None:
         col = table[name]
         ok = pc.and_kleene(pc.greater(pc.utf8_length(col), 0), pc.invert(pc.match_substring(col, "\x00")))
         checks.append((name, ok, "must be a non-empty string without NUL characters"))
+    checks.append(("user_id", pc.invert(pc.match_substring_regex(table["user_id"], EMAIL_PATTERN)),
+                   "holds an e-mail address (value not shown): user ids must be pseudonymous"))
     intent = table["intent"]
     checks.append(("intent", pc.invert(pc.match_substring(intent, "\x00")), "contains a NUL character"))
     tid = table["turn_id"]
@@ -370,6 +372,5 @@ def check_batch(table: pa.Table, *, file: str | Path, base: int = 0) -> None:
             return_err = None
     else:
         return_err = None
-    raise return_err or DataValidationError(
-        f"{reason} (got {_short(raw[field])})", file=str(file), row=base + first_bad, field=field
-    )
+    shown = "" if field == "user_id" else f" (got {_short(raw[field])})"  # a user id is personal data
+    raise return_err or DataValidationError(f"{reason}{shown}", file=str(file), row=base + first_bad, field=field)

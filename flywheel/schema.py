@@ -104,6 +104,18 @@ Timestamp = Annotated[dt.datetime, BeforeValidator(epoch_seconds), AfterValidato
 #: A non-empty string without NUL characters.
 Text = Annotated[StrictStr, Field(min_length=1), AfterValidator(no_nul)]
 
+#: An e-mail address anywhere in a value (RE2 syntax too: the Parquet reader runs it through Arrow).
+EMAIL_PATTERN = r"[^@\s]+@[^@\s]+\.[A-Za-z]{2,}"
+
+
+def pseudonymous(value: str) -> str:
+    """Refuse a user id holding an e-mail address: ids are written as they are (the selection, the store), and
+    the scrub runs on texts, not on ids. The error never shows the value (it is personal data)."""
+    if re.search(EMAIL_PATTERN, value):
+        raise ValueError("holds an e-mail address (value not shown): user ids must be pseudonymous; hash or map "
+                         "them to opaque ids before ingest")
+    return value
+
 
 class EventRow(BaseModel):
     """One weak-signal event.
@@ -113,7 +125,8 @@ class EventRow(BaseModel):
         conversation_id: the conversation the turn belongs to.
         turn_id: 0-based index of the user/assistant exchange within the conversation, at most
             :data:`MAX_TURN_ID`.
-        user_id: pseudonymous user id (never an email or a name: the scrub runs on texts, not on ids). A
+        user_id: pseudonymous user id (never an email or a name: the scrub runs on texts, not on ids; one holding
+            an e-mail address is refused, :func:`pseudonymous`). A
             conversation belongs to its user: the same ``conversation_id`` under two users is two conversations.
         model_version: the model that wrote ``response`` (e.g. a round id).
         intent: intent cluster when known (traffic-table name), else ``None``.
@@ -135,7 +148,7 @@ class EventRow(BaseModel):
     event_id: Text
     conversation_id: Text
     turn_id: StrictInt = Field(ge=0, le=MAX_TURN_ID)
-    user_id: Text
+    user_id: Annotated[Text, AfterValidator(pseudonymous)]
     model_version: Text
     intent: Annotated[StrictStr | None, AfterValidator(no_nul)] = None
     signal: Signal

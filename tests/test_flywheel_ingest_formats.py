@@ -167,3 +167,25 @@ def test_empty_events_file_is_reported_with_a_warning(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert json.loads(out.splitlines()[0])["rows"] == 0
     assert f"warning: {tmp_path / 'empty.jsonl'}: empty file, 0 events ingested" in err
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_user_id_holding_an_email_is_refused_without_showing_it(tmp_path, fmt):
+    """User ids are written as they are (store, selection): one holding an e-mail address is refused in both
+    readers, at its row, and the error never repeats the address."""
+    rows = _rows()
+    rows[1]["user_id"] = "Jane.Doe+rlhf@mail.example.com"
+    path = tmp_path / f"pii.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist([{**r, "timestamp": WHEN} for r in rows]), path)
+    with pytest.raises(DataValidationError) as err:
+        _stored_ts(tmp_path, path)
+    assert (err.value.file, err.value.row, err.value.field) == (str(path), 1, "user_id")
+    assert "e-mail address" in err.value.reason and "Jane" not in str(err.value) and "example" not in str(err.value)
+    # an opaque id with an "@" but no address (a handle, a hash with a separator) is a pseudonym and kept
+    rows[1]["user_id"] = "u@7f3a9c"
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(_stored_ts(tmp_path, ok)) == 3
