@@ -13,11 +13,11 @@ tokens/s, with identical greedy outputs.
     python benchmarks/generation.py --n 64 --model tiny
     python benchmarks/generation.py --n 128 --n-baseline 0   # skip the one-at-a-time run
     python benchmarks/generation.py --n 64 --n-baseline 0 --skip-heldout --max-new-tokens 32
-    python benchmarks/generation.py --precision fp32    # the weights' dtype; default auto (bf16 where native)
+    python benchmarks/generation.py --precision bf16    # the weights' dtype; default auto (fp32 on a CPU)
 
-The weights are loaded as the gate stage loads them (``generation_precision``: bf16 where native, else fp32). The
-memory bound is printed too: decoding reads every weight once per step, so batch-1 decoding cannot beat
-copy bandwidth / weight bytes tokens/s (``rlhf.machine.measure_copy_bandwidth``), and batch B, B times that.
+The weights are loaded as the gate stage loads them (``generation_precision``: bf16 on a CUDA device with native
+bf16, fp32 on a CPU). The memory bound is printed too: decoding reads every weight once per step, so batch-1
+decoding cannot beat copy bandwidth / weight bytes tokens/s (``rlhf.machine.measure_copy_bandwidth``), and batch B, B times that.
 Target (gate generation at the memory bound): auto >= 12x one at a time, identical outputs in the same precision.
 """
 

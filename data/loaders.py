@@ -93,6 +93,10 @@ _DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".parquet")
 #: baseline columns live in this file of the same folder and are joined on ``idx``.
 ALPACA_EVAL_BASELINE_FILE = "baseline_gpt4_1106_preview.jsonl.gz"
 _DETECT_ROWS = 50
+#: Longest JSONL row a training or evaluation file may hold (bytes, as the flywheel's event lines): a longer one is a
+#: bad row (rejected in lenient mode, an error naming it in strict mode) rather than text the tokenizer would take
+#: whole into memory before truncating it.
+MAX_ROW_BYTES = 4 * 2**20
 
 
 class SourceUnavailableError(OSError):
@@ -167,6 +171,10 @@ def _read_jsonl(data: bytes) -> list[tuple[int, Any]]:
     out: list[tuple[int, Any]] = []
     for row, line in enumerate(data.split(b"\n")):
         if not line.strip():
+            continue
+        if len(line) > MAX_ROW_BYTES:  # only a prefix is kept for the rejects file
+            out.append((row, InvalidRecord(line[:200].decode("utf-8", "replace"),
+                                           f"row of {len(line):,} bytes, over the {MAX_ROW_BYTES:,}-byte limit")))
             continue
         try:
             text = line.decode("utf-8")

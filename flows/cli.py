@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -102,8 +102,10 @@ def round_cmd(
     try:
         slurm_job = {"slurm": json.loads(slurm)} if slurm else {}
         RoundParameters(launcher=launcher, **slurm_job)
-    except (ValueError, ValidationError) as err:  # bad JSON or a bad field: a usage error (exit 2), named
-        raise typer.BadParameter(str(err), param_hint="--launcher/--slurm") from None
+    except ValidationError as err:  # a bad field: a usage error (exit 2), named
+        raise typer.BadParameter(validation_errors(err)) from None
+    except ValueError as err:  # bad JSON
+        raise typer.BadParameter(f"not JSON: {err}", param_hint="--slurm") from None
     try:  # a bad field (an unknown stage in --set or --force, ...): a usage error (exit 2), one line
         params = RoundParameters(
             preset=preset,
@@ -123,8 +125,8 @@ def round_cmd(
             **({"approval_timeout_s": approval_timeout} if approval_timeout is not None else {}),
             **slurm_job,
         )
-    except ValidationError as err:
-        raise typer.BadParameter("; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())) from None
+    except ValidationError as err:  # each error names its option; pydantic's messages do not repeat the input
+        raise typer.BadParameter(validation_errors(err)) from None
     from flows.round import check_recipes, checked_stages
     from flows.stages import StageFailed
 
@@ -141,6 +143,13 @@ def round_cmd(
             round_overrides(flywheel_data)
         except (ValueError, OSError) as err:
             raise typer.BadParameter(str(err), param_hint="--flywheel-data") from None
+    if base_model:
+        from rlhf.models import check_base_model_spec
+
+        try:  # a missing path or an uncached hub id: said before Prefect starts, not as exit 1 from the first stage
+            check_base_model_spec(base_model)
+        except (ValueError, FileNotFoundError) as err:
+            raise typer.BadParameter(str(err), param_hint="--base-model") from None
     from rlhf.rundir import check_writable_folder
 
     try:  # a read-only or unwritable runs folder: said before Prefect starts, not as a traceback after it
@@ -166,6 +175,26 @@ def round_cmd(
     if release != "pass":
         typer.echo(f"release BLOCKED (exit {BLOCKED_EXIT_CODE}); see {manifest['gate_report']}", err=True)
     raise typer.Exit(0 if release == "pass" else BLOCKED_EXIT_CODE)
+
+
+#: Round parameters whose command-line option is not ``--`` + the field's name with dashes.
+_OPTION_OF_FIELD = {"overrides": "--set", "ppo_override_reason": "--ppo-override",
+                    "approval_timeout_s": "--approval-timeout"}
+
+
+def validation_errors(err: Any) -> str:
+    """A pydantic ``ValidationError`` of ``RoundParameters`` as one line, each error led by the option it concerns
+    (``--online-rl: Input should be 'ppo', 'grpo' or 'rloo'``; a nested field after its option: ``--slurm nodes:``).
+    The input values are not repeated (one may be a secret)."""
+    parts = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        loc = [str(x) for x in e.get("loc", ())]
+        if loc:
+            option = _OPTION_OF_FIELD.get(loc[0], "--" + loc[0].replace("_", "-"))
+            msg = f"{' '.join([option, *loc[1:]])}: {msg}"
+        parts.append(msg)
+    return "; ".join(parts)
 
 
 def check_prefect_api(timeout_s: float = 10.0) -> None:

@@ -176,9 +176,10 @@ class GateStageConfig:
     )
     generation_precision: str = field(
         default="auto",
-        metadata={"help": "dtype of both models' weights for generation: auto (bf16 where the device has it natively, "
-                  "rlhf.machine.native_bf16: decoding reads every weight per token, and bf16 halves the bytes; else "
-                  "fp32), fp32 or bf16. The baseline and the candidate always share it; the report records it.",
+        metadata={"help": "dtype of both models' weights for generation: auto (bf16 on a CUDA device with native "
+                  "bf16; fp32 on a CPU, where bf16 greedy answers change with the batch: "
+                  "rlhf.precision.generation_precision), fp32 or bf16. The baseline and the candidate always share "
+                  "it; the report records it.",
                   "choices": ["auto", "fp32", "bf16"]},
     )
     engine: str = field(

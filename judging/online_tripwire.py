@@ -175,6 +175,42 @@ class OnlineRLTripwire(TripwireCallback):
                 shutil.rmtree(folder, ignore_errors=True)
 
 
+def load_gold_scorer(
+    path: str | None, reward_model_hash: str, *, device: Any, batch_size: int, max_length: int
+) -> tuple[Callable[[list, list[str]], list[float]] | None, dict[str, str | None]]:
+    """The tripwire's gold scorer: the reward model at ``path`` (a second one, not the optimised one), frozen, in
+    eval mode on ``device``, scoring as the reward-model stage scores (``judging.scoring.score``); every online-RL
+    stage (PPO, GRPO, RLOO) loads its gold model here.
+
+    Returns:
+        ``(scorer, record)``: ``scorer(prompts, responses) -> one float per response`` (None without ``path``: a
+        warning says only the KL, length and refusal rules are active) and the lineage record
+        ``{"gold_model": resolved path | None, "gold_model_hash": content hash | None}``.
+
+    Raises:
+        ValueError: ``path``'s content hash is ``reward_model_hash`` (the gold check must come from another scorer).
+    """
+    if not path:
+        logger.warning("tripwire without --tripwire_gold_model_path: no gold check (KL, length, refusal rules only)")
+        return None, {"gold_model": None, "gold_model_hash": None}
+    from rlhf.lineage import content_hash
+
+    from .scoring import load_reward_model, score
+
+    gold_hash = content_hash(path)
+    if gold_hash == reward_model_hash:
+        raise ValueError(f"--tripwire_gold_model_path {path} is the optimised reward model: the gold check "
+                         "must come from another scorer")
+    model, tok = load_reward_model(path)
+    model.requires_grad_(False)
+    model.to(device).eval()
+
+    def gold_scorer(prompts: list, responses: list[str]) -> list[float]:
+        return list(score(model, tok, prompts, responses, batch_size=batch_size, max_length=max_length, desc="gold"))
+
+    return gold_scorer, {"gold_model": str(Path(path).resolve()), "gold_model_hash": gold_hash}
+
+
 def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: str) -> OnlineRLTripwire | None:
     """The stage's tripwire from its config, or None when off (``tripwire_steps`` 0, or ``max_steps`` > 0 and
     below ``tripwire_steps``: no check would be made).
@@ -185,8 +221,6 @@ def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: st
     Raises:
         ValueError: a bound is invalid; the gold model is the optimised reward model.
     """
-    from rlhf.lineage import content_hash
-
     if not args.tripwire_steps or 0 < args.max_steps < args.tripwire_steps:
         return None
     config = tripwire_config(args)
@@ -200,26 +234,10 @@ def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: st
         record["prompts_data_hash"] = data_fingerprint(args.tripwire_prompts_data)
     else:
         prompts = list(train_prompts)[: args.tripwire_n_prompts]
-    gold_scorer = None
-    path = args.tripwire_gold_model_path
-    if path:
-        from .scoring import load_reward_model, score
-
-        gold_hash = content_hash(path)
-        if gold_hash == reward_model_hash:
-            raise ValueError(f"--tripwire_gold_model_path {path} is the optimised reward model: the gold check "
-                             "must come from another scorer")
-        model, tok = load_reward_model(path)
-        model.requires_grad_(False)
-        model.to(args.device).eval()
-
-        def gold_scorer(prompts: list, responses: list[str]) -> list[float]:
-            return list(score(model, tok, prompts, responses, batch_size=args.per_device_train_batch_size,
-                              max_length=GOLD_MAX_LENGTH, desc="gold"))
-
-        record.update(gold_model=str(Path(path).resolve()), gold_model_hash=gold_hash)
-    else:
-        logger.warning("tripwire without --tripwire_gold_model_path: no gold check (KL, length, refusal rules only)")
+    gold_scorer, gold_record = load_gold_scorer(args.tripwire_gold_model_path, reward_model_hash,
+                                                device=args.device, batch_size=args.per_device_train_batch_size,
+                                                max_length=GOLD_MAX_LENGTH)
+    record.update(gold_record)
     measure = SliceMeasure(prompts, max_new_tokens=args.tripwire_max_new_tokens,
                            batch_size=args.per_device_train_batch_size, gold_scorer=gold_scorer)
     return OnlineRLTripwire(config, measure, record)

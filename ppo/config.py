@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlhf.config import CommonArguments
+from rlhf.config import CommonArguments, TripwireArguments
 
 if TYPE_CHECKING:
     from judging.tripwires import TripwireConfig
@@ -140,8 +140,9 @@ class PPOScriptArguments(CommonArguments):
 
 
 @dataclass
-class PPOConfig:
-    """Hyper-parameters of classic RLHF PPO (Ziegler et al. 2019; Ouyang et al. 2022)."""
+class PPOConfig(TripwireArguments):
+    """Hyper-parameters of classic RLHF PPO (Ziegler et al. 2019; Ouyang et al. 2022); the reward-hacking tripwire's
+    ``tripwire_*`` fields come from :class:`rlhf.config.TripwireArguments`."""
 
     # ---- run ------------------------------------------------------------------------------------
     output_dir: str = field(
@@ -254,49 +255,11 @@ class PPOConfig:
     )
     logging_steps: int = field(default=1, metadata={"help": "Call the callbacks every this many PPO steps."})
 
-    # ---- reward-hacking tripwire (judging.tripwires) ----------------------------------------------
-    tripwire_steps: int = field(
-        default=10,
-        metadata={"help": "Every this many PPO steps, check signals the reward does not control (gold check, KL, "
-                          "median length, refusal rate on a fixed slice; judging.tripwires) and on a trip stop and "
-                          "restore the policy of the last passing check. 0: off. A run of fewer steps than this "
-                          "makes no check."},
-    )
-    tripwire_min_step: int = field(default=0, metadata={"help": "Checks before this step never trip."})
-    tripwire_prompts_data: str | None = field(
-        default=None,
-        metadata={"help": "The fixed slice the tripwire generates on (a data source, as prompts_data; benign "
-                          "prompts, so a refusal is a false one). Default: the first tripwire_n_prompts training "
-                          "prompts (in training too: held out only with this set)."},
-    )
-    tripwire_n_prompts: int = field(default=32, metadata={"help": "Prompts of the tripwire's slice."})
-    tripwire_gold_model_path: str | None = field(
-        default=None,
-        metadata={"help": "Second reward model (a 1-label sequence classifier, not the optimised one) that scores "
-                          "the gold check: win rate of the policy's greedy responses over the initial policy's. "
-                          "None: no gold rule (KL, length and refusal rules only; recorded)."},
-    )
-    tripwire_gold_drop: float | None = field(
-        default=0.15,
-        metadata={"help": "Trip when gold falls more than this (win-rate points) below the best check while the "
-                          "reward rose. None: off."},
-    )
+    # ---- reward-hacking tripwire: rlhf.config.TripwireArguments, with PPO's KL bound ------------------
     tripwire_max_kl: float | None = field(
         default=20.0, metadata={"help": "Trip when the mean k1 KL to pi_ref (nats per sequence) of the rollouts since "
                                         "the last check exceeds this (each rollout precedes its step's update). "
                                         "None: off."},
-    )
-    tripwire_max_length_ratio: float | None = field(
-        default=1.5, metadata={"help": "Trip when the slice's median response length over the initial policy's "
-                                       "leaves [1/r, r]. None: off."},
-    )
-    tripwire_max_refusal_shift: float | None = field(
-        default=0.10, metadata={"help": "Trip when the slice's refusal rate rises more than this (share) over the "
-                                        "initial policy's. None: off."},
-    )
-    tripwire_max_style_shift: float | None = field(
-        default=None, metadata={"help": "Trip when a style share (bullets, restating, hedged) moves more than this "
-                                        "either way. None: recorded only."},
     )
 
     # ---- resume ---------------------------------------------------------------------------------

@@ -43,7 +43,6 @@ group = round_id, under output_dir) and one W&B run that gets every step's metri
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -66,7 +65,7 @@ from transformers import (
 
 from data.fingerprint import data_fingerprint, local_path
 from data.loaders import load_chat_prompts
-from judging.unlock import decide_from_metrics
+from judging.unlock import require_unlocked
 from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import TRIPWIRE_SNAPSHOT, Callback, PPOTrainer
 from rlhf.checkpoint import verify_hash
@@ -162,13 +161,8 @@ def resolve_inputs(script_args: PPOScriptArguments) -> dict[str, Any]:
 
     if script_args.reward_model_dir:
         manifest, rm = _stage_output(script_args.reward_model_dir, "checkpoint", "the reward model")
-        unlock = unlock_decision(script_args, manifest)
-        if not unlock.get("unlocked"):
-            raise RuntimeError(
-                f"{script_args.ppo_unlock_json or Path(script_args.reward_model_dir) / MANIFEST_NAME}: PPO is locked "
-                f"(RM agreement {unlock.get('rm_agreement')} is not above inter-annotator agreement "
-                f"{unlock.get('inter_annotator_agreement')}); run the round with an explicit, recorded override "
-                "(rlhf round --ppo-override REASON) to run PPO anyway")
+        unlock = require_unlocked(script_args.ppo_unlock_json, manifest.get("metrics", {}), stage="ppo",
+                                  rm_manifest=str(Path(script_args.reward_model_dir) / MANIFEST_NAME))
         out.update(reward_model=rm, reward_model_hash=_checked_hash(rm, manifest, "the reward model"),
                    reward_model_manifest=str(Path(script_args.reward_model_dir).resolve()), ppo_unlock=unlock)
     else:
@@ -181,25 +175,6 @@ def resolve_inputs(script_args: PPOScriptArguments) -> dict[str, Any]:
     else:
         out.update(value_model_init=out["reward_model"], value_model_init_hash=out["reward_model_hash"])
     return out
-
-
-def unlock_decision(script_args: PPOScriptArguments, rm_manifest: dict[str, Any]) -> dict[str, Any]:
-    """The PPO unlock decision as a dict: the flow's file (``--ppo_unlock_json``) if given, else the rule applied
-    to the reward-model stage's recorded measurements (no override: that is the flow's to give).
-
-    Raises:
-        FileNotFoundError / ValueError: the decision file is missing or is not a decision; the RM manifest lacks
-            the measurements.
-    """
-    if script_args.ppo_unlock_json:
-        path = Path(script_args.ppo_unlock_json)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no PPO unlock decision file")
-        unlock = json.loads(path.read_text())
-        if not isinstance(unlock, dict) or not isinstance(unlock.get("unlocked"), bool):
-            raise ValueError(f"{path}: not a PPO unlock decision (needs a boolean 'unlocked')")
-        return unlock
-    return decide_from_metrics(rm_manifest.get("metrics", {})).to_dict()
 
 
 def load_prompt_source(script_args: PPOScriptArguments, output_dir: Path) -> tuple[list[Any], str, int]:
@@ -253,7 +228,7 @@ def tripwire_inputs(config: PPOConfig, reward_model_hash: str, device: Any = "cp
     (same content hash). ``record`` also goes to the manifest's inputs (lineage: the gold model's and the slice's
     hashes).
     """
-    from judging.scoring import load_reward_model, score
+    from judging.online_tripwire import load_gold_scorer
 
     out: dict[str, Any] = {"prompts": None, "gold_scorer": None,
                            "record": {"prompts_data": config.tripwire_prompts_data, "prompts_data_hash": None,
@@ -266,24 +241,10 @@ def tripwire_inputs(config: PPOConfig, reward_model_hash: str, device: Any = "cp
         rows = load_eval_prompts(config.tripwire_prompts_data, limit=config.tripwire_n_prompts)
         out["prompts"] = [r.prompt for r in rows]
         out["record"]["prompts_data_hash"] = data_fingerprint(config.tripwire_prompts_data)
-    path = config.tripwire_gold_model_path
-    if path:
-        gold_hash = content_hash(path)
-        if gold_hash == reward_model_hash:
-            raise ValueError(f"--tripwire_gold_model_path {path} is the optimised reward model: the gold check "
-                             "must come from another scorer")
-        model, tok = load_reward_model(path)
-        model.requires_grad_(False)
-        model.to(device).eval()
-
-        def gold_scorer(prompts: list[list[dict[str, Any]]], responses: list[str]) -> list[float]:
-            return list(score(model, tok, prompts, responses, batch_size=config.micro_batch_size,
-                              max_length=config.reward_max_length, desc="gold"))
-
-        out["gold_scorer"] = gold_scorer
-        out["record"].update(gold_model=str(Path(path).resolve()), gold_model_hash=gold_hash)
-    else:
-        logger.warning("tripwire without --tripwire_gold_model_path: no gold check (KL, length, refusal rules only)")
+    out["gold_scorer"], gold_record = load_gold_scorer(
+        config.tripwire_gold_model_path, reward_model_hash, device=device, batch_size=config.micro_batch_size,
+        max_length=config.reward_max_length)
+    out["record"].update(gold_record)
     return out
 
 

@@ -47,23 +47,23 @@ class CommonArguments:
 
 
 @dataclass
-class TrainerDefaults:
-    """TRL 1.16 fields whose defaults every TRL-based stage (SFT, DPO, reward model) changes, and why.
+class TrainerLoopDefaults:
+    """TRL 1.16 ``TrainingArguments`` fields whose defaults every TRL-based stage changes (SFT, DPO and the reward
+    model through :class:`TrainerDefaults`; GRPO and RLOO through ``rlhf.online_rl.OnlineRLDefaults``), and why.
 
     activation (gradient) checkpointing off: the 135M model fits without it, and on CPU it costs a second forward
-    per step (TRL 1.16 defaults it to True; transformers 5 renamed it activation_checkpointing). max_length 512.
+    per step (TRL 1.16 defaults it to True; transformers 5 renamed it activation_checkpointing).
     Trainer checkpoints by wall time (``save_minutes``, 30, and at epoch ends; ``save_strategy`` "no" turns off the
     Trainer's every-N-steps saving, which a recipe can set back with ``save_strategy: steps``), 2 kept, so a killed
-    stage resumes (rlhf/resume.py); the stage removes them once its own final checkpoint and manifest are written. report_to ["wandb"]: offline unless a key is set
-    (rlhf/tracking.py). ``logging_nan_inf_filter`` off: transformers replaces a NaN or inf step loss by the mean of
-    the logged ones, which would hide a diverged run from the save-time check. bf16 is not here:
-    :class:`PipelineArguments` resolves it per device.
+    stage resumes (rlhf/resume.py); the stage removes them once its own final checkpoint and manifest are written.
+    report_to ["wandb"]: offline unless a key is set (rlhf/tracking.py). ``logging_nan_inf_filter`` off:
+    transformers replaces a NaN or inf step loss by the mean of the logged ones, which would hide a diverged run
+    from the save-time check. bf16 is not here: :class:`PipelineArguments` resolves it per device.
     """
 
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
     )
-    max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
     save_strategy: str = field(
         default="no",
         metadata={"help": "The Trainer's own checkpoints: steps | epoch | no (checkpoints by time, save_minutes, "
@@ -78,6 +78,66 @@ class TrainerDefaults:
         default=False,
         metadata={"help": "True hides a NaN/inf step loss behind the mean of the logged ones (transformers' "
                   "default); False logs it, so a diverged run is refused at its next save (rlhf/training_health.py)."},
+    )
+
+
+@dataclass
+class TrainerDefaults(TrainerLoopDefaults):
+    """:class:`TrainerLoopDefaults` and ``max_length`` 512 (prompt + completion), for SFT, DPO and the reward model
+    (the online-RL configs have no ``max_length``)."""
+
+    max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
+
+
+@dataclass
+class TripwireArguments:
+    """The reward-hacking tripwire's fields (``judging.tripwires``), the same names and meaning in every online-RL
+    stage: PPO (``ppo.config.PPOConfig``) and the TRL-based GRPO and RLOO (``rlhf.online_rl.OnlineRLArguments``).
+
+    ``tripwire_max_kl`` is None (off) here: its unit differs by stage (PPO's k1 KL is nats per sequence, TRL logs
+    nats per completion token), so each stage sets its own bound.
+    """
+
+    tripwire_steps: int = field(
+        default=10,
+        metadata={"help": "Every this many steps, check signals the reward does not control (gold check, KL, "
+                          "median length, refusal rate on a fixed slice; judging.tripwires) and on a trip stop and "
+                          "restore the policy of the last passing check. 0: off. A run of fewer steps than this "
+                          "makes no check."},
+    )
+    tripwire_min_step: int = field(default=0, metadata={"help": "Checks before this step never trip."})
+    tripwire_prompts_data: str | None = field(
+        default=None,
+        metadata={"help": "The fixed slice the tripwire generates on (a data source, as the training prompts; "
+                          "benign prompts, so a refusal is a false one). Default: the first tripwire_n_prompts "
+                          "training prompts (in training too: held out only with this set)."},
+    )
+    tripwire_n_prompts: int = field(default=32, metadata={"help": "Prompts of the tripwire's slice."})
+    tripwire_gold_model_path: str | None = field(
+        default=None,
+        metadata={"help": "Second reward model (a 1-label sequence classifier, not the optimised one) that scores "
+                          "the gold check: win rate of the policy's greedy responses over the initial policy's. "
+                          "None: no gold rule (KL, length and refusal rules only; recorded)."},
+    )
+    tripwire_gold_drop: float | None = field(
+        default=0.15,
+        metadata={"help": "Trip when gold falls more than this (win-rate points) below the best check while the "
+                          "reward rose. None: off."},
+    )
+    tripwire_max_kl: float | None = field(
+        default=None, metadata={"help": "Trip when the KL to pi_ref exceeds this (the stage's unit). None: off."}
+    )
+    tripwire_max_length_ratio: float | None = field(
+        default=1.5, metadata={"help": "Trip when the slice's median response length over the initial policy's "
+                                       "leaves [1/r, r]. None: off."},
+    )
+    tripwire_max_refusal_shift: float | None = field(
+        default=0.10, metadata={"help": "Trip when the slice's refusal rate rises more than this (share) over the "
+                                        "initial policy's. None: off."},
+    )
+    tripwire_max_style_shift: float | None = field(
+        default=None, metadata={"help": "Trip when a style share (bullets, restating, hedged) moves more than this "
+                                        "either way. None: recorded only."},
     )
 
 

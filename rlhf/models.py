@@ -246,6 +246,46 @@ def resolve_base_model(spec: str = DEFAULT_BASE_MODEL, cache_dir: str | os.PathL
     return spec  # hub id
 
 
+def check_base_model_spec(spec: str) -> None:
+    """Say, before any stage starts, why ``spec`` cannot be a base model, without loading or converting anything.
+
+    The rules are :func:`resolve_base_model`'s: ``smollm2-135m`` / ``default`` / ``tiny`` always resolve; a
+    ``.gguf`` file or a path-like spec must exist (a directory with its ``config.json``); anything else is a hub id,
+    which must be a valid ``org/name`` (``huggingface_hub.utils.validate_repo_id``) and, when the hub is off
+    (``HF_HUB_OFFLINE``), already in the local Hugging Face cache (its ``config.json``).
+
+    Raises:
+        FileNotFoundError: a path-like spec that does not exist, a directory without ``config.json``, or a hub id
+            absent from the cache while the hub is off.
+        ValueError: a spec that is neither a known name, a path nor a valid hub id.
+    """
+    if spec in ("smollm2-135m", "default", "tiny"):
+        return
+    p = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not p.is_file():
+            raise FileNotFoundError(f"{spec}: no such GGUF file")
+        return
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"{p}: a local model directory needs a config.json")
+        return
+    if spec.startswith(("/", ".", "~")) or p.suffix:
+        raise FileNotFoundError(f"{spec}: no such model directory or GGUF file")
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        raise ValueError(f"{spec!r} is not a base model: use smollm2-135m, tiny, a .gguf file, a model directory "
+                         "or a hub id (org/name)") from None
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(spec, "config.json"), str):
+        raise FileNotFoundError(f"{spec}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set (download "
+                                "it first, or pass a local directory)")
+
+
 def model_fingerprint(path_or_id: str) -> str:
     """Content hash of a local checkpoint, or ``hub:model:<id>@<commit>`` for a hub id (``rlhf.lineage.hub_key``:
     the commit it resolves to, never the name alone).

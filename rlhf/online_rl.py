@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint import verify_hash
-from .config import PipelineArguments
+from .config import PipelineArguments, TrainerLoopDefaults, TripwireArguments
 from .lineage import content_hash
 from .manifest import MANIFEST_NAME, dumps_strict, precision_name, read_manifest
 
@@ -75,33 +75,17 @@ STEP_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "entr
 
 
 @dataclass
-class OnlineRLDefaults:
-    """TRL 1.16 fields (of ``GRPOConfig`` and ``RLOOConfig``) whose defaults the online-RL stages change, and why.
+class OnlineRLDefaults(TrainerLoopDefaults):
+    """TRL 1.16 fields (of ``GRPOConfig`` and ``RLOOConfig``) whose defaults the online-RL stages change, and why:
+    those of ``rlhf.config.TrainerLoopDefaults`` (activation checkpointing off, W&B, NaN/inf logged, Trainer
+    checkpoints by time) and the three below.
 
-    activation checkpointing off, report_to W&B, ``logging_nan_inf_filter`` off and Trainer checkpoints by time
-    (``save_minutes``), 2 kept: as ``rlhf.config.TrainerDefaults`` (which also sets ``max_length``, a field these
-    configs do not have). ``logging_steps`` 1: the manifest's per-step history is one entry per logged step.
+    ``logging_steps`` 1: the manifest's per-step history is one entry per logged step.
     ``disable_dropout`` on: with dropout the policy's log-probabilities differ from the sampling ones and from
     pi_ref's by noise, so the ratio and the KL term measure dropout (TRL's default is off).
     ``max_completion_length`` 256 (TRL 512): the reply lengths the demo gates read.
     """
 
-    gradient_checkpointing: bool | None = field(
-        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
-    )
-    save_strategy: str = field(
-        default="no",
-        metadata={"help": "The Trainer's own checkpoints: steps | epoch | no (checkpoints by time, save_minutes, "
-                  "happen either way)."},
-    )
-    save_steps: float = field(default=50, metadata={"help": "save_strategy steps: a Trainer checkpoint every N steps."})
-    save_total_limit: int | None = field(
-        default=2, metadata={"help": "Trainer checkpoints kept (oldest removed); 2 survive a kill during a save."}
-    )
-    report_to: list[str] | str | None = field(default_factory=lambda: ["wandb"], metadata={"help": "Trackers."})
-    logging_nan_inf_filter: bool = field(
-        default=False, metadata={"help": "False logs a NaN/inf step loss, so a diverged run is refused at its save."}
-    )
     logging_steps: float = field(default=1, metadata={"help": "Log (and record in the manifest) every N steps."})
     disable_dropout: bool = field(
         default=True, metadata={"help": "Dropout off in policy and pi_ref (the ratio and the KL measure the policy)."}
@@ -110,7 +94,7 @@ class OnlineRLDefaults:
 
 
 @dataclass
-class OnlineRLArguments(PipelineArguments):
+class OnlineRLArguments(PipelineArguments, TripwireArguments):
     """Fields of the online-RL stages beside TRL's (``beta``, ``num_generations``, ``reward_weights``, ``use_vllm``,
     ... keep TRL's meaning). ``train_data`` is the prompt source (``data.loaders.load_eval_prompts``: a pair file's
     prompts, a prompt file, ``hf:<id>``), each prompt a user turn rendered with the chat template by TRL."""
@@ -139,52 +123,14 @@ class OnlineRLArguments(PipelineArguments):
         default=4, metadata={"help": "Completions (with their rewards) kept per logged step in the manifest."}
     )
 
-    # ---- reward-hacking tripwire (judging.tripwires; same names and meaning as ppo's) -----------------
-    tripwire_steps: int = field(
-        default=10,
-        metadata={"help": "Every this many steps, check signals the reward does not control (gold check, KL, "
-                          "median length, refusal rate on a fixed slice; judging.tripwires) and on a trip stop and "
-                          "restore the policy of the last passing check. 0: off. A run of fewer max_steps than "
-                          "this makes no check."},
-    )
-    tripwire_min_step: int = field(default=0, metadata={"help": "Checks before this step never trip."})
-    tripwire_prompts_data: str | None = field(
-        default=None,
-        metadata={"help": "The fixed slice the tripwire generates on (a data source, as train_data; benign "
-                          "prompts, so a refusal is a false one). Default: the first tripwire_n_prompts training "
-                          "prompts (in training too: held out only with this set)."},
-    )
-    tripwire_n_prompts: int = field(default=32, metadata={"help": "Prompts of the tripwire's slice."})
+    # ---- reward-hacking tripwire: rlhf.config.TripwireArguments (ppo's names and meaning), and these two ------
     tripwire_max_new_tokens: int = field(
         default=32, metadata={"help": "Most tokens of each greedy response on the slice."}
-    )
-    tripwire_gold_model_path: str | None = field(
-        default=None,
-        metadata={"help": "Second reward model (a 1-label sequence classifier, not the optimised one) that scores "
-                          "the gold check: win rate of the policy's greedy responses over the initial policy's. "
-                          "None: no gold rule (KL, length and refusal rules only; recorded)."},
-    )
-    tripwire_gold_drop: float | None = field(
-        default=0.15,
-        metadata={"help": "Trip when gold falls more than this (win-rate points) below the best check while the "
-                          "reward rose. None: off."},
     )
     tripwire_max_kl: float | None = field(
         # TRL logs KL per token (PPO's bound, 20, is per sequence; ~1 nat a token over the demo's ~20-token replies)
         default=1.0, metadata={"help": "Trip when the latest KL to pi_ref TRL logged (its 'kl', nats per "
                                        "completion token) exceeds this. None: off."},
-    )
-    tripwire_max_length_ratio: float | None = field(
-        default=1.5, metadata={"help": "Trip when the slice's median response length over the initial policy's "
-                                       "leaves [1/r, r]. None: off."},
-    )
-    tripwire_max_refusal_shift: float | None = field(
-        default=0.10, metadata={"help": "Trip when the slice's refusal rate rises more than this (share) over the "
-                                        "initial policy's. None: off."},
-    )
-    tripwire_max_style_shift: float | None = field(
-        default=None, metadata={"help": "Trip when a style share (bullets, restating, hedged) moves more than this "
-                                        "either way. None: recorded only."},
     )
 
     def __post_init__(self):

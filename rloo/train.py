@@ -13,22 +13,13 @@ after), and the unlock decision must say unlocked, as for PPO (``rlhf.online_rl`
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from trl import RLOOTrainer
 
-from data.decontamination import decontaminate_stage_rows
-from data.fingerprint import data_fingerprint, local_path
-from data.loaders import load_eval_prompts
-from judging.online_tripwire import tripwire_callback
-from judging.unlock import require_unlocked
-from rlhf.online_rl import resolve_inputs, run_online_rl
-from rlhf.trainer_stage import TrainerStage, TrainingData
+from judging.online_stage import run_trl_online_rl_stage
 
 from .config import RLOOStageConfig
-
-logger = logging.getLogger("rloo.train")
 
 NAME = "rloo"
 
@@ -40,26 +31,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict:
     Raises:
         RuntimeError: locked (no override), pi_ref moved, or the reference model is not pi_ref.
     """
-    stage = TrainerStage.start(NAME, RLOOStageConfig, argv)
-    args = stage.args
-    inputs = resolve_inputs(args)  # pi_ref's hash verified before anything loads
-    inputs["ppo_unlock"] = require_unlocked(args.ppo_unlock_json, inputs["_rm_metrics"], stage=NAME,
-                                            rm_manifest=inputs["reward_model_manifest"])
-    rows = load_eval_prompts(args.train_data, mode=args.data_mode, max_reject_rate=args.max_reject_rate,
-                             rejects_path=stage.out / "rejects-data.jsonl", limit=args.max_train_samples)
-    # prompts that overlap a gate suite are removed (or fail the stage) as every training stage's rows are
-    decontamination = decontaminate_stage_rows(rows, args.decontaminate_against, args.decontaminate,
-                                               label=args.train_data, log=logger.info)
-    data = TrainingData(data_fingerprint(args.train_data), decontamination, n_data_rejected=len(rows.rejects),
-                        n_rejected=0, path=local_path(args.train_data))
-    prompts = [r.prompt for r in rows]
-    # the reward-hacking tripwire (judging.online_tripwire): None when off or when the run is shorter than a check
-    tripwire = tripwire_callback(args, prompts, inputs["reward_model_hash"])
-    metrics = run_online_rl(stage, RLOOTrainer, inputs, prompts, data,
-                            callbacks=[*([tripwire] if tripwire else []), *(callbacks or [])])
-    if tripwire is not None and args.process_index == 0:
-        tripwire.remove_snapshots()  # after the manifest: the saved checkpoint holds what it had
-    return metrics
+    return run_trl_online_rl_stage(NAME, RLOOTrainer, RLOOStageConfig, argv, callbacks)
 
 
 if __name__ == "__main__":

@@ -199,7 +199,14 @@ def test_flywheel_ingest_refuses_an_events_file_given_as_the_store(tmp_path):
     (["--accelerate-config", "no-such.yaml"], "--accelerate-config", "no-such.yaml: no such accelerate config"),
     (["--flywheel-data", "no-such-version"], "--flywheel-data",
      "no-such-version: not a flywheel dataset version (no manifest.json)"),
-], ids=["accelerate-config", "flywheel-data"])
+    (["--base-model", "./no-such-model"], "--base-model", "./no-such-model: no such model directory or GGUF file"),
+    (["--base-model", "no-such.gguf"], "--base-model", "no-such.gguf: no such GGUF file"),
+    (["--base-model", "not a model!"], "--base-model", "'not a model!' is not a base model"),
+    (["--online-rl", "dpo"], "--online-rl", "--online-rl: Input should be 'ppo', 'grpo' or 'rloo'"),
+    (["--launcher", "slurm", "--slurm", '{"nodez": 2}'], "--slurm", "--slurm nodez: Extra inputs are not permitted"),
+    (["--launcher", "slurm", "--slurm", '{"nodes": 2'], "--slurm", "not JSON"),
+], ids=["accelerate-config", "flywheel-data", "base-model-path", "base-model-gguf", "base-model-id", "online-rl",
+        "slurm-field", "slurm-json"])
 def test_round_names_the_bad_option_before_prefect_starts(tmp_path, monkeypatch, args, field, message):
     from typer.testing import CliRunner
 
@@ -213,3 +220,22 @@ def test_round_names_the_bad_option_before_prefect_starts(tmp_path, monkeypatch,
     assert message in flat and field in flat
     assert "temporary server" not in result.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_uncached_hub_id_with_the_hub_off_is_said_before_prefect_starts(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE and a hub id the local cache (an empty one here) does not hold: exit 2 naming the option, the
+    id and the way out, instead of exit 1 from the first stage after Prefect started."""
+    from huggingface_hub import constants
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", "--base-model", "some-org/some-model"])
+    assert result.exit_code == 2, result.output
+    flat = _flat(result.output)
+    assert "--base-model" in flat and "some-org/some-model: not in the local Hugging Face cache" in flat
+    assert "temporary server" not in result.output and not (tmp_path / "runs").exists()

@@ -288,3 +288,19 @@ def test_a_folder_without_data_files_names_what_was_looked_for(tmp_path):
     (tmp_path / "train.jsonl").write_text("")
     with pytest.raises(FileNotFoundError, match=r"no data file for split 'validation' .*validation"):
         loaders.open_source(str(tmp_path), split="validation")
+
+
+def test_a_row_over_the_size_limit_is_a_bad_row_named_by_its_line(tmp_path, monkeypatch):
+    """A JSONL row longer than MAX_ROW_BYTES (lowered to 1 KiB here) is refused at its row in strict mode and is one
+    reject in lenient mode, the others kept; only a 200-character prefix reaches the rejects file."""
+    monkeypatch.setattr(loaders, "MAX_ROW_BYTES", 1024)
+    huge = {"messages": [U("x" * 5000), A()]}
+    path = write_jsonl(tmp_path / "sft.jsonl", [GOOD_CONV, huge, GOOD_CONV])
+    with pytest.raises(DataValidationError, match=r"row 1.*over the 1,024-byte limit"):
+        load_sft(path)
+    out = tmp_path / "rejects.jsonl"
+    loaded = load_sft(path, mode="lenient", rejects_path=out, max_reject_rate=0.5)
+    assert len(loaded) == 2 and (loaded.n_read, len(loaded.rejects)) == (3, 1)
+    written = json.loads(out.read_text())
+    assert written["row"] == 1 and "bytes, over the 1,024-byte limit" in written["reason"]
+    assert len(json.dumps(written)) < 1024

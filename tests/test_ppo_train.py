@@ -233,7 +233,7 @@ def test_a_launch_of_another_world_size_than_expected_is_refused_before_anything
 def test_locked_ppo_and_a_moved_parent_checkpoint_are_refused(stages):
     unlock = json.loads(stages["unlock"].read_text())
     stages["unlock"].write_text(json.dumps({**unlock, "unlocked": False}))
-    with pytest.raises(RuntimeError, match="PPO is locked"):
+    with pytest.raises(RuntimeError, match=r"online RL \(ppo\) is locked"):
         main(stages["argv"])
 
     stages["unlock"].write_text(json.dumps(unlock))
@@ -246,7 +246,7 @@ def test_without_the_flow_s_decision_the_rule_reads_the_reward_model_measurement
     """Standalone (no --ppo_unlock_json): judging.unlock decides from the RM stage's recorded measurements, with no
     override. RM agrees with the expert on 3 of 4 pairs (0.75); annotators agree on every pair (1.0): locked."""
     from judging.agreement import inter_annotator_agreement, rm_agreement
-    from ppo.train import unlock_decision
+    from judging.unlock import decide_from_metrics
 
     expert = [1, 2, 1, 2]
     rm = rm_agreement([1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], expert)  # prefers the first side on pair 3
@@ -254,11 +254,10 @@ def test_without_the_flow_s_decision_the_rule_reads_the_reward_model_measurement
     manifest = read_manifest(stages["rm"])
     manifest["metrics"] = {"rm_agreement": rm.to_dict(), "inter_annotator_agreement": iaa.to_dict()}
     write_manifest(stages["rm"], manifest)
-    script_args, _ = parse_args([a for a in stages["argv"] if a not in ("--ppo_unlock_json", str(stages["unlock"]))])
-    decision = unlock_decision(script_args, read_manifest(stages["rm"]))
+    decision = decide_from_metrics(read_manifest(stages["rm"])["metrics"]).to_dict()
     assert decision["rm_agreement"] == 0.75 and decision["inter_annotator_agreement"] == 1.0
     assert decision["unlocked"] is False and decision["overridden"] is False
-    with pytest.raises(RuntimeError, match="PPO is locked"):
+    with pytest.raises(RuntimeError, match=r"online RL \(ppo\) is locked"):
         main([a for a in stages["argv"] if a not in ("--ppo_unlock_json", str(stages["unlock"]))])
 
 

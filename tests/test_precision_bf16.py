@@ -131,15 +131,27 @@ def test_reward_stage_under_bf16_scores_held_out_pairs_as_its_reloaded_checkpoin
 
 
 @pytest.mark.parametrize("native", ["0", "1"])
-def test_generation_precision_is_bf16_only_where_native(native, monkeypatch):
+def test_generation_precision_is_fp32_on_a_cpu_unless_bf16_is_asked_for(native, monkeypatch):
+    """auto is fp32 on a CPU either way (bf16 answers change with the batch); bf16 on request only where native."""
     from rlhf.precision import generation_precision
 
     monkeypatch.setenv("RLHF_NATIVE_BF16", native)
-    assert generation_precision("auto") == ("bf16" if native == "1" else "fp32")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert generation_precision("auto") == "fp32"
     assert generation_precision("bf16") == ("bf16" if native == "1" else "fp32")
     assert generation_precision("fp32") == "fp32"
     with pytest.raises(ValueError):
         generation_precision("fp16")
+
+
+def test_generation_precision_auto_is_bf16_on_a_cuda_device_with_native_bf16(monkeypatch):
+    from rlhf.precision import generation_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("RLHF_NATIVE_BF16", "1")
+    assert generation_precision("auto") == "bf16"
+    monkeypatch.setenv("RLHF_NATIVE_BF16", "0")
+    assert generation_precision("auto") == "fp32"
 
 
 def test_bf16_generation_at_auto_batch_equals_one_at_a_time_in_bf16(tiny_model_dir, tokenizer):
