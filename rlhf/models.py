@@ -234,16 +234,32 @@ def resolve_base_model(spec: str = DEFAULT_BASE_MODEL, cache_dir: str | os.PathL
         return str(convert_gguf(smollm2_gguf_path(), cache_dir))
     if spec == "tiny":
         return str(build_tiny_model(cache_dir))
+    p = _local_model(spec)
+    if p is None:
+        return spec  # hub id
+    return str(convert_gguf(p, cache_dir)) if spec.endswith(".gguf") else str(p.resolve())
+
+
+def _local_model(spec: str) -> Path | None:
+    """The local file or directory a spec other than ``smollm2-135m`` / ``default`` / ``tiny`` names, or None for a
+    hub id: a ``.gguf`` file, or a directory with its ``config.json``.
+
+    Raises:
+        FileNotFoundError: a ``.gguf`` or path-like spec (starts with ``/``, ``.`` or ``~``, or has a suffix) that
+            does not exist, or a directory without ``config.json``.
+    """
     p = Path(spec).expanduser()
     if spec.endswith(".gguf"):
-        return str(convert_gguf(p, cache_dir))
+        if not p.is_file():
+            raise FileNotFoundError(f"{spec}: no such GGUF file")
+        return p
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise FileNotFoundError(f"{p}: a local model directory needs a config.json")
-        return str(p.resolve())
+        return p
     if spec.startswith(("/", ".", "~")) or p.suffix:
         raise FileNotFoundError(f"{spec}: no such model directory or GGUF file")
-    return spec  # hub id
+    return None
 
 
 def check_base_model_spec(spec: str) -> None:
@@ -259,19 +275,8 @@ def check_base_model_spec(spec: str) -> None:
             absent from the cache while the hub is off.
         ValueError: a spec that is neither a known name, a path nor a valid hub id.
     """
-    if spec in ("smollm2-135m", "default", "tiny"):
+    if spec in ("smollm2-135m", "default", "tiny") or _local_model(spec) is not None:
         return
-    p = Path(spec).expanduser()
-    if spec.endswith(".gguf"):
-        if not p.is_file():
-            raise FileNotFoundError(f"{spec}: no such GGUF file")
-        return
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise FileNotFoundError(f"{p}: a local model directory needs a config.json")
-        return
-    if spec.startswith(("/", ".", "~")) or p.suffix:
-        raise FileNotFoundError(f"{spec}: no such model directory or GGUF file")
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
