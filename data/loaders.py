@@ -377,6 +377,35 @@ def read_records(source: Any, **kwargs: Any) -> list[tuple[int, Any]]:
     return open_source(source, **kwargs).records
 
 
+def check_data_file(
+    path: str | os.PathLike[str],
+    *,
+    mode: Mode | None = None,
+    max_reject_rate: float = DEFAULT_MAX_REJECT_RATE,
+) -> int:
+    """Read a local data file the way a stage will, without loading any model, so a round can refuse it before it
+    starts: the file parses (JSON, JSON Lines, CSV, Parquet, optionally gzipped), has rows, and its rows are JSON
+    objects. With ``mode`` (the stage's ``data_mode``) undecodable or non-object rows follow the stage's policy
+    (strict: the first one fails; lenient: more than ``max_reject_rate`` of them fails); without it only a file
+    where no row is usable fails. Fields are the stage's to check (they depend on the detected format).
+
+    Returns:
+        the number of rows read.
+
+    Raises:
+        FileNotFoundError: no such file. DataValidationError: the file cannot be read, has no rows, or (per ``mode``)
+        a row is not a JSON object; the message names the file and the row.
+    """
+    raw = open_source(os.fspath(path))
+    if not raw.records:
+        raise DataValidationError("no rows", file=raw.label)
+    accepted, _ = validate_rows(raw.records, lambda value, row: value, file=raw.label,
+                                mode=mode or "lenient", max_reject_rate=max_reject_rate if mode else 1.0)
+    if not accepted:  # lenient with every row bad: the first reason, as strict mode would say it
+        validate_rows(raw.records, lambda value, row: value, file=raw.label, mode="strict")
+    return len(raw.records)
+
+
 # ------------------------------------------------------------------------------------ formats
 
 

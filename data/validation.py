@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -256,6 +256,19 @@ def _summarise(rejects: list[RowReject], top: int = 3) -> str:
     return "most common: " + ", ".join(parts) if parts else ""
 
 
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (``array``, ``string``, ``number``, ``boolean``, ``null``)."""
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "null" if value is None else type(value).__name__
+
+
 def validate_rows(
     records: Iterable[tuple[int, Any]],
     parse: Callable[[Any, int], T],
@@ -301,6 +314,9 @@ def validate_rows(
         try:
             if isinstance(raw, InvalidRecord):
                 raise DataValidationError(raw.reason, file=file, row=row)
+            if not isinstance(raw, Mapping):  # a JSON array or scalar row: said as such, not as a missing field
+                raise DataValidationError(f"not an object (a JSON {_json_type(raw)}); each row must be a "
+                                          "JSON object of named fields", file=file, row=row)
             try:
                 accepted.append(parse(raw, row))
             except RecursionError:  # hostile nesting (e.g. 100,000 brackets): this row's error, with its location

@@ -25,6 +25,9 @@ app = typer.Typer(
     help="rlhf-flywheel: SFT -> pi_ref -> DPO -> reward model -> gated online RL (PPO, GRPO or RLOO) -> release gates.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    # click's plain output: a usage error is one "Error: ..." line that a log or a CI step shows whole (rich's
+    # framed box wraps it to the terminal's width, over several lines)
+    rich_markup_mode=None,
 )
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
@@ -38,7 +41,7 @@ def round_cmd(
         Optional[str], typer.Option(help="Base model: smollm2-135m, tiny, .gguf, dir or hub id.")
     ] = None,
     set_: Annotated[
-        Optional[list[str]], typer.Option("--set", help="Stage override: stage.key=value (repeatable).")
+        Optional[list[str]], typer.Option("--set", metavar="STAGE.KEY=VALUE", help="Stage override (repeatable).")
     ] = None,
     online_rl: Annotated[
         str, typer.Option(help="ppo | grpo | rloo: the online-RL stage run after DPO when unlocked.")
@@ -47,7 +50,8 @@ def round_cmd(
         Optional[str], typer.Option(help="Run the online-RL stage even if locked; the value is the recorded reason.")
     ] = None,
     accelerate_config: Annotated[Optional[str], typer.Option(help="accelerate config file.")] = None,
-    force: Annotated[Optional[list[str]], typer.Option(help="Rerun this stage even if cached (repeatable).")] = None,
+    force: Annotated[Optional[list[str]], typer.Option(metavar="STAGE",
+                                                       help="Rerun this stage even if cached (repeatable).")] = None,
     flywheel_data: Annotated[
         Optional[str], typer.Option(help="Flywheel dataset version dir: its pairs train DPO and the reward model.")
     ] = None,
@@ -182,17 +186,28 @@ _OPTION_OF_FIELD = {"overrides": "--set", "ppo_override_reason": "--ppo-override
                     "approval_timeout_s": "--approval-timeout"}
 
 
+def _option(field: str) -> str:
+    return _OPTION_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+
+
 def validation_errors(err: Any) -> str:
     """A pydantic ``ValidationError`` of ``RoundParameters`` as one line, each error led by the option it concerns
     (``--online-rl: Input should be 'ppo', 'grpo' or 'rloo'``; a nested field after its option: ``--slurm nodes:``).
-    The input values are not repeated (one may be a secret)."""
+    An error about several fields (a model validator's) has their names written as options (``--launcher``). The
+    input values are not repeated (one may be a secret)."""
+    import re
+
+    from flows.round import RoundParameters
+
+    fields = "|".join(sorted(RoundParameters.model_fields, key=len, reverse=True))
     parts = []
     for e in err.errors():
         msg = e["msg"].removeprefix("Value error, ")
         loc = [str(x) for x in e.get("loc", ())]
         if loc:
-            option = _OPTION_OF_FIELD.get(loc[0], "--" + loc[0].replace("_", "-"))
-            msg = f"{' '.join([option, *loc[1:]])}: {msg}"
+            msg = f"{' '.join([_option(loc[0]), *loc[1:]])}: {msg}"
+        else:  # words that are field names (launcher, online_rl, force, ...) said as the options the user typed
+            msg = re.sub(rf"(?<![\w'\"-])({fields})(?![\w'\"-])", lambda m: _option(m.group(1)), msg)
         parts.append(msg)
     return "; ".join(parts)
 
@@ -334,7 +349,7 @@ def gates_cmd(
 
 
 judge_app = typer.Typer(help="Pairwise judges: qualify one against expert labels before trusting it.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(judge_app, name="judge")
 
 
@@ -418,7 +433,8 @@ def judge_refusal_agreement_cmd(
         typer.echo(format_grader_measurement(g, floor=floor))
 
 
-_wandb_report_app = typer.Typer(help="The round's W&B Report (flows/wandb_report.py).", no_args_is_help=True)
+_wandb_report_app = typer.Typer(help="The round's W&B Report (flows/wandb_report.py).", no_args_is_help=True,
+                                rich_markup_mode=None)
 app.add_typer(_wandb_report_app, name="wandb-report")
 
 

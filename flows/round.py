@@ -126,7 +126,7 @@ class RoundParameters(BaseModel):
         """An override that carries a secret (``--set gates.judge='{"api_key": ...}'``, ``--set sft.hub_token=...``,
         a URL with a password) is refused before the flow run (and its parameters) exist; so is an unknown stage."""
         for stage, args in value.items():
-            _known_stage(stage, "overrides")
+            _known_stage(stage)
             check_args(args, stage)
         return value
 
@@ -134,7 +134,7 @@ class RoundParameters(BaseModel):
     @classmethod
     def _force_known_stages(cls, value: list[str]) -> list[str]:
         """``force`` names stages; one that is no stage would be ignored silently."""
-        return [_known_stage(stage, "force") for stage in value]
+        return [_known_stage(stage) for stage in value]
 
     @model_validator(mode="after")
     def _online_rl_settings_for_the_chosen_stage(self) -> "RoundParameters":
@@ -161,12 +161,12 @@ class RoundParameters(BaseModel):
 RENAMED_STAGES = {"reward": "reward_model", "reward-model": "reward_model"}
 
 
-def _known_stage(stage: str, where: str) -> str:
+def _known_stage(stage: str) -> str:
     """``stage`` if it is a stage of the pipeline; else ValueError naming the stages (and the new name of a renamed
-    one)."""
+    one). The field it concerns is said by pydantic's error location (the CLI writes it as the option)."""
     if stage not in STAGES:
         renamed = f" (renamed {RENAMED_STAGES[stage]})" if stage in RENAMED_STAGES else ""
-        raise ValueError(f"{where}: unknown stage {stage!r}{renamed}; stages: {', '.join(STAGES)}")
+        raise ValueError(f"unknown stage {stage!r}{renamed}; stages: {', '.join(STAGES)}")
     return stage
 
 

@@ -476,3 +476,14 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
             p = Path(value).expanduser()
             if (value.startswith(("/", ".", "~")) or p.suffix) and not p.exists():
                 raise FileNotFoundError(f"{stage}.{key} = {value}: no such file")
+            if p.is_file():  # an empty, malformed or not-rows file: said now, not by the stage after its model loads
+                from data.loaders import check_data_file
+                from data.validation import DataValidationError
+
+                mode = next((getattr(a, "data_mode") for a in parsed if hasattr(a, "data_mode")), None)
+                rate = next((getattr(a, "max_reject_rate") for a in parsed if hasattr(a, "max_reject_rate")), None)
+                try:
+                    check_data_file(p, **({"mode": mode, "max_reject_rate": rate}
+                                          if key == "train_data" and mode and rate is not None else {}))
+                except DataValidationError as err:
+                    raise ValueError(f"{stage}.{key}: {err}") from None

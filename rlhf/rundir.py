@@ -42,11 +42,11 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def check_writable_folder(path: str | os.PathLike, what: str = "runs folder") -> Path:
-    """Check, without creating anything, that a round can write ``path``: the folder if it exists, else the nearest
-    folder above it that exists (where ``mkdir -p`` would start).
+    """Check that a round can write ``path``: the folder if it exists, else the nearest folder above it that exists
+    (where ``mkdir -p`` would start). Nothing is left behind.
 
-    Uses ``os.access(W_OK | X_OK)``, which also says no on a read-only mount (``EROFS``) whatever the mode bits; a
-    process that may write anyway (root on a writable mount) passes, as its writes would succeed.
+    Uses ``os.access(W_OK | X_OK)``, which also says no on a read-only mount (``EROFS``) whatever the mode bits,
+    then creates and removes one empty folder there, as ``os.access`` says yes to root on ``/proc`` and the like.
 
     Returns:
         ``path`` as a Path.
@@ -61,11 +61,31 @@ def check_writable_folder(path: str | os.PathLike, what: str = "runs folder") ->
         existing = existing.parent
     if not existing.is_dir():
         raise RoundError(f"{what} {path}: {existing} is a file, not a folder")
+    reason = None
     if not os.access(existing, os.W_OK | os.X_OK):
         reason = "is on a read-only file system" if _read_only_mount(existing) else "is not writable by this user"
+    else:
+        reason = _probe_folder(existing)
+    if reason is not None:
         problem = f"{reason}" if existing == path else f"cannot be created: {existing} {reason}"
         raise RoundError(f"{what} {path} {problem}; choose another --runs-dir or fix its permissions")
     return path
+
+
+def _probe_folder(folder: Path) -> str | None:
+    """Create and remove one empty folder in ``folder``: ``os.access`` says yes to root on a pseudo file system
+    (``/proc``, ``/sys``) and on some network mounts where ``mkdir`` then fails. Returns the reason, or None."""
+    import tempfile
+
+    try:
+        probe = tempfile.mkdtemp(prefix=".rlhf-write-check-", dir=folder)
+    except OSError as err:
+        return f"cannot hold folders ({os.strerror(err.errno) if err.errno else err})"
+    try:
+        os.rmdir(probe)
+    except OSError:  # the folder was made; the round can write there, and the probe's name says what it was
+        pass
+    return None
 
 
 def _read_only_mount(path: Path) -> bool:

@@ -205,8 +205,11 @@ def test_flywheel_ingest_refuses_an_events_file_given_as_the_store(tmp_path):
     (["--online-rl", "dpo"], "--online-rl", "--online-rl: Input should be 'ppo', 'grpo' or 'rloo'"),
     (["--launcher", "slurm", "--slurm", '{"nodez": 2}'], "--slurm", "--slurm nodez: Extra inputs are not permitted"),
     (["--launcher", "slurm", "--slurm", '{"nodes": 2'], "--slurm", "not JSON"),
+    (["--slurm", '{"nodes": 2}'], "--launcher", "--slurm settings given ({'nodes': 2}) but --launcher is 'local'"),
+    (["--force", "sfft"], "--force", "--force: unknown stage 'sfft'; stages: sft,"),
+    (["--set", "sfx.learning_rate=1"], "--set", "--set: unknown stage 'sfx'; stages: sft,"),
 ], ids=["accelerate-config", "flywheel-data", "base-model-path", "base-model-gguf", "base-model-id", "online-rl",
-        "slurm-field", "slurm-json"])
+        "slurm-field", "slurm-json", "slurm-without-launcher", "force-stage", "set-stage"])
 def test_round_names_the_bad_option_before_prefect_starts(tmp_path, monkeypatch, args, field, message):
     from typer.testing import CliRunner
 
@@ -218,8 +221,63 @@ def test_round_names_the_bad_option_before_prefect_starts(tmp_path, monkeypatch,
     assert result.exit_code == 2, result.output
     flat = _flat(result.output)
     assert message in flat and field in flat
+    # one line that says it whole (a CI log shows it as written), and no internal field name before the option
+    assert [ln for ln in result.output.splitlines() if message in ln], result.output
+    assert "force: force:" not in flat and "overrides" not in flat and "online_rl" not in flat
     assert "temporary server" not in result.output
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "empty.jsonl: no rows"),
+    ('{"messages": \n', "row 0: invalid JSON"),
+    ('[1, 2]\n["a"]\n', "row 0: not an object (a JSON array); each row must be a JSON object of named fields"),
+    ('"text"\n', "row 0: not an object (a JSON string)"),
+], ids=["empty", "malformed", "array-rows", "string-row"])
+def test_a_training_file_the_stage_cannot_read_is_said_before_prefect_starts(tmp_path, monkeypatch, content, message):
+    """`--set sft.train_data=FILE` with an empty, malformed or not-rows file was found by the SFT stage after its
+    model loaded (exit 1, three tracebacks); now exit 2 naming the stage, key, file and row, nothing created."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    data = tmp_path / "empty.jsonl"
+    data.write_text(content)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", "--set", f"sft.train_data={data}"])
+    assert result.exit_code == 2, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("Error"))
+    assert "sft.train_data" in line and str(data) in line and message in line, result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "runs").exists() and data.read_text() == content
+
+
+def test_a_lenient_stage_keeps_its_reject_rate_in_the_early_check(tmp_path):
+    """The early check applies the stage's own policy: lenient mode accepts a bad row within max_reject_rate (the
+    stage then writes it to its rejects file) and refuses a file over it; strict refuses the first."""
+    from data.loaders import check_data_file
+    from data.validation import DataValidationError, RejectRateExceeded
+
+    rows = [json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})] * 9
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(rows + ["[1]"]) + "\n")
+    assert check_data_file(data, mode="lenient", max_reject_rate=0.1) == 10
+    with pytest.raises(RejectRateExceeded):
+        check_data_file(data, mode="lenient", max_reject_rate=0.05)
+    with pytest.raises(DataValidationError, match=r"row 9: not an object \(a JSON array\)"):
+        check_data_file(data, mode="strict")
+    assert check_data_file(data) == 10  # no mode: only a file with no usable row fails
+
+
+def test_a_runs_folder_on_a_pseudo_file_system_is_refused(tmp_path):
+    """As root, os.access says /proc is writable; mkdir there fails. The check probes, and leaves nothing."""
+    if not Path("/proc/self").exists():
+        pytest.skip("no /proc on this system")
+    with pytest.raises(RoundError, match=r"/proc/rlhf-runs cannot be created: /proc (cannot hold folders|is not writable)"):
+        check_writable_folder("/proc/rlhf-runs")
+    assert check_writable_folder(tmp_path / "runs") == tmp_path / "runs"
+    assert list(tmp_path.iterdir()) == []  # the probe folder was removed
 
 
 def test_an_uncached_hub_id_with_the_hub_off_is_said_before_prefect_starts(tmp_path, monkeypatch):

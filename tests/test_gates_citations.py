@@ -39,6 +39,22 @@ def test_check_citations_hand_worked():
     assert t2.c02_unresolved == [] and t2.c01_not_retrieved == []
 
 
+def test_an_id_repeated_in_one_answer_is_one_claim():
+    """One answer repeating an un-retrieved URL five times is one C01 claim, not five; another turn's use of the
+    same id counts again (it is that turn's claim)."""
+    url = "https://stackoverflow.com/questions/1"
+    repeated = f"See {url}. Also {url} and {url}; again {url} or {url}."
+    t = check_citations(repeated, retrieved_ids=[], corpus=None)
+    assert t.cited == [url] * 5 and t.c01_not_retrieved == [url]
+    turns = [{"response": repeated, "retrieved_ids": []},
+             {"response": "Per [doc:a1] and [doc:a1] and [doc:a2].", "retrieved_ids": ["a1", "a2"]},
+             {"response": f"Again {url}.", "retrieved_ids": [url]}]
+    rows = {r["rule"]: r for r in citation_gate(turns, None).table}
+    # cited ids per turn: {url}, {a1, a2}, {url} -> 4; not retrieved: the first turn's url only
+    assert (rows["C01"]["k"], rows["C01"]["n"], rows["C01"]["unit"]) == (1, 4, "cited ids")
+    assert rows["C01"]["rate_pct"] == 25.0
+
+
 # ---------------------------------------------------------------------------------------------
 # C03 on a hand-labelled set: True = reference-shaped prose with no identifier
 # ---------------------------------------------------------------------------------------------
@@ -110,7 +126,7 @@ def test_gate_passes_clean_turns_and_respects_thresholds():
     assert citation_gate(TURNS, CORPUS, loose).verdict == "pass"  # each rate equals its threshold
     g = citation_gate([("No markers here.", [])], CORPUS)
     assert g.verdict == "pass" and g.metrics["c01_not_retrieved_rate"].n == 0
-    assert g.finding("rule_not_checked").values == {"rule": "C01", "unit": "markers", "why": "nothing"}
+    assert g.finding("rule_not_checked").values == {"rule": "C01", "unit": "cited ids", "why": "nothing"}
     assert citation_gate([], CORPUS).verdict == "inconclusive"
     with pytest.raises(ValueError, match="percentage"):
         CitationThresholds(max_unresolved_pct=-1)
@@ -159,7 +175,7 @@ def test_reference_shapes_are_citations_and_copies_of_the_prompt_are_not():
                       None)
     c01 = g.finding("rule_exceeded").values
     assert g.verdict == "block" and (c01["rule"], c01["k"], c01["n"], c01["rate"]) == ("C01", 3, 4, 0.75)
-    assert g.finding("rule_not_checked").values == {"rule": "C02", "unit": "markers", "why": "no_corpus"}
+    assert g.finding("rule_not_checked").values == {"rule": "C02", "unit": "cited ids", "why": "no_corpus"}
     assert g.metrics["copied_from_prompt"].value == 1.0
     # author-year is reference-shaped prose without an identifier: C03, not a marker
     assert citation_ids("This is well known (Smith et al., 2020).") == []

@@ -248,7 +248,7 @@ def test_the_cli_passes_online_rl_to_the_round():
     result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--online-rl", "a2c"])
     assert result.exit_code == 2 and "'ppo', 'grpo' or 'rloo'" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--online-rl", "grpo", "--set", "rloo.beta=0.1"])
-    assert result.exit_code == 2 and "online_rl is 'grpo'" in " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "--online-rl is 'grpo'" in " ".join(result.output.replace("│", " ").split())
 
 
 def test_the_flow_launches_the_chosen_stage_and_a_killed_one_resumes(stages, tmp_path, monkeypatch):
