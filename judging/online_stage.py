@@ -20,6 +20,8 @@ from data.loaders import load_eval_prompts
 from rlhf.online_rl import resolve_inputs, run_online_rl
 from rlhf.trainer_stage import TrainerStage, TrainingData
 
+from .online_reward import NAME as JUDGE_REWARD
+from .online_reward import check_references, judge_reward
 from .online_tripwire import tripwire_callback
 from .unlock import require_unlocked
 
@@ -34,7 +36,8 @@ def run_trl_online_rl_stage(name: str, trainer_cls: type, config_cls: type, argv
 
     Raises:
         RuntimeError: locked (no override), pi_ref moved, or the reference model is not pi_ref.
-        ValueError: a tripwire bound is invalid, or the gold model is the optimised reward model.
+        ValueError: a tripwire bound is invalid, or the gold model is the optimised reward model; the judge reward
+            (``reward_functions: [judge]``) with a bad ``reward_judge`` or prompts without a reference answer.
     """
     logger = logging.getLogger(f"{name}.train")
     stage = TrainerStage.start(name, config_cls, list(argv) if argv is not None else None)
@@ -49,10 +52,15 @@ def run_trl_online_rl_stage(name: str, trainer_cls: type, config_cls: type, argv
     data = TrainingData(data_fingerprint(args.train_data), decontamination, n_data_rejected=len(rows.rejects),
                         n_rejected=0, path=local_path(args.train_data))
     prompts = [r.prompt for r in rows]
+    rewards, references = {}, None
+    if JUDGE_REWARD in args.reward_functions:  # checked before any model loads: every prompt needs its reference
+        references = check_references(list(rows), args.train_data)
+        rewards[JUDGE_REWARD] = judge_reward(args.reward_judge, reward_model=inputs["reward_model"])
     # None when the tripwire is off or the run is shorter than one check
-    tripwire = tripwire_callback(args, prompts, inputs["reward_model_hash"])
+    tripwire = tripwire_callback(args, prompts, inputs["reward_model_hash"], train_references=references)
     metrics = run_online_rl(stage, trainer_cls, inputs, prompts, data,
-                            callbacks=[*([tripwire] if tripwire else []), *(callbacks or [])])
+                            callbacks=[*([tripwire] if tripwire else []), *(callbacks or [])],
+                            references=references, rewards=rewards)
     if tripwire is not None and args.process_index == 0:
         tripwire.remove_snapshots()  # after the manifest: the saved checkpoint holds what it had
     return metrics

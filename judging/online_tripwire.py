@@ -61,15 +61,20 @@ class SliceMeasure:
         batch_size: prompts generated (and gold-scored) at once.
         gold_scorer: ``(prompts as chat messages, responses) -> one score per response``, higher is better (ppo's
             ``GoldScorer``; never the optimised reward), or None (no gold rule).
+        references: each prompt's reference answer (the ``reference`` column the judge reward reads), or None.
 
     :meth:`bind` gives it the trainer (tokenizer, reward functions, log history) once the trainer is built.
     """
 
     def __init__(self, prompts: list[str], *, max_new_tokens: int, batch_size: int = 8,
-                 gold_scorer: Callable[[list, list[str]], Sequence[float]] | None = None):
+                 gold_scorer: Callable[[list, list[str]], Sequence[float]] | None = None,
+                 references: list[str] | None = None):
         if not prompts:
             raise ValueError("tripwire slice: no prompts")
+        if references is not None and len(references) != len(prompts):
+            raise ValueError(f"tripwire slice: {len(references)} reference answers for {len(prompts)} prompts")
         self.prompts = list(prompts)
+        self.references = references
         self.messages = [[{"role": "user", "content": p}] for p in self.prompts]
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
@@ -117,7 +122,9 @@ class SliceMeasure:
         ``reward_weights``, NaN rewards skipped per function as TRL's ``nansum``)."""
         t = self.trainer
         completions = [[{"role": "assistant", "content": x}] for x in texts]
-        per_func = t._calculate_rewards([{"prompt": m} for m in self.messages], self.messages, completions, ids)
+        inputs = [{"prompt": m, **({"reference": self.references[i]} if self.references is not None else {})}
+                  for i, m in enumerate(self.messages)]  # the columns a rollout's reward functions get
+        per_func = t._calculate_rewards(inputs, self.messages, completions, ids)
         total = (per_func * t.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
         return float(total.mean().item())
 
@@ -211,9 +218,14 @@ def load_gold_scorer(
     return gold_scorer, {"gold_model": str(Path(path).resolve()), "gold_model_hash": gold_hash}
 
 
-def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: str) -> OnlineRLTripwire | None:
+def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: str,
+                      train_references: list[str] | None = None) -> OnlineRLTripwire | None:
     """The stage's tripwire from its config, or None when off (``tripwire_steps`` 0, or ``max_steps`` > 0 and
     below ``tripwire_steps``: no check would be made).
+
+    ``train_references``: the training prompts' reference answers when a reward reads them (the judge reward); the
+    slice then carries its prompts' references too (from ``--tripwire_prompts_data``'s rows when given, which must
+    then have one each).
 
     The gold model (``--tripwire_gold_model_path``) is loaded here, frozen, in fp32, on the accelerator's device;
     it is refused when its content hash is the optimised reward model's.
@@ -230,14 +242,23 @@ def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: st
         from data.fingerprint import data_fingerprint
         from data.loaders import load_eval_prompts
 
-        prompts = [r.prompt for r in load_eval_prompts(args.tripwire_prompts_data, limit=args.tripwire_n_prompts)]
+        rows = list(load_eval_prompts(args.tripwire_prompts_data, limit=args.tripwire_n_prompts))
+        prompts = [r.prompt for r in rows]
         record["prompts_data_hash"] = data_fingerprint(args.tripwire_prompts_data)
+        if train_references is not None:
+            from .online_reward import check_references
+
+            references = check_references(rows, args.tripwire_prompts_data)
     else:
         prompts = list(train_prompts)[: args.tripwire_n_prompts]
+        references = None if train_references is None else list(train_references)[: args.tripwire_n_prompts]
+    if train_references is None:
+        references = None
     gold_scorer, gold_record = load_gold_scorer(args.tripwire_gold_model_path, reward_model_hash,
                                                 device=args.device, batch_size=args.per_device_train_batch_size,
                                                 max_length=GOLD_MAX_LENGTH)
     record.update(gold_record)
     measure = SliceMeasure(prompts, max_new_tokens=args.tripwire_max_new_tokens,
-                           batch_size=args.per_device_train_batch_size, gold_scorer=gold_scorer)
+                           batch_size=args.per_device_train_batch_size, gold_scorer=gold_scorer,
+                           references=references)
     return OnlineRLTripwire(config, measure, record)

@@ -63,6 +63,8 @@ REWARD_FUNCTIONS: dict[str, str] = {
     "reward_model": "the round's reward model (--reward_model_dir): its score of prompt + completion",
     "repetition_penalty": "TRL's get_repetition_penalty_reward (3-gram, max penalty -1): repeated completion tokens",
     "soft_overlong": "TRL's get_soft_overlong_punishment (DAPO eq. 13), max_completion_length with a cache of 1/4",
+    "judge": "a pairwise judge (--reward_judge, any judging backend; default the round's reward model) of the "
+             "completion against the prompt's reference answer: +0.5 win, 0 draw, -0.5 loss (judging/online_reward.py)",
 }
 
 #: The per-step history file in the stage's output folder (one JSON object a logged step; rank 0 writes it).
@@ -119,6 +121,14 @@ class OnlineRLArguments(PipelineArguments, TripwireArguments):
         default_factory=lambda: ["reward_model"],
         metadata={"help": f"Reward functions, summed with reward_weights: {', '.join(REWARD_FUNCTIONS)}."},
     )
+    # A mapping in the recipe or JSON on the command line (HfArgumentParser reads the union as str), parsed and
+    # checked by judging.judges.JudgeConfig where the stage builds the judge; a key given as a value is refused here.
+    reward_judge: dict | str | None = field(
+        default=None,
+        metadata={"help": "The judge of the 'judge' reward (judging.judges.JudgeConfig: {backend: reward_model | "
+                  "sequence_classifier | openai | labels, model, base_url, api_key_env, ...}); the key comes from "
+                  "the environment variable api_key_env names. Default: the round's reward model."},
+    )
     manifest_completions: int = field(
         default=4, metadata={"help": "Completions (with their rewards) kept per logged step in the manifest."}
     )
@@ -140,6 +150,23 @@ class OnlineRLArguments(PipelineArguments, TripwireArguments):
                              f"{', '.join(REWARD_FUNCTIONS)}")
         if len(set(self.reward_functions)) != len(self.reward_functions):
             raise ValueError(f"reward_functions {self.reward_functions}: a function named twice")
+        if self.reward_judge in ("", {}):
+            self.reward_judge = None
+        if self.reward_judge is not None:
+            from .credentials import check_mapping
+
+            if isinstance(self.reward_judge, str):
+                try:
+                    self.reward_judge = json.loads(self.reward_judge)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"--reward_judge: not a JSON object ({err})") from None
+            if not isinstance(self.reward_judge, dict):
+                raise ValueError(f"--reward_judge: expected a mapping like {{backend: openai, model: ...}}, got "
+                                 f"{type(self.reward_judge).__name__}")
+            check_mapping(self.reward_judge, "--reward_judge")  # a key given as a value: refused, never logged
+            if "judge" not in self.reward_functions:
+                raise ValueError(f"reward_judge is set but reward_functions {self.reward_functions} has no 'judge': "
+                                 "it would be ignored; add 'judge' or drop reward_judge")
         weights = getattr(self, "reward_weights", None)
         if weights is not None and len(weights) != len(self.reward_functions):
             raise ValueError(f"reward_weights {weights}: one weight per reward function {self.reward_functions}")
@@ -361,13 +388,25 @@ def check_reference(trainer, pi_ref: str) -> dict[str, Any]:
     return {"reference": str(pi_ref), "reference_tensors": n}
 
 
-def reward_functions(args: OnlineRLArguments, reward_model, reward_tokenizer) -> tuple[list, list]:
-    """``(reward_funcs, reward_processing_classes)`` for TRL, in ``args.reward_functions`` order."""
+def reward_functions(args: OnlineRLArguments, reward_model, reward_tokenizer,
+                     given: dict[str, Any] | None = None) -> tuple[list, list]:
+    """``(reward_funcs, reward_processing_classes)`` for TRL, in ``args.reward_functions`` order; ``given``: reward
+    functions built by the stage (name -> TRL reward function), e.g. the judge reward (``judging.online_reward``,
+    which sits above this package).
+
+    Raises:
+        ValueError: a named function that must be given (``judge``) is not.
+    """
     from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishment
 
     funcs, tokenizers = [], []
     for name in args.reward_functions:
-        if name == "reward_model":
+        if name in (given or {}):
+            funcs.append(given[name])
+            tokenizers.append(None)
+        elif name == "judge":
+            raise ValueError("reward function 'judge' is built by the stage (judging.online_reward); none was given")
+        elif name == "reward_model":
             funcs.append(reward_model)
             tokenizers.append(reward_tokenizer)
         elif name == "repetition_penalty":
@@ -408,6 +447,8 @@ def run_online_rl(
     prompts: list[str],
     data: TrainingData,
     callbacks: list | None = None,
+    references: list[str] | None = None,
+    rewards: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Load the policy (the DPO candidate), the reward model and the tokenizers, train ``trainer_class`` (TRL's
     ``GRPOTrainer`` or ``RLOOTrainer``) with pi_ref as its reference, verify pi_ref's hash after training, and save
@@ -422,6 +463,10 @@ def run_online_rl(
             the trainer once it is built; one with ``manifest_section`` (a str) and ``manifest_record()`` has that
             record written in the manifest under that key after training; one whose ``stopped_training`` is True
             after training ended the run before ``max_steps`` on purpose (else that is refused).
+        references: each prompt's reference answer, shape (len(prompts),): the dataset's ``reference`` column, which
+            TRL passes to every reward function (the judge reward reads it); None: no such column.
+        rewards: reward functions the stage built (:func:`reward_functions`' ``given``); one with ``record()`` has
+            it written in the manifest under ``metrics.reward_records.<name>``.
 
     Returns:
         The manifest's ``metrics`` on rank 0 (as :meth:`TrainerStage.finish`).
@@ -455,8 +500,12 @@ def run_online_rl(
                          f"{reward_model.config.num_labels}")
     # as judging.scoring.load_reward_model: transformers' pooling finds the last non-pad token with this id
     reward_model.config.pad_token_id = reward_tokenizer.pad_token_id
-    funcs, reward_tokenizers = reward_functions(args, reward_model, reward_tokenizer)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
+    funcs, reward_tokenizers = reward_functions(args, reward_model, reward_tokenizer, rewards)
+    if references is not None and len(references) != len(prompts):
+        raise ValueError(f"{len(references)} reference answers for {len(prompts)} prompts")
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}],
+                                  **({"reference": references[i]} if references is not None else {})}
+                                 for i, p in enumerate(prompts)])
     timer = StepTimer()
     trainer = stage.attach(pi_ref_trainer(trainer_class)(
         pi_ref=inputs["pi_ref"],
@@ -506,6 +555,8 @@ def run_online_rl(
             "beta": args.beta,
             "num_generations": args.num_generations,
             "pi_ref_unchanged": True,  # verify_hash raised otherwise
+            **({"reward_records": records} if (records := {n: f.record() for n, f in (rewards or {}).items()
+                                                           if hasattr(f, "record")}) else {}),
             **reference,
             **{f"last_{k}": v for k, v in last.items() if k not in ("step", "completions")},
             "history": history,

@@ -135,6 +135,69 @@ def test_rloo_with_weighted_reward_functions(stages):
     assert metrics["history"][0]["kl"] != 0.0  # DPO != pi_ref: the reference is not the policy's start
 
 
+def test_a_judge_backend_rewards_each_completion_against_its_reference(stages, tmp_path):
+    """``reward_functions: [judge]`` with an OpenAI-compatible judge on loopback (a real HTTP server whose "model"
+    prefers the longer output): each completion's reward is the judge's verdict against the prompt's reference
+    answer, both orders asked: +0.5 when the completion wins both, -0.5 when the reference does, 0 when the two
+    orders disagree. The reward is the length the judge pays for: the deliberately hackable case."""
+    from grpo.train import main
+    from judging.openai_judge import TEMPLATE, combine, fill
+    from tests.policy_judge_server import answer, start_policy_server
+
+    prompts = tmp_path / "prompts.jsonl"
+    refs = ["A short one.", "x", "A reference answer that is longer than eight tokens of the tiny model, surely.",
+            "Two words."]
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Question {i}?", "reference": r}) + "\n"
+                               for i, r in enumerate(refs)))
+    with start_policy_server(tmp_path, name="judge", policy="longer") as server:
+        judge = json.dumps({"backend": "openai", "base_url": server["base_url"], "model": "judge",
+                            "cache_dir": str(tmp_path / "judgments")})
+        metrics = main(_argv(stages, "grpo", "--train_data", str(prompts), "--reward_functions", "judge",
+                             "--reward_judge", judge, "--tripwire_steps", "1", "--tripwire_n_prompts", "2"))
+        requests = server["log"].read_text().count("POST /v1/chat/completions")
+    n = 0
+    for h in metrics["history"]:
+        assert h["rewards/judge/mean"] == pytest.approx(h["reward"], abs=1e-6)
+        for c in h["completions"]:
+            # the manifest keeps the chat-rendered prompt; the judge is shown the user's question
+            (question, ref), = [(f"Question {i}?", r) for i, r in enumerate(refs) if f"Question {i}?" in c["prompt"]]
+            # the verdict the server gives for (reference, completion) in each order, as the judge asks
+            verdict = combine(answer("longer", fill(TEMPLATE, question, ref, c["completion"])),
+                              answer("longer", fill(TEMPLATE, question, c["completion"], ref)))
+            assert c["rewards"]["judge"] == pytest.approx(verdict.preference - 1.5)
+            if len(c["completion"]) > len(ref) and '"""' not in c["completion"]:
+                assert c["rewards"]["judge"] == 0.5  # the judge pays for length
+            n += 1
+    assert n == 4  # 2 steps x 1 prompt x 2 generations
+    record = metrics["reward_records"]["judge"]
+    # the tripwire's checks (steps 0, 1, 2) score their 2-prompt slice with the same judge, reference included
+    checks = read_manifest(stages["round"] / "grpo")["tripwire"]["checks"]
+    assert [c["step"] for c in checks] == [0, 1, 2]
+    assert all(c["reward"] in (-0.5, -0.25, 0.0, 0.25, 0.5) for c in checks)  # mean of 2 verdicts in {-0.5, 0, 0.5}
+    assert record["n_judged"] == 4 + 3 * 2 and record["n_unparsed"] == 0
+    assert record["identity"]["backend"] == "openai" and record["identity"]["model"] == "judge"
+    # both orders per completion: the 4 rollout completions are distinct (8 requests); a slice answer the greedy
+    # policy repeats at a later check comes from the judge's cache (4 to 12 requests)
+    assert 8 + 4 <= record["requests_sent"] <= 8 + 12
+    # every request counted at the server: the judging ones and the identity probe's chat requests (its other
+    # request is the GET of the model listing)
+    assert record["requests_sent"] + record["identity_report"]["probe_requests_sent"] - 1 == requests
+    assert "api_key" not in json.dumps(record)
+    assert metrics["reward_functions"] == ["judge"]
+
+
+def test_the_judge_reward_refuses_prompts_without_a_reference(stages, tmp_path):
+    """A prompt file without reference answers cannot be judged against them: refused before any model loads,
+    naming the file and the first ids."""
+    from grpo.train import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Question {i}?"}) + "\n" for i in range(3)))
+    with pytest.raises(ValueError, match=rf"{prompts}: 3 of 3 prompts have no reference answer \(first: p0, p1, p2\)"):
+        main(_argv(stages, "grpo", "--train_data", str(prompts), "--reward_functions", "judge"))
+    assert not (stages["round"] / "grpo" / "checkpoint").exists()
+
+
 def test_the_reference_is_pi_ref_not_the_policy_trl_would_load(stages):
     """TRL 1.16 loads its reference from the policy's own path (here the DPO checkpoint); the stage's trainer loads
     pi_ref instead, and check_reference tells the two apart."""
@@ -191,7 +254,12 @@ def test_a_locked_decision_refuses_to_run(stages):
     (["--beta", "0"], "beta 0.0: must be > 0"),
     (["--use_peft", "true"], "use_peft: with LoRA TRL's reference is the adapter-disabled policy"),
     (["--sync_ref_model", "true"], "sync_ref_model: .*pi_ref never moves"),
-    (["--reward_functions", "judge"], r"reward_functions \['judge'\]: unknown \['judge'\]"),
+    (["--reward_functions", "length"], r"reward_functions \['length'\]: unknown \['length'\]"),
+    (["--reward_judge", '{"backend": "openai"}'], r"reward_judge is set but reward_functions \['reward_model'\] "
+                                                   r"has no 'judge': it would be ignored"),
+    (["--reward_functions", "judge", "--reward_judge", '{"backend": "openai", "api_key": "sk-live-123"}'],
+     r"--reward_judge.*api_key"),
+    (["--reward_functions", "judge", "--reward_judge", "[1, 2]"], r"--reward_judge: expected a mapping"),
     (["--reward_functions", "reward_model", "soft_overlong", "--reward_weights", "1.0"],
      "reward_weights .*one weight per reward function"),
 ])
