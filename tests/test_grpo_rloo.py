@@ -186,6 +186,20 @@ def test_a_judge_backend_rewards_each_completion_against_its_reference(stages, t
     assert metrics["reward_functions"] == ["judge"]
 
 
+def test_the_judge_reward_defaults_to_the_rounds_reward_model(stages):
+    """Without ``reward_judge`` the judge is the round's reward model as a pairwise judge: the completion wins when
+    it scores above its prompt's reference answer (the pair file's chosen reply)."""
+    from rloo.train import main
+
+    metrics = main(_argv(stages, "rloo", "--reward_functions", "judge", "--tripwire_steps", "0"))
+    record = metrics["reward_records"]["judge"]
+    assert record["identity"]["backend"] == "reward_model"
+    assert record["identity"]["content_hash"] == content_hash(stages["rm"] / "checkpoint")
+    assert record["requests_sent"] == 0 and record["n_judged"] == 4 and record["n_unparsed"] == 0
+    rewards = [c["rewards"]["judge"] for h in metrics["history"] for c in h["completions"]]
+    assert len(rewards) == 4 and set(rewards) <= {-0.5, 0.0, 0.5}
+
+
 def test_the_judge_reward_refuses_prompts_without_a_reference(stages, tmp_path):
     """A prompt file without reference answers cannot be judged against them: refused before any model loads,
     naming the file and the first ids."""
