@@ -374,3 +374,14 @@ def test_the_flow_launches_the_chosen_stage_and_a_killed_one_resumes(stages, tmp
     assert decon["checked"] is True and decon["against"] == str(suites) and decon["n_train"] == 4
     again = run()
     assert again.cached and again.cache_key == rerun.cache_key
+    # the resumed run ends where an uninterrupted one does: the same completions sampled at step 2 (TRL restores
+    # the RNG state of checkpoint-1) and the same weights
+    whole = tmp_path / "uninterrupted"
+    whole_run = run_stage("grpo", STAGES["grpo"].module, RECIPES / "grpo.yaml", whole,
+                          extra_args=[*args[: args.index("--output_dir")], *args[args.index("--output_dir") + 2:]]
+                          if "--output_dir" in args else args, runs_dir=tmp_path, log=lines.append)
+    whole_history = whole_run.manifest["metrics"]["history"]
+    assert [h["completions"] for h in whole_history] == [h["completions"] for h in history]
+    resumed_w = load_file(str(out / "checkpoint" / "model.safetensors"))
+    whole_w = load_file(str(whole / "checkpoint" / "model.safetensors"))
+    assert max(float((resumed_w[k] - whole_w[k]).abs().max()) for k in whole_w) <= 1e-6
