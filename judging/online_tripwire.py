@@ -19,7 +19,8 @@ One check (:class:`SliceMeasure`), on a fixed slice of prompts (``--tripwire_pro
     median_length, refusal_rate, style
                    :func:`judging.tripwires.style_signals`; lengths in completion tokens up to and including EOS
 
-A resumed run starts a new baseline at the step it resumed from (the killed attempt's checks are not replayed).
+A resumed run replays the killed attempt's checks up to the step it resumed from (``tripwire-checks.jsonl``, with
+the gold model's scores at the first check: :meth:`SliceMeasure.state`), so it keeps that attempt's baseline.
 """
 
 from __future__ import annotations
@@ -84,6 +85,15 @@ class SliceMeasure:
 
     def bind(self, trainer: Any) -> None:
         self.trainer = trainer
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs to measure as the killed one did: the gold scores of the first check."""
+        return {"gold_reference": self.gold_reference}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state` (a resumed run)."""
+        ref = state.get("gold_reference")
+        self.gold_reference = None if ref is None else [float(x) for x in ref]
 
     def generate(self, model: Any) -> tuple[list[str], list[int], list[list[int]]]:
         """Greedy responses of ``model`` to the slice: (texts, lengths in tokens incl. EOS, token ids)."""

@@ -36,6 +36,7 @@ checkpoint is chosen by gold (:attr:`Tripwire.best_step`), never by the training
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -45,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+
+from rlhf.manifest import atomic_write_text, dumps_strict
 
 from judging.drift_rules import has_bullet_list, is_hedged, restates_question
 from judging.refusal_rules import classify_refusal, is_refusal
@@ -328,7 +331,12 @@ class TripwireCallback(TrainerCallback):
         on_train_begin   refuses ``load_best_model_at_end`` (best is chosen by gold here) and a ``save_steps`` that
                          is not a multiple of K (every checkpoint must be a checked one); measures the baseline
                          at the starting step and writes the starting weights to ``<output_dir>/tripwire-baseline``
-                         (restored if the first check trips).
+                         (restored if the first check trips). A run resumed from ``checkpoint-N`` instead replays
+                         the killed attempt's checks up to step N from ``<output_dir>/tripwire-checks.jsonl`` (and
+                         the measure's own state, e.g. the gold reference scores), so it keeps that attempt's
+                         baseline and best check and decides as an uninterrupted run would; without the file (a
+                         run that wrote none) it starts a new baseline at N, as before, and says so.
+        every check      is appended to ``tripwire-checks.jsonl`` (rank 0) as it is made.
         on_step_end      every K steps: a passing check asks the Trainer to save (``control.should_save``), so the
                          last passing check always has a checkpoint; a trip sets ``should_training_stop`` and
                          cancels that step's save and evaluation.
@@ -343,18 +351,75 @@ class TripwireCallback(TrainerCallback):
     One process or DDP (each process holds whole weights); ZeRO-3 / FSDP are not supported.
     """
 
+    #: The checks made so far, one JSON object a line (rank 0 writes it; a resumed run replays it).
+    CHECKS_FILE = "tripwire-checks.jsonl"
+
     def __init__(self, config: TripwireConfig, measure: Callable[[Any, int], Signals]):
         self.config = config
         self.measure = measure
         self.tripwire = Tripwire(config)
         self.checkpoints: dict[int, str] = {}
         self.restored_from: str | None = None
+        self.replayed_steps: list[int] = []
+        self._checks_path: Path | None = None
 
     def _signals(self, model: Any, step: int) -> Signals:
         s = self.measure(model, step)
         if not isinstance(s, Signals) or s.step != step:
             raise TypeError(f"measure(model, {step}) must return Signals for step {step}, got {s!r}")
         return s
+
+    def _check(self, model: Any, step: int) -> CheckResult:
+        """Measure, apply the rules, and append the check (with the measure's state) to the checks file."""
+        result = self.tripwire.check(self._signals(model, step))
+        if self._checks_path is not None:
+            entry = {**result.to_dict(), "measure_state": getattr(self.measure, "state", lambda: None)()}
+            with open(self._checks_path, "a", encoding="utf-8") as f:
+                f.write(dumps_strict(entry) + "\n")
+        return result
+
+    def _replay(self, args: Any, step: int) -> bool:
+        """Replay the recorded checks up to ``step`` (a resumed run); True when the check at ``step`` was among them.
+
+        The checks file is rewritten to hold just those (later checks were made after checkpoint-``step`` and are
+        made again). Checkpoints: the baseline folder for the first check, ``checkpoint-<s>`` for a later passing
+        one when it is still on disk.
+
+        Raises:
+            ValueError: a line of the file is not JSON (names the file and line).
+        """
+        path = Path(args.output_dir) / self.CHECKS_FILE
+        kept: list[dict[str, Any]] = []
+        if path.is_file():
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}: line {i}: not JSON ({err.msg})") from None
+                if entry.get("step", math.inf) <= step:
+                    kept.append(entry)
+        if self._checks_path is not None:  # atomic: another process may be reading it
+            atomic_write_text(self._checks_path, "".join(dumps_strict(e) + "\n" for e in kept))
+        if not kept:
+            logger.warning("tripwire: resumed at step %d with no recorded checks (%s): a new baseline at step %d",
+                           step, path, step)
+            return False
+        self.tripwire.replay(kept)
+        self.replayed_steps = [int(e["step"]) for e in kept]
+        state = kept[-1].get("measure_state")
+        if state is not None and hasattr(self.measure, "load_state"):
+            self.measure.load_state(state)
+        baseline = Path(args.output_dir) / "tripwire-baseline"
+        if baseline.is_dir():
+            self.checkpoints[self.replayed_steps[0]] = str(baseline)
+        for e in kept[1:]:
+            folder = Path(args.output_dir) / f"checkpoint-{e['step']}"
+            if e.get("passed") and folder.is_dir():
+                self.checkpoints[int(e["step"])] = str(folder)
+        logger.info("tripwire: resumed at step %d, replayed the checks of steps %s", step, self.replayed_steps)
+        return self.replayed_steps[-1] == step
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if args.load_best_model_at_end:
@@ -366,16 +431,25 @@ class TripwireCallback(TrainerCallback):
                              f"({self.config.every_steps}): every checkpoint must be a checked one")
         if strategy not in ("steps", "no"):
             raise ValueError(f"TripwireCallback: save_strategy must be 'steps' or 'no', got {strategy!r}")
-        folder = Path(args.output_dir) / "tripwire-baseline"
         if state.is_world_process_zero:
-            model.save_pretrained(folder)
-        self.checkpoints[state.global_step] = str(folder)
-        self.tripwire.check(self._signals(model, state.global_step))
+            self._checks_path = Path(args.output_dir) / self.CHECKS_FILE
+            self._checks_path.parent.mkdir(parents=True, exist_ok=True)
+        if state.global_step > 0 and self._replay(args, state.global_step):
+            return control  # resumed at a check step: that check was made before the kill
+        if state.global_step == 0 and self._checks_path is not None:
+            atomic_write_text(self._checks_path, "")  # a fresh run: no earlier attempt's checks
+        if self.tripwire.baseline is None:
+            folder = Path(args.output_dir) / "tripwire-baseline"
+            if state.is_world_process_zero:
+                model.save_pretrained(folder)
+            self.checkpoints[state.global_step] = str(folder)
+        self._check(model, state.global_step)
+        return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if not self.tripwire.due(state.global_step) or self.tripwire.tripped is not None:
             return control
-        result = self.tripwire.check(self._signals(model, state.global_step))
+        result = self._check(model, state.global_step)
         if result.passed:
             control.should_save = True
         else:

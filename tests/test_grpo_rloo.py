@@ -336,7 +336,8 @@ def test_the_cli_passes_online_rl_to_the_round():
 def test_the_flow_launches_the_chosen_stage_and_a_killed_one_resumes(stages, tmp_path, monkeypatch):
     """As the round's stage task does: ``accelerate launch -m grpo.train`` in its own process, the smoke recipe and
     the flow's arguments (flows.round.stage_args). Killed (SIGKILL) after step 1, the rerun resumes from
-    checkpoint-1, and the manifest's history keeps the killed attempt's step 1; a third call is cached."""
+    checkpoint-1, and the manifest's history keeps the killed attempt's step 1 (and the tripwire its checks); a
+    third call is cached; the result is the uninterrupted run's."""
     from flows.round import RoundParameters, gate_suites_file, stage_args
     from flows.stages import StageFailed, run_stage
     from rlhf.registry import STAGES
@@ -345,7 +346,8 @@ def test_the_flow_launches_the_chosen_stage_and_a_killed_one_resumes(stages, tmp
     params = RoundParameters(preset="smoke", online_rl="grpo")
     dirs = {k: str(stages[k if k != "reward_model" else "rm"]) for k in ("sft", "dpo", "reward_model")}
     suites = gate_suites_file(params, stages["round"])  # the smoke gates' suites, which the prompts are checked against
-    args = [*stage_args("grpo", params, stages["round"], dirs), "--round_id", "r1", "--report_to", "none"]
+    args = [*stage_args("grpo", params, stages["round"], dirs), "--round_id", "r1", "--report_to", "none",
+            "--tripwire_steps", "1", "--tripwire_n_prompts", "2", "--tripwire_max_new_tokens", "8"]
     assert args[args.index("--decontaminate_against") + 1] == str(suites)
     out = stages["round"] / "grpo"
     lines: list[str] = []
@@ -385,3 +387,9 @@ def test_the_flow_launches_the_chosen_stage_and_a_killed_one_resumes(stages, tmp
     resumed_w = load_file(str(out / "checkpoint" / "model.safetensors"))
     whole_w = load_file(str(whole / "checkpoint" / "model.safetensors"))
     assert max(float((resumed_w[k] - whole_w[k]).abs().max()) for k in whole_w) <= 1e-6
+    # the tripwire replayed the killed attempt's checks (steps 0 and 1: its baseline) and made step 2's: the same
+    # record as the uninterrupted run's, not a new baseline at step 1
+    resumed_checks = rerun.manifest["tripwire"]["checks"]
+    assert [c["step"] for c in resumed_checks] == [0, 1, 2] and rerun.manifest["tripwire"]["baseline_step"] == 0
+    assert resumed_checks == whole_run.manifest["tripwire"]["checks"]
+    assert [json.loads(x)["step"] for x in (out / "tripwire-checks.jsonl").read_text().splitlines()] == [0, 1, 2]
