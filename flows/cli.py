@@ -90,7 +90,7 @@ def round_cmd(
         stage, dot, name = key.partition(".")
         if not sep or not dot:
             raise typer.BadParameter(f"--set {item!r}: expected stage.key=value, e.g. dpo.beta=0.2")
-        overrides.setdefault(stage, []).extend([f"--{name}", value])
+        overrides.setdefault(stage, []).extend([f"--{name}", *_set_values(value)])
     from pydantic import ValidationError
 
     from rlhf.credentials import check_args
@@ -179,6 +179,23 @@ def round_cmd(
     if release != "pass":
         typer.echo(f"release BLOCKED (exit {BLOCKED_EXIT_CODE}); see {manifest['gate_report']}", err=True)
     raise typer.Exit(0 if release == "pass" else BLOCKED_EXIT_CODE)
+
+
+def _set_values(value: str) -> list[str]:
+    """The command-line words of one ``--set`` value: a JSON list of numbers or strings (``[5, 10, 20]``, a list
+    field such as ``gates.consistency_depths`` or ``grpo.reward_functions``) becomes one word per item, as the
+    stage's parser takes a list; anything else (a JSON object such as ``grpo.reward_judge={...}``) is one word."""
+    if value.lstrip().startswith("["):
+        try:
+            items = json.loads(value)
+        except ValueError:
+            raise typer.BadParameter(f"{value!r}: a value starting with '[' must be a JSON list, e.g. [5, 10]",
+                                     param_hint="--set") from None
+        if not isinstance(items, list) or not items or any(isinstance(x, (list, dict)) or x is None for x in items):
+            raise typer.BadParameter(f"{value!r}: a list value must hold numbers or strings, at least one",
+                                     param_hint="--set")
+        return [json.dumps(x) if isinstance(x, bool) else str(x) for x in items]
+    return [value]
 
 
 #: Round parameters whose command-line option is not ``--`` + the field's name with dashes.

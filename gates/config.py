@@ -375,6 +375,11 @@ class GateStageConfig:
         if self.refusal_classifier not in ("learned", "rules", "openai"):
             raise ValueError(
                 f"--refusal_classifier must be 'learned', 'rules' or 'openai', got {self.refusal_classifier!r}")
+        depths, positions = list(self.consistency_depths or []), list(self.consistency_positions or [])
+        if not depths or any(d < 1 for d in depths) or len(set(depths)) != len(depths):
+            raise ValueError(f"--consistency_depths must be distinct integers >= 1, got {depths}")
+        if not positions or any(not 0.0 <= x <= 1.0 for x in positions) or len(set(positions)) != len(positions):
+            raise ValueError(f"--consistency_positions must be distinct fractions in [0, 1], got {positions}")
         if self.consistency_max_drop_pp < 0:
             raise ValueError(f"--consistency_max_drop_pp is an allowed drop in points and must be >= 0, got "
                              f"{self.consistency_max_drop_pp}")

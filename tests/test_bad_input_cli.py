@@ -153,7 +153,12 @@ def test_round_refuses_a_gate_value_out_of_range_before_anything_trains(tmp_path
 
     monkeypatch.chdir(tmp_path)
     for override, message in (("gates.n_winrate=0", "--n_winrate must be at least 1, got 0"),
-                              ("gates.judge_floor=0.2", "--judge_floor must be in [0.5, 1], got 0.2")):
+                              ("gates.judge_floor=0.2", "--judge_floor must be in [0.5, 1], got 0.2"),
+                              # a JSON list reaches the stage's parser as a list (it used to be found by the gate
+                              # stage after SFT, DPO and the reward model trained)
+                              ("gates.consistency_depths=[0, 5]",
+                               "--consistency_depths must be distinct integers >= 1, got [0, 5]"),
+                              ("gates.consistency_depths=[5, x", "a value starting with '[' must be a JSON list")):
         result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
                                           "--round-id", "r1", "--set", override])
         assert result.exit_code == 2, result.output
@@ -297,3 +302,13 @@ def test_an_uncached_hub_id_with_the_hub_off_is_said_before_prefect_starts(tmp_p
     flat = _flat(result.output)
     assert "--base-model" in flat and "some-org/some-model: not in the local Hugging Face cache" in flat
     assert "temporary server" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_a_json_list_in_set_becomes_one_word_per_item():
+    from flows.cli import _set_values
+
+    assert _set_values("[5, 10, 20]") == ["5", "10", "20"]
+    assert _set_values('["reward_model", "judge"]') == ["reward_model", "judge"]
+    assert _set_values("[true]") == ["true"]
+    assert _set_values('{"backend": "openai"}') == ['{"backend": "openai"}']  # a mapping stays one value
+    assert _set_values("0.2") == ["0.2"]
