@@ -380,29 +380,41 @@ def read_records(source: Any, **kwargs: Any) -> list[tuple[int, Any]]:
 def check_data_file(
     path: str | os.PathLike[str],
     *,
+    kind: str | None = None,
     mode: Mode | None = None,
     max_reject_rate: float = DEFAULT_MAX_REJECT_RATE,
 ) -> int:
-    """Read a local data file the way a stage will, without loading any model, so a round can refuse it before it
-    starts: the file parses (JSON, JSON Lines, CSV, Parquet, optionally gzipped), has rows, and its rows are JSON
-    objects. With ``mode`` (the stage's ``data_mode``) undecodable or non-object rows follow the stage's policy
-    (strict: the first one fails; lenient: more than ``max_reject_rate`` of them fails); without it only a file
-    where no row is usable fails. Fields are the stage's to check (they depend on the detected format).
+    """Read a local data file (or data folder) the way a stage will, without loading any model, so a round can
+    refuse it before it starts.
+
+    Always: the source opens (JSON, JSON Lines, CSV, Parquet, optionally gzipped; a folder holds data files), has
+    rows, and not every row is unusable (undecodable, or not a JSON object). With ``kind`` (``"sft"``, ``"pairs"``,
+    ``"eval"``) it is loaded as the stage loads it (:func:`load_sft`, :func:`load_pairs`, :func:`load_eval_prompts`):
+    a format must be recognised and every row validated, under ``mode`` (the stage's ``data_mode``; default strict:
+    the first bad row fails; lenient: more than ``max_reject_rate`` of them fails, the rejects written only to a
+    temporary folder removed here).
 
     Returns:
         the number of rows read.
 
     Raises:
-        FileNotFoundError: no such file. DataValidationError: the file cannot be read, has no rows, or (per ``mode``)
-        a row is not a JSON object; the message names the file and the row.
+        FileNotFoundError: no such file, or a folder without data files. DataValidationError: the file cannot be
+        read, has no rows, no usable row, an unknown format or (per ``mode``) a bad row; the message names the file,
+        the row and the field.
     """
     raw = open_source(os.fspath(path))
     if not raw.records:
         raise DataValidationError("no rows", file=raw.label)
-    accepted, _ = validate_rows(raw.records, lambda value, row: value, file=raw.label,
-                                mode=mode or "lenient", max_reject_rate=max_reject_rate if mode else 1.0)
-    if not accepted:  # lenient with every row bad: the first reason, as strict mode would say it
-        validate_rows(raw.records, lambda value, row: value, file=raw.label, mode="strict")
+    if not any(isinstance(v, Mapping) for _, v in raw.records):  # the first row's reason, as strict mode says it
+        validate_rows(raw.records[:1], lambda value, row: value, file=raw.label, mode="strict")
+    if kind is None:
+        return len(raw.records)
+    loader = {"sft": load_sft, "pairs": load_pairs, "eval": load_eval_prompts}[kind]
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rlhf-data-check-") as tmp:
+        loader(os.fspath(path), mode=mode or "strict", max_reject_rate=max_reject_rate,
+               rejects_path=Path(tmp) / "rejects.jsonl")
     return len(raw.records)
 
 

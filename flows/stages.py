@@ -432,6 +432,19 @@ def dump(obj) -> str:
     return dumps_strict(obj, indent=2, sort_keys=True, default=str) + "\n"
 
 
+#: The loader each stage reads a data key with (``data.loaders.check_data_file``'s ``kind``): checked row by row
+#: before a round starts. Other ``*_data`` keys (traffic tables, label files, ...) get the file-level check only.
+DATA_KINDS = {
+    ("sft", "train_data"): "sft",
+    ("dpo", "train_data"): "pairs",
+    ("reward_model", "train_data"): "pairs",
+    ("grpo", "train_data"): "eval",
+    ("rloo", "train_data"): "eval",
+    **{("gates", key): "eval" for key in ("winrate_data", "safe_data", "redteam_data", "capability_data",
+                                          "sycophancy_data")},
+}
+
+
 def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
     """Parse a stage's recipe plus the user's overrides the way the stage will, before any stage runs.
 
@@ -476,14 +489,15 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
             p = Path(value).expanduser()
             if (value.startswith(("/", ".", "~")) or p.suffix) and not p.exists():
                 raise FileNotFoundError(f"{stage}.{key} = {value}: no such file")
-            if p.is_file():  # an empty, malformed or not-rows file: said now, not by the stage after its model loads
+            if p.is_file() or p.is_dir():  # a bad file: said now, not by a stage after models loaded and trained
                 from data.loaders import check_data_file
                 from data.validation import DataValidationError
 
                 mode = next((getattr(a, "data_mode") for a in parsed if hasattr(a, "data_mode")), None)
                 rate = next((getattr(a, "max_reject_rate") for a in parsed if hasattr(a, "max_reject_rate")), None)
+                policy = {"mode": mode, "max_reject_rate": rate} if key == "train_data" and mode and rate is not None \
+                    else {}
                 try:
-                    check_data_file(p, **({"mode": mode, "max_reject_rate": rate}
-                                          if key == "train_data" and mode and rate is not None else {}))
-                except DataValidationError as err:
+                    check_data_file(p, kind=DATA_KINDS.get((stage, key)), **policy)
+                except (DataValidationError, OSError) as err:  # OSError: a folder without data files, ...
                     raise ValueError(f"{stage}.{key}: {err}") from None

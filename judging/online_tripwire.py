@@ -12,7 +12,10 @@ One check (:class:`SliceMeasure`), on a fixed slice of prompts (``--tripwire_pro
                    exactly as a rollout is scored
     gold           :func:`judging.tripwires.gold_win_rate` of the gold model's scores (``--tripwire_gold_model_path``,
                    a second reward model, refused when it is the optimised one) over its scores at the first check of
-                   the run (on a fresh run: the initial policy, the DPO candidate); None without a gold model
+                   the run (on a fresh run: the initial policy, the DPO candidate); or, with
+                   ``--tripwire_gold_judge`` (a pairwise judge, e.g. the gates' OpenAI-compatible one), that judge's
+                   win rate of the current answers over the first check's (:func:`judged_win_rate`); None without
+                   either
     kl             the latest ``kl`` in ``trainer.state.log_history`` (TRL's per-token KL to pi_ref of the last
                    logged step; the Trainer logs after the step's callbacks, so a check at step N reads step N-1's);
                    None before the first log
@@ -26,6 +29,7 @@ the gold model's scores at the first check: :meth:`SliceMeasure.state`), so it k
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -69,13 +73,17 @@ class SliceMeasure:
 
     def __init__(self, prompts: list[str], *, max_new_tokens: int, batch_size: int = 8,
                  gold_scorer: Callable[[list, list[str]], Sequence[float]] | None = None,
-                 references: list[str] | None = None):
+                 references: list[str] | None = None, gold_judge: Any = None):
+        if gold_scorer is not None and gold_judge is not None:
+            raise ValueError("tripwire slice: a gold scorer or a gold judge, not both")
         if not prompts:
             raise ValueError("tripwire slice: no prompts")
         if references is not None and len(references) != len(prompts):
             raise ValueError(f"tripwire slice: {len(references)} reference answers for {len(prompts)} prompts")
         self.prompts = list(prompts)
         self.references = references
+        self.gold_judge = gold_judge
+        self.gold_texts: list[str] | None = None
         self.messages = [[{"role": "user", "content": p}] for p in self.prompts]
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
@@ -88,12 +96,14 @@ class SliceMeasure:
 
     def state(self) -> dict[str, Any]:
         """What a resumed run needs to measure as the killed one did: the gold scores of the first check."""
-        return {"gold_reference": self.gold_reference}
+        return {"gold_reference": self.gold_reference, "gold_texts": self.gold_texts}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state` (a resumed run)."""
         ref = state.get("gold_reference")
         self.gold_reference = None if ref is None else [float(x) for x in ref]
+        texts = state.get("gold_texts")
+        self.gold_texts = None if texts is None else [str(x) for x in texts]
 
     def generate(self, model: Any) -> tuple[list[str], list[int], list[list[int]]]:
         """Greedy responses of ``model`` to the slice: (texts, lengths in tokens incl. EOS, token ids)."""
@@ -154,8 +164,35 @@ class SliceMeasure:
             if self.gold_reference is None:
                 self.gold_reference = scores
             gold = gold_win_rate(scores, self.gold_reference)
+        elif self.gold_judge is not None:
+            if self.gold_texts is None:
+                self.gold_texts = list(texts)
+            gold = judged_win_rate(self.gold_judge, self.messages, self.gold_texts, texts)
         return Signals(step=step, reward=self.reward(texts, ids), gold=gold, kl=self.kl(),
                        **style_signals(self.prompts, texts, lengths))
+
+
+def judged_win_rate(judge: Any, prompts: Sequence[Any], baseline: Sequence[str], current: Sequence[str]) -> float | None:
+    """Win rate of ``current`` answers over ``baseline`` ones by a pairwise judge (``judging.judges.Judge``: the
+    baseline shown as A), a draw counting 1/2, as :func:`gold_win_rate`; an answer identical to its baseline is a
+    draw without asking. Unparsed verdicts are left out; None (no gold this check, logged) when more than half of
+    the judged items are unparsed.
+
+    Shapes: (n,) each. Returns a float in [0, 1] or None.
+    """
+    todo = [i for i, (b, c) in enumerate(zip(baseline, current)) if b != c]
+    wins = {i: 0.5 for i in range(len(current)) if i not in set(todo)}
+    if todo:
+        judgments = judge.judge([prompts[i] for i in todo], [baseline[i] for i in todo], [current[i] for i in todo])
+        for i, j in zip(todo, judgments):
+            if not math.isnan(j.preference):
+                wins[i] = j.preference - 1.0  # 1 A better -> 0, 1.5 draw -> 0.5, 2 B better -> 1
+        unparsed = len(current) - len(wins)
+        if unparsed * 2 > len(todo):
+            logger.warning("tripwire gold judge: %d of %d verdicts unparsed: no gold at this check", unparsed,
+                           len(todo))
+            return None
+    return sum(wins.values()) / len(wins)
 
 
 class OnlineRLTripwire(TripwireCallback):
@@ -181,8 +218,11 @@ class OnlineRLTripwire(TripwireCallback):
     def manifest_record(self) -> dict[str, Any]:
         """``Tripwire.record()`` plus the slice's size, whether a gold model was used, its and the slice's
         provenance, and the checkpoint folder the final policy was restored from (None: not restored)."""
+        judge = self.measure.gold_judge
         return {**self.tripwire.record(), "n_prompts": len(self.measure.prompts),
-                "gold_scorer": self.measure.gold_scorer is not None, **self.inputs_record,
+                "gold_scorer": self.measure.gold_scorer is not None or judge is not None, **self.inputs_record,
+                "gold_judge": None if judge is None else {
+                    "identity": judge.identity(), "requests_sent": int(getattr(judge, "requests_sent", 0))},
                 "restored_from": self.restored_from}
 
     def remove_snapshots(self) -> None:
@@ -228,6 +268,28 @@ def load_gold_scorer(
     return gold_scorer, {"gold_model": str(Path(path).resolve()), "gold_model_hash": gold_hash}
 
 
+def load_gold_judge(config: Any, reward_model_hash: str):
+    """The tripwire's gold judge from its config (``--tripwire_gold_judge``, a ``JudgeConfig`` mapping).
+
+    Raises:
+        ValueError: a bad config (names the key); the ``reward_model`` backend (the optimised reward model) or a
+            sequence classifier whose content hash is the optimised reward model's: the gold check must come from
+            another scorer.
+    """
+    from .factory import make_judge
+    from .judges import JudgeConfig
+
+    cfg = JudgeConfig.from_dict(config, where="--tripwire_gold_judge")
+    if cfg.backend == "reward_model":
+        raise ValueError("--tripwire_gold_judge backend reward_model is the optimised reward model: the gold check "
+                         "must come from another scorer (openai, sequence_classifier with another model, labels)")
+    judge = make_judge(cfg)
+    if judge.identity().get("content_hash") == reward_model_hash:
+        raise ValueError(f"--tripwire_gold_judge model {cfg.model} is the optimised reward model: the gold check "
+                         "must come from another scorer")
+    return judge
+
+
 def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: str,
                       train_references: list[str] | None = None) -> OnlineRLTripwire | None:
     """The stage's tripwire from its config, or None when off (``tripwire_steps`` 0, or ``max_steps`` > 0 and
@@ -268,7 +330,10 @@ def tripwire_callback(args: Any, train_prompts: list[str], reward_model_hash: st
                                                 device=args.device, batch_size=args.per_device_train_batch_size,
                                                 max_length=GOLD_MAX_LENGTH)
     record.update(gold_record)
+    gold_judge = None
+    if getattr(args, "tripwire_gold_judge", None) is not None:
+        gold_judge = load_gold_judge(args.tripwire_gold_judge, reward_model_hash)
     measure = SliceMeasure(prompts, max_new_tokens=args.tripwire_max_new_tokens,
                            batch_size=args.per_device_train_batch_size, gold_scorer=gold_scorer,
-                           references=references)
+                           references=references, gold_judge=gold_judge)
     return OnlineRLTripwire(config, measure, record)

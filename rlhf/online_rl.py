@@ -132,6 +132,12 @@ class OnlineRLArguments(PipelineArguments, TripwireArguments):
     manifest_completions: int = field(
         default=4, metadata={"help": "Completions (with their rewards) kept per logged step in the manifest."}
     )
+    tripwire_gold_judge: dict | str | None = field(
+        default=None,
+        metadata={"help": "A pairwise judge as the tripwire's gold check (judging.judges.JudgeConfig, as "
+                  "reward_judge; not the optimised reward model): win rate of the slice's current answers over "
+                  "the first check's. Instead of tripwire_gold_model_path."},
+    )
 
     # ---- reward-hacking tripwire: rlhf.config.TripwireArguments (ppo's names and meaning), and these two ------
     tripwire_max_new_tokens: int = field(
@@ -150,23 +156,14 @@ class OnlineRLArguments(PipelineArguments, TripwireArguments):
                              f"{', '.join(REWARD_FUNCTIONS)}")
         if len(set(self.reward_functions)) != len(self.reward_functions):
             raise ValueError(f"reward_functions {self.reward_functions}: a function named twice")
-        if self.reward_judge in ("", {}):
-            self.reward_judge = None
-        if self.reward_judge is not None:
-            from .credentials import check_mapping
-
-            if isinstance(self.reward_judge, str):
-                try:
-                    self.reward_judge = json.loads(self.reward_judge)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"--reward_judge: not a JSON object ({err})") from None
-            if not isinstance(self.reward_judge, dict):
-                raise ValueError(f"--reward_judge: expected a mapping like {{backend: openai, model: ...}}, got "
-                                 f"{type(self.reward_judge).__name__}")
-            check_mapping(self.reward_judge, "--reward_judge")  # a key given as a value: refused, never logged
-            if "judge" not in self.reward_functions:
-                raise ValueError(f"reward_judge is set but reward_functions {self.reward_functions} has no 'judge': "
-                                 "it would be ignored; add 'judge' or drop reward_judge")
+        self.reward_judge = _judge_mapping(self.reward_judge, "--reward_judge")
+        if self.reward_judge is not None and "judge" not in self.reward_functions:
+            raise ValueError(f"reward_judge is set but reward_functions {self.reward_functions} has no 'judge': "
+                             "it would be ignored; add 'judge' or drop reward_judge")
+        self.tripwire_gold_judge = _judge_mapping(self.tripwire_gold_judge, "--tripwire_gold_judge")
+        if self.tripwire_gold_judge is not None and self.tripwire_gold_model_path:
+            raise ValueError("tripwire_gold_judge and tripwire_gold_model_path both set: the gold check has one "
+                             "scorer; drop one")
         weights = getattr(self, "reward_weights", None)
         if weights is not None and len(weights) != len(self.reward_functions):
             raise ValueError(f"reward_weights {weights}: one weight per reward function {self.reward_functions}")
@@ -185,6 +182,29 @@ class OnlineRLArguments(PipelineArguments, TripwireArguments):
             raise ValueError(f"tripwire_steps ({self.tripwire_steps}) and tripwire_min_step "
                              f"({self.tripwire_min_step}) must be >= 0 (tripwire_steps 0: off)")
         super().__post_init__()
+
+
+def _judge_mapping(value: Any, where: str) -> dict | None:
+    """A judge setting given as a recipe mapping or JSON text, as a dict (None when not given), its secrets refused
+    (rlhf/credentials.py: a key given as a value is never stored or logged). The judge itself is built by the stage
+    (``judging.judges.JudgeConfig`` checks the keys there: judging sits above this package).
+
+    Raises:
+        ValueError: text that is not JSON, not a mapping, or a secret value (names ``where``).
+    """
+    if value in (None, "", {}):
+        return None
+    from .credentials import check_mapping
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not a JSON object ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a mapping like {{backend: openai, model: ...}}, got {type(value).__name__}")
+    check_mapping(value, where)
+    return value
 
 
 # ---- inputs -----------------------------------------------------------------------------------------

@@ -258,6 +258,37 @@ def test_a_training_file_the_stage_cannot_read_is_said_before_prefect_starts(tmp
     assert not (tmp_path / "runs").exists() and data.read_text() == content
 
 
+@pytest.mark.parametrize("key, content, message", [
+    ("sft.train_data", '{"foo": 1}\n', "cannot recognise a sft format from fields ['foo']"),
+    ("sft.train_data", '{"chosen": 5, "rejected": "b"}\n', "row 0 field 'chosen': must be a string, got int 5"),
+    ("dpo.train_data", '{"foo": 1}\n', "cannot recognise a pairs format from fields ['foo']"),
+    ("reward_model.train_data", None, "a folder with no data files"),
+    ("gates.winrate_data", '{"foo": 1}\n', "cannot recognise a eval format from fields ['foo']"),
+], ids=["sft-fields", "sft-types", "dpo-fields", "rm-empty-folder", "gates-fields"])
+def test_a_data_file_the_stage_cannot_load_is_said_before_prefect_starts(tmp_path, monkeypatch, key, content,
+                                                                          message):
+    """Rows of no known format, a field of the wrong type, a folder without data files, or a gate suite the gate
+    stage cannot read: refused with the stage's own loader before anything trains (the gate suite used to be found
+    by SFT's decontamination step and blamed on SFT), exit 2, the option's stage and key named."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    data = tmp_path / ("rows.jsonl" if content is not None else "folder")
+    if content is None:
+        data.mkdir()
+    else:
+        data.write_text(content)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", "--set", f"{key}={data}"])
+    assert result.exit_code == 2, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("Error"))
+    assert key in line and str(data) in line and message in line, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "runs").exists()
+    assert not list(tmp_path.glob("rejects*")) and not (tmp_path / "runs" / "rejects").exists()
+
+
 def test_a_lenient_stage_keeps_its_reject_rate_in_the_early_check(tmp_path):
     """The early check applies the stage's own policy: lenient mode accepts a bad row within max_reject_rate (the
     stage then writes it to its rejects file) and refuses a file over it; strict refuses the first."""
@@ -267,12 +298,13 @@ def test_a_lenient_stage_keeps_its_reject_rate_in_the_early_check(tmp_path):
     rows = [json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})] * 9
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(rows + ["[1]"]) + "\n")
-    assert check_data_file(data, mode="lenient", max_reject_rate=0.1) == 10
+    assert check_data_file(data, kind="sft", mode="lenient", max_reject_rate=0.1) == 10
     with pytest.raises(RejectRateExceeded):
-        check_data_file(data, mode="lenient", max_reject_rate=0.05)
+        check_data_file(data, kind="sft", mode="lenient", max_reject_rate=0.05)
     with pytest.raises(DataValidationError, match=r"row 9: not an object \(a JSON array\)"):
-        check_data_file(data, mode="strict")
-    assert check_data_file(data) == 10  # no mode: only a file with no usable row fails
+        check_data_file(data, kind="sft", mode="strict")
+    assert check_data_file(data) == 10  # no kind: only a file with no usable row fails
+    assert not list(tmp_path.glob("**/*rejects*"))  # the lenient check's rejects went to a removed temporary folder
 
 
 def test_a_runs_folder_on_a_pseudo_file_system_is_refused(tmp_path):

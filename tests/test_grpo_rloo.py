@@ -186,6 +186,46 @@ def test_a_judge_backend_rewards_each_completion_against_its_reference(stages, t
     assert metrics["reward_functions"] == ["judge"]
 
 
+def test_a_pairwise_judge_as_the_tripwires_gold_check(stages, tmp_path):
+    """``tripwire_gold_judge``: a judge other than the optimised reward model (here an OpenAI-compatible server on
+    loopback that prefers the shorter answer) scores the gold check as the win rate of the slice's current greedy
+    answers over the first check's: 0.5 at the first check (the answers are their own baseline, nothing asked)."""
+    from grpo.train import main
+    from tests.policy_judge_server import start_policy_server
+
+    with start_policy_server(tmp_path, name="gold", policy="shorter") as server:
+        gold = json.dumps({"backend": "openai", "base_url": server["base_url"], "model": "gold",
+                           "cache_dir": str(tmp_path / "judgments")})
+        # a large step so the greedy answers move and the judge has something to judge
+        main(_argv(stages, "grpo", "--tripwire_steps", "1", "--tripwire_n_prompts", "2", "--learning_rate", "0.05",
+                   "--tripwire_max_kl", "1000", "--tripwire_max_length_ratio", "100", "--tripwire_max_refusal_shift",
+                   "1", "--tripwire_gold_drop", "1", "--tripwire_gold_judge", gold))
+        requests = server["log"].read_text().count("POST /v1/chat/completions")
+    record = read_manifest(stages["round"] / "grpo")["tripwire"]
+    # the answers moved: the later checks asked the judge (both orders per changed answer); the server counted
+    # those and the identity probe's 8 chat requests
+    assert 0 < record["gold_judge"]["requests_sent"] <= 2 * 2 * 2
+    assert record["gold_judge"]["requests_sent"] + 8 == requests
+    checks = record["checks"]
+    assert [c["step"] for c in checks] == [0, 1, 2] and checks[0]["gold"] == 0.5
+    assert all(c["gold"] in (0.0, 0.25, 0.5, 0.75, 1.0) for c in checks)  # 2 prompts, draws 1/2
+    assert record["gold_scorer"] is True and record["gold_judge"]["identity"]["model"] == "gold"
+    assert "api_key" not in json.dumps(record)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--tripwire_gold_judge", '{"backend": "reward_model"}'], "is the optimised reward model"),
+    (["--tripwire_gold_judge", '{"backend": "openai"}', "--tripwire_gold_model_path", "x"],
+     "tripwire_gold_judge and tripwire_gold_model_path both set"),
+])
+def test_a_gold_judge_that_is_the_optimised_reward_is_refused(stages, extra, message):
+    from grpo.train import main
+
+    with pytest.raises(ValueError, match=message):
+        main(_argv(stages, "grpo", "--tripwire_steps", "1", *extra))
+    assert not (stages["round"] / "grpo" / "checkpoint").exists()
+
+
 def test_the_judge_reward_defaults_to_the_rounds_reward_model(stages):
     """Without ``reward_judge`` the judge is the round's reward model as a pairwise judge: the completion wins when
     it scores above its prompt's reference answer (the pair file's chosen reply)."""
