@@ -228,7 +228,7 @@ def tripwire_inputs(config: PPOConfig, reward_model_hash: str, device: Any = "cp
     (same content hash). ``record`` also goes to the manifest's inputs (lineage: the gold model's and the slice's
     hashes).
     """
-    from judging.online_tripwire import load_gold_scorer
+    from judging.gold_scorer import load_gold_scorer
 
     out: dict[str, Any] = {"prompts": None, "gold_scorer": None,
                            "record": {"prompts_data": config.tripwire_prompts_data, "prompts_data_hash": None,

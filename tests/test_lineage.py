@@ -341,9 +341,10 @@ def test_a_code_change_recomputes_only_the_stages_that_run_that_code(tmp_path):
         assert changed == {name for name in STAGES if module in sets[name]}, module
     for name in STAGES:  # both directions were exercised for every stage
         assert any(m in sets[name] for m in probes) and any(m not in sets[name] for m in probes), name
-    # a judge backend is code the gate stage runs (judging.factory builds it); the reward model judges its held-out
-    # pairs through the judge interface and its own RewardModelJudge, never a backend it does not run
-    assert [n for n in STAGES if "judging.openai_judge" in sets[n]] == ["gates"]
+    # a judge backend is code the gate stage runs (judging.factory builds it), and GRPO / RLOO (their judge reward
+    # and gold judge); the reward model judges its held-out pairs through the judge interface and its own
+    # RewardModelJudge, and PPO never builds a judge backend
+    assert [n for n in STAGES if "judging.openai_judge" in sets[n]] == ["grpo", "rloo", "gates"]
     assert "judging" not in code_packages("sft") and "judging" not in code_packages("dpo")
     assert code_packages("sft") == ("data", "rlhf", "sft")
 
