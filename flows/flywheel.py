@@ -19,7 +19,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from rlhf.credentials import check_env_name, check_mapping, check_url, redact_url
+from rlhf.credentials import check_env_name, check_mapping, check_url, parse_mapping, redact_url
 from rlhf.manifest import dumps_strict, atomic_write_text
 
 __all__ = ["FlywheelParameters", "ImportParameters", "flywheel", "flywheel_import", "round_overrides"]
@@ -87,8 +87,6 @@ class FlywheelParameters(BaseModel):
     @field_validator("judge")
     @classmethod
     def _judge_without_key(cls, value: dict | str | None) -> dict | str | None:
-        from judging.judges import parse_mapping
-
         check_mapping(parse_mapping(value, where="judge"), "judge")
         return value
 
@@ -130,7 +128,7 @@ def ingest_task(db: str, files: list[str], password_env: str | None = None) -> l
 def judge_task(db: str, params: FlywheelParameters) -> dict:
     from flywheel.judge import DEFAULT_REFERENCE, gates_judge, judge_turns
     from flywheel.store import SignalStore
-    from judging.judges import JudgeConfig, parse_mapping
+    from judging.judges import JudgeConfig
 
     store = SignalStore(db, password_env=params.db_password_env)
     config = params.judge

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from judging.cache import JudgmentCache
-from judging.judges import JudgeConfig, parse_mapping
+from judging.judges import JudgeConfig
 from judging.openai_client import ChatClient
+from rlhf.credentials import parse_mapping
 from rlhf.lineage import json_hash
 
 from .refusal import (

@@ -23,7 +23,6 @@ of a reward model or label file; for an endpoint, what the server reports and ho
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from abc import ABC, abstractmethod
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhf.credentials import check_env_name, check_mapping
+from rlhf.credentials import check_env_name, check_mapping, parse_mapping
 from rlhf.lineage import json_hash
 
 BACKENDS = ("reward_model", "sequence_classifier", "openai", "labels")
@@ -95,25 +94,6 @@ def prompt_text(prompt: Any) -> str:
     if len(msgs) == 1:
         return str(msgs[0]["content"])
     return "\n\n".join(f"{m['role']}: {m['content']}" for m in msgs)
-
-
-def parse_mapping(data: Any, *, where: str, example: str = "{backend: openai, model: ...}") -> dict[str, Any]:
-    """A settings mapping given as a mapping or as its JSON text (a recipe's YAML mapping, or JSON on the command
-    line); None or "" -> {}. The one parser of that form, for ``--judge`` and ``--refusal_judge`` alike.
-
-    Raises:
-        ValueError: text that is not JSON, or anything but a mapping (names ``where``).
-    """
-    if data is None or data == "":
-        return {}
-    if isinstance(data, str):
-        try:
-            data = json.loads(data)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not a JSON object ({err})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping like {example}, got {type(data).__name__}")
-    return dict(data)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ checkpoint is chosen by gold (:attr:`Tripwire.best_step`), never by the training
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -47,7 +46,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from rlhf.manifest import atomic_write_text, dumps_strict
+from rlhf.manifest import atomic_write_text, dumps_strict, records_up_to_step
 
 from judging.drift_rules import has_bullet_list, is_hedged, restates_question
 from judging.refusal_rules import classify_refusal, is_refusal
@@ -389,17 +388,7 @@ class TripwireCallback(TrainerCallback):
             ValueError: a line of the file is not JSON (names the file and line).
         """
         path = Path(args.output_dir) / self.CHECKS_FILE
-        kept: list[dict[str, Any]] = []
-        if path.is_file():
-            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}: line {i}: not JSON ({err.msg})") from None
-                if entry.get("step", math.inf) <= step:
-                    kept.append(entry)
+        kept = records_up_to_step(path, step, missing_step=math.inf)
         if self._checks_path is not None:  # atomic: another process may be reading it
             atomic_write_text(self._checks_path, "".join(dumps_strict(e) + "\n" for e in kept))
         if not kept:

@@ -113,6 +113,26 @@ def check_value(value: Any, where: str) -> None:
         check_url(text, where, "an environment variable (e.g. PGPASSWORD)")
 
 
+def parse_mapping(data: Any, *, where: str, example: str = "{backend: openai, model: ...}") -> dict[str, Any]:
+    """A settings mapping given as a mapping or as its JSON text (a recipe's YAML mapping, or JSON on the command
+    line); None or "" -> {}. The one parser of that form, for ``--judge``, ``--refusal_judge``, ``--reward_judge`` and
+    ``--tripwire_gold_judge`` alike (it does not check for secrets: ``check_mapping`` does).
+
+    Raises:
+        ValueError: text that is not JSON, or anything but a mapping (names ``where``).
+    """
+    if data is None or data == "":
+        return {}
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not a JSON object ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping like {example}, got {type(data).__name__}")
+    return dict(data)
+
+
 def _parse_mapping_text(text: str) -> Any:
     """``text`` read as JSON, else as YAML (``--set`` takes both: ``{backend: openai, api_key: ...}``); None when it
     is neither."""

@@ -76,6 +76,30 @@ def dumps_strict(value: Any, **kwargs: Any) -> str:
     return json.dumps(strict_json(value), allow_nan=False, **kwargs)
 
 
+def records_up_to_step(path: str | os.PathLike, step: int, *, missing_step: float = 0) -> list[dict[str, Any]]:
+    """The JSON-lines records of ``path`` whose ``step`` is at most ``step`` (a record without one counts as
+    ``missing_step``), in file order; [] when the file does not exist. What a run resumed from ``checkpoint-<step>``
+    keeps of the killed attempt's step records: later ones were made after that checkpoint and are made again.
+
+    Raises:
+        ValueError: a line is not JSON (names the file and line).
+    """
+    path = Path(path)
+    kept: list[dict[str, Any]] = []
+    if not path.is_file():
+        return kept
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {i}: not JSON ({err.msg})") from None
+        if record.get("step", missing_step) <= step:
+            kept.append(record)
+    return kept
+
+
 def write_manifest(output_dir: str | os.PathLike, manifest: dict[str, Any]) -> Path:
     """Write ``manifest`` (plus ``finished_at``) to ``output_dir/manifest.json`` atomically; returns the path."""
     manifest = {**manifest, "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat()}

@@ -42,7 +42,6 @@ sampling and the reference and reward forwards are not counted, so MFU understat
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from .checkpoint import verify_hash
 from .config import PipelineArguments, TrainerLoopDefaults, TripwireArguments
 from .lineage import content_hash
-from .manifest import MANIFEST_NAME, dumps_strict, precision_name, read_manifest
+from .manifest import MANIFEST_NAME, dumps_strict, precision_name, read_manifest, records_up_to_step
 
 if TYPE_CHECKING:
     from .trainer_stage import TrainerStage, TrainingData
@@ -192,19 +191,13 @@ def _judge_mapping(value: Any, where: str) -> dict | None:
     Raises:
         ValueError: text that is not JSON, not a mapping, or a secret value (names ``where``).
     """
-    if value in (None, "", {}):
-        return None
-    from .credentials import check_mapping
+    from .credentials import check_mapping, parse_mapping
 
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not a JSON object ({err})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{where}: expected a mapping like {{backend: openai, model: ...}}, got {type(value).__name__}")
-    check_mapping(value, where)
-    return value
+    mapping = parse_mapping(value, where=where)
+    if not mapping:
+        return None
+    check_mapping(mapping, where)
+    return mapping
 
 
 # ---- inputs -----------------------------------------------------------------------------------------
@@ -325,17 +318,7 @@ def resumed_history(path: Path, resumed_step: int | None) -> list[dict[str, Any]
     Raises:
         ValueError: a line of the file is not JSON, naming the file and line.
     """
-    kept: list[dict[str, Any]] = []
-    if resumed_step is not None and path.is_file():
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {i}: not JSON ({err.msg})") from None
-            if entry.get("step", 0) <= resumed_step:
-                kept.append(entry)
+    kept = [] if resumed_step is None else records_up_to_step(path, resumed_step)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(dumps_strict(e) + "\n" for e in kept))
     return kept

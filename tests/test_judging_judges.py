@@ -381,7 +381,7 @@ def test_the_gate_stage_takes_key_names_and_its_client_reads_the_key_from_the_en
 
 
 def test_one_parser_for_a_mapping_or_its_json():
-    from judging.judges import parse_mapping
+    from rlhf.credentials import parse_mapping
 
     assert parse_mapping('{"a": 1}', where="x") == parse_mapping({"a": 1}, where="x") == {"a": 1}
     assert parse_mapping(None, where="x") == parse_mapping("", where="x") == {}
