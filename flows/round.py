@@ -213,13 +213,47 @@ def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[
         "reward_model": lambda: ["--sft_dir", dirs["sft"], *decon],
         "ppo": online_rl,
         # TRL's trainers read their prompts through the data loaders, so they are checked like the other rows
-        "grpo": lambda: [*online_rl(), *decon],
-        "rloo": lambda: [*online_rl(), *decon],
+        "grpo": lambda: [*online_rl(), *decon, *round_gold_judge(params, "grpo")],
+        "rloo": lambda: [*online_rl(), *decon, *round_gold_judge(params, "rloo")],
         # the runs folder: earlier rounds' round.json record the red-team versions they used (gates/redteam.py)
         "gates": lambda: ["--baseline_dir", dirs["sft"], "--candidate_dir", dirs["candidate"], "--reward_model_dir",
                           dirs["reward_model"], "--fail_on_block", "false", *unlock,
                           "--redteam_runs_dir", str(Path(params.runs_dir).resolve())],  # fmt: skip
     }[stage]()
+
+
+#: The gate judge backends that can be an online-RL stage's gold check: they judge new answers and are not the
+#: optimised reward model (``reward_model`` is; ``labels`` only knows the pairs of its file).
+GOLD_JUDGE_BACKENDS = ("openai", "sequence_classifier")
+
+
+def round_gold_judge(params: RoundParameters, stage: str) -> list[str]:
+    """``["--tripwire_gold_judge", <JSON>]``: the gates' judge as a TRL online-RL stage's gold check, when it is one
+    of :data:`GOLD_JUDGE_BACKENDS`, that stage's tripwire is on and its recipe and overrides name no gold check of
+    their own (``tripwire_gold_judge``, ``tripwire_gold_model_path``); else []. The round trains no second reward
+    model, so the round's own judge is the independent scorer it has (the default ``reward_model`` judge is the
+    optimised reward model and gives no gold check).
+
+    Raises:
+        ValueError: the gates' judge is not a mapping (``rlhf.credentials.parse_mapping``) or holds a secret.
+    """
+    import yaml
+
+    from rlhf.credentials import check_mapping, parse_mapping
+
+    def effective(name: str) -> dict:
+        extra = params.overrides.get(name, [])
+        given = {k.removeprefix("--"): v for k, v in zip(extra[::2], extra[1::2])}
+        return {**(yaml.safe_load(_recipe(params, name).read_text()) or {}), **given}
+
+    rl = effective(stage)
+    if rl.get("tripwire_gold_judge") or rl.get("tripwire_gold_model_path") or str(rl.get("tripwire_steps", 1)) == "0":
+        return []
+    judge = parse_mapping(effective("gates").get("judge"), where="gates.judge")
+    if judge.get("backend") not in GOLD_JUDGE_BACKENDS:
+        return []
+    check_mapping(judge, "gates.judge")
+    return ["--tripwire_gold_judge", json.dumps(judge, sort_keys=True)]
 
 
 def decide_unlock(params: RoundParameters, rm: StageRun, round_dir: Path) -> dict:

@@ -351,6 +351,36 @@ def test_the_round_runs_the_chosen_online_rl_stage_when_unlocked(tmp_path):
         RoundParameters(online_rl="rloo", force=["ppo"])
 
 
+def test_the_round_gives_its_judge_to_the_trl_stages_as_their_gold_check(tmp_path):
+    """The gates' judge, when it is an independent one (openai, sequence_classifier), is the TRL stages' tripwire
+    gold check; not the default reward_model judge (the optimised model), not over the stage's own gold settings,
+    not to PPO (its gold check is a reward model), not when the tripwire is off."""
+    from flows.round import RoundParameters, stage_args
+
+    dirs = {"sft": "S", "dpo": "D", "reward_model": "R"}
+    judge = {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "MY_KEY"}
+    gates = ["--judge", json.dumps(judge)]
+    for name in ("grpo", "rloo"):
+        args = stage_args(name, RoundParameters(preset="smoke", online_rl=name, overrides={"gates": gates}),
+                          tmp_path, dirs)
+        assert json.loads(args[args.index("--tripwire_gold_judge") + 1]) == judge
+        assert "--tripwire_gold_judge" not in stage_args(name, RoundParameters(preset="smoke", online_rl=name),
+                                                         tmp_path, dirs)
+        for own in (["--tripwire_gold_model_path", "G"], ["--tripwire_gold_judge", '{"backend": "openai"}'],
+                    ["--tripwire_steps", "0"]):
+            params = RoundParameters(preset="smoke", online_rl=name, overrides={"gates": gates, name: own})
+            assert stage_args(name, params, tmp_path, dirs).count("--tripwire_gold_judge") == 0
+    classifier = ["--judge", json.dumps({"backend": "sequence_classifier", "model": "some/classifier"})]
+    args = stage_args("grpo", RoundParameters(preset="smoke", online_rl="grpo", overrides={"gates": classifier}),
+                      tmp_path, dirs)
+    assert json.loads(args[args.index("--tripwire_gold_judge") + 1])["model"] == "some/classifier"
+    labels = ["--judge", json.dumps({"backend": "labels", "model": "labels.jsonl"})]
+    assert "--tripwire_gold_judge" not in stage_args(
+        "grpo", RoundParameters(preset="smoke", online_rl="grpo", overrides={"gates": labels}), tmp_path, dirs)
+    assert "--tripwire_gold_judge" not in stage_args(
+        "ppo", RoundParameters(preset="smoke", online_rl="ppo", overrides={"gates": gates}), tmp_path, dirs)
+
+
 def test_every_preset_has_online_rl_recipes_that_parse():
     from flows.round import RoundParameters, check_recipes
 
