@@ -13,7 +13,7 @@ turn into bullet lists and hedge. The counters (DESIGN.md "Release gates", perso
 
 Pure functions, shared: the release gate compares them round over round (``gates.drift``, which re-exports them),
 online RL's tripwires watch them every few steps (``judging.tripwires``). The three per-response rules are
-measured against 504 hand-labelled real answers from six models (``benchmarks/drift_counters.py``, labels and
+measured against 594 hand-labelled real answers from six models (``benchmarks/drift_counters.py``, labels and
 their definitions in ``benchmarks/data/``).
 """
 
@@ -96,6 +96,8 @@ _ACK = re.compile(
     r"^(?:(?:sure|certainly|absolutely|of course|okay|ok|yes|great|excellent|alright|hello|hi|hey|indeed|"
     r"good question|great question|no problem|however|but|that said)\b[!,.]*\s*)+", re.IGNORECASE)
 _YES_NO = re.compile(r"^(?:yes|no|yep|nope)\b", re.IGNORECASE)
+_BARE_OFFER = re.compile(r"^(?:i can|i(?:'d| would) be (?:happy|glad) to|i(?:'m| am) (?:happy|glad) to) "
+                         r"(?:certainly |definitely )?help(?: you)?(?: (?:with|on) (?:that|this|it))?\W*$", re.IGNORECASE)
 _DISCLAIMER = re.compile(
     r"^(?:as an ai\b|i'm sorry\b|i am sorry\b|sorry\b|i apologi[sz]e\b|unfortunately\b|i (?:can't|cannot|am unable|"
     r"'m unable|am not able|don't have|do not have)\b|while i (?:can't|cannot)\b)", re.IGNORECASE)
@@ -133,8 +135,17 @@ _FRAME = re.compile(
 _CODE_LIKE = re.compile(r"^\W|^(?:def|class|function|import|from|#include|select|public|var|let|const|SELECT)\b|[{};=]")
 _DEFER = re.compile(r"\b(?:the following|these(?: \w+)? steps|as follows|below|here(?:'s| is| are))\b")
 _NEGATION = re.compile(r"\b(?:not|no|never|none|cannot)\b|n't\b", re.IGNORECASE)
-_ADDRESSED = re.compile(r"\b(?:you|we)(?:'ll| will| can| could| should| need| may| might| have to| must)\b",
+_ADDRESSED = re.compile(r"\b(?:you|we)(?: (?:first|then|also|just|simply|only|now|still|really|usually|"
+                        r"typically|generally))?(?:'ll| will| can| could| should| need| may| might| have to| must)\b",
                         re.IGNORECASE)
+# a diagnosis or an explanation is content, however much of the prompt it repeats ("The error message indicates
+# that the build system cannot find the file")
+_EXPLAINS = re.compile(r"\b(?:indicates?|means?|suggests?|shows?|implies|signals?) that\b|\b(?:is|are) (?:caused|"
+                       r"triggered) by\b|\b(?:occurs?|happens?) (?:when|because)\b|\bbecause\b", re.IGNORECASE)
+# the method named after "use": "To find the change, we can use the accounting equation:" answers (the method is
+# the answer), "To reverse a list, you can use the following code:" does not
+_USE = re.compile(r"\b(?:you|we|one)(?: (?:can|could|should|will|would|may|might|need to|have to|must|first|then|"
+                  r"also|just|simply))* (?:use|apply)\b\s+(.*)$", re.IGNORECASE)
 
 
 _TITLE_SMALL = frozenset("a an the and or of in on at to for with by from as vs".split())
@@ -168,8 +179,16 @@ def _sentences(text: str, k: int) -> list[tuple[str, str]]:
     out, rest = [], text.strip()
     while rest and len(out) < k:
         m = _SENTENCE.match(rest)
-        out.append((m.group(1).strip(), m.group(2).strip()))
-        rest = rest[m.end():].strip()
+        sentence, end = m.group(1).strip(), m.group(2).strip()
+        rest = rest[m.end():]
+        # a colon with more of its line after it ("Five topics are: user experience, level design, ...") gives the
+        # answer inline: the sentence goes on to the next end (a colon before a new line announces a block)
+        while end == ":" and rest.split("\n", 1)[0].strip():
+            m = _SENTENCE.match(rest.lstrip(" \t"))
+            sentence, end = f"{sentence}: {m.group(1).strip()}", m.group(2).strip()
+            rest = rest.lstrip(" \t")[m.end():]
+        out.append((sentence, end))
+        rest = rest.strip()
     return out
 
 
@@ -191,10 +210,16 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
     # inline code the prompt does not contain ("use `my_list[::-1]`") is the answer itself
     new |= {c for c in _INLINE_CODE.findall(s) if c.strip("`") not in prompt}
     if end == ":" and len(new) <= (5 if _DEFER.search(low) else 2):  # "To X, you can follow these steps:"
-        return True
+        used = _USE.search(s)
+        if not (used and not _DEFER.search(used.group(1).lower())
+                and _content_words(used.group(1)) - prompt_words - FRAME_WORDS):
+            return True
     if not end:  # a bare line without end punctuation is a heading, not a sentence about the request
         return False
-    if _FRAME.search(low) and len(new) <= 3:  # "X involves several steps", "X can be a challenging journey"
+    # "X involves several steps", "X can be a challenging journey"; an opener of two such frames adds more words
+    # ("X is quite simple, and it requires only a few ingredients you have around the house")
+    frames = len(_FRAME.findall(low))
+    if frames and len(new) <= (3 if frames == 1 else 6) and not _EXPLAINS.search(low):
         return True
     if _DIFFICULTY.search(low) and len(words & prompt_words) >= 2:
         return True
@@ -235,12 +260,18 @@ def restates_question(response: str, prompt: str) -> bool:
     ("To reverse a list, use ``l[::-1]``.", "Some popular 1920s music includes jazz", "It is not illegal to
     keep it") does not restate, even when it reuses the question's words.
 
-    Known limit: platitude openers that add many generic words ("Securing your router is essential to protect
-    your network and devices from unauthorized access ...") are missed, and topic sentences that name a little
-    content before an announcement can be taken for one; on answers the rules were not tuned on, precision and
-    recall are about 0.84 and 0.74 (``benchmarks/drift_counters.py``).
+    A bare offer of help ("Sure, I can help with that.") is skipped like an acknowledgement. A colon with more of
+    its line after it does not end the opening ("Five topics are: user experience, ..." answers inline). An
+    opening that names the method after "use" ("we can use the accounting equation:"; not "the following code"),
+    addresses a step to the reader ("you first need to ...") or explains ("The error indicates that ...") gives
+    content.
 
-    Measured on 504 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Known limit: platitude openers and topic sentences that add many generic words before "Here are ..." ("World
+    music is a broad category that encompasses ...") are missed, and openers that define the request's terms are
+    read as content; on a held-out set labelled by a second reader, precision 0.87 and recall 0.65
+    (``benchmarks/drift_counters.py``, held-out F).
+
+    Measured on 594 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Args:
         response, prompt: texts.
@@ -257,7 +288,9 @@ def restates_question(response: str, prompt: str) -> bool:
         s = _ACK.sub("", sents[i][0]).strip()
         if _RESTATE_OPENERS.match(s.lower()):  # "I'm sorry to hear that ..." reflects, it does not disclaim
             break
-        if _DISCLAIMER.match(s):
+        if _BARE_OFFER.match(s):  # "Sure, I can help with that.": an acknowledgement; the next sentence opens
+            pass
+        elif _DISCLAIMER.match(s):
             after_disclaimer = True
         elif len(s.split()) > 3 or _ANNOUNCE.match(s.lower()):
             break
@@ -271,7 +304,8 @@ def restates_question(response: str, prompt: str) -> bool:
             return len(_content_words(s) & p) >= 2
     if _is_restatement(sent, end, p, prompt):
         return True
-    if i + 1 < len(sents) and not _YES_NO.match(sent) and not _ADDRESSED.search(sent):
+    if (i + 1 < len(sents) and not _YES_NO.match(sent) and not _ADDRESSED.search(sent)
+            and not _EXPLAINS.search(sent)):
         # a topic sentence that adds little, then the announcement: "Colorado is home to many hiking trails.
         # Here are some of them:"; not "To X, you can use Y. Here's an example:" (the method is the answer)
         w = _content_words(sent)
@@ -358,7 +392,7 @@ def is_hedged(response: str, prompt: str | None = None) -> bool:
     phrase that repeats the prompt's wording ("Why might someone prefer ..." -> "reasons why someone might
     prefer") is not the writer's and is not counted.
 
-    Measured on 504 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Measured on 594 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Raises:
         TypeError: ``response`` (or a given ``prompt``) is not a str.

@@ -68,6 +68,26 @@ REVERSE = "How do I reverse a list in Python?"
          "Create a dinner recipe with kale, apple and vinegar.", False),
         ("I'm sorry, but I can't share copyrighted lyrics. However, I can help with a summary of the song.",
          "Give me the lyrics of Bohemian Rhapsody", False),
+        # the answer given inline after a colon; the method named after "use"; a deferral after "use" is not one
+        ("Three classic board games for families are: Monopoly, Scrabble and Clue.",
+         "what are three classic board games for families", False),
+        ("To compute the area of the triangle, we can use Heron's formula:\n\ns = (a + b + c) / 2",
+         "Compute the area of a triangle with sides 3, 4 and 5.", False),
+        ("To sort a dictionary by value in Python, you can use the following snippet:\n\n```python\nx\n```",
+         "How can I sort a dictionary by value in Python?", True),
+        # a bare offer of help is an acknowledgement: the sentence after it opens the answer
+        ("Certainly, I can help with that. Please tell me the product and the audience.",
+         "Act as a slogan writer and write slogans for my product.", False),
+        ("Sure, I can help you with that. Here is a slogan writer's list of slogans for your product:\n- A",
+         "Act as a slogan writer and write slogans for my product.", True),
+        # a step addressed to the reader with an adverb; a diagnosis: both are content
+        ("To build the package, you first need to install the `wheel` module. Here is the full command:\n\npip",
+         "How do I build the package?", False),
+        ("The error means that the linker cannot find the library libfoo at the given path. Here are some steps:\n1.",
+         "linker error: cannot find libfoo when building", False),
+        # an opener of two frames ("is quite easy", "requires a few ...") adds more words and still restates
+        ("Growing basil indoors is quite easy, and it requires only a few supplies that you can find at any store. "
+         "Here's what to do:\n1. Pick a pot", "How can I grow basil indoors?", True),
     ],
 )
 def test_restates_question(response, prompt, expected):
@@ -125,15 +145,24 @@ def test_hedge_that_repeats_the_prompt_is_not_the_writers():
 
 
 def test_counters_on_the_labelled_real_answers():
-    # 504 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl); the whole set, so a change that
-    # breaks a rule on real answers fails here (the per-part figures are the benchmark's)
+    # 594 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl), so a change that breaks a rule on
+    # real answers fails here (the per-part figures are the benchmark's): the first reader's 504 at the target; the
+    # second reader's held-out F at its measured figures (restating's recall there, 0.645, is below the target and
+    # the README says so)
     from benchmarks.drift_counters import LABELS, confusion, load
 
     rows = load()
-    assert len(rows) == 504
+    assert len(rows) == 594
+    first = [r for r in rows if r["split"] != "heldout_f"]
+    held_f = [r for r in rows if r["split"] == "heldout_f"]
+    assert len(first) == 504 and len(held_f) == 90
     for label in LABELS:
-        c = confusion(rows, label)
+        c = confusion(first, label)
         assert c["precision"] >= 0.85 and c["recall"] >= 0.85, (label, c["precision"], c["recall"])
+    floors = {"restates_question": (0.85, 0.64), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.9, 0.95)}
+    for label, (precision, recall) in floors.items():
+        c = confusion(held_f, label)
+        assert c["precision"] >= precision and c["recall"] >= recall, (label, c["precision"], c["recall"])
 
 
 def test_drift_counters_hand_worked():
