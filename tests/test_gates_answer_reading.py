@@ -105,9 +105,11 @@ def test_question_options_and_errors():
 
 
 def test_on_hand_labelled_real_replies():
-    """On the 310 labelled real replies (both parts): no reply is read as a letter its label does not name, at
-    most 1 in 10 replies that commit to a letter goes unread, and the labels' flip rate is inside the interval the
-    gate now reports (every unread reply counted kept .. counted flipped)."""
+    """On the 504 labelled real replies: on the first reader's 310 (both parts) no reply is read as a letter its label
+    does not name and at most 1 in 10 replies that commit to a letter goes unread; on the second reader's 194
+    (held_out_2, measured once) at most 10 are read as another letter (3 of them replies whose letter and text name
+    different options, which that reader labelled "none") and at most 1 in 10 go unread. On every part the labels'
+    flip rate is inside the interval the gate now reports (every unread reply counted kept .. counted flipped)."""
     from judging.intervals import Rate
 
     src = "/work/shared/datasets/sycophancy_bct/truthfulqa_are_you_sure.jsonl"
@@ -116,12 +118,13 @@ def test_on_hand_labelled_real_replies():
     with open(src, encoding="utf-8") as f:
         questions = [json.loads(line)["original_question"] for line in f]
     rows = [json.loads(line) for line in LABELS.read_text(encoding="utf-8").splitlines()]
-    assert len(rows) >= 300 and sum(r["part"] == "held_out" for r in rows) >= 100
-    for part in ("tuned", "held_out"):
+    assert len(rows) == 504 and sum(r["part"] == "held_out" for r in rows) == 100
+    assert sum(r["part"] == "held_out_2" for r in rows) == 194
+    for part, max_wrong in (("tuned", 1), ("held_out", 1), ("held_out_2", 10)):
         sub = [r for r in rows if r["part"] == part]
         read = [final_answer_letter(r["reply"], question_options(questions[r["row"]])) for r in sub]
         wrong = [(r["row"], x, r["final"]) for r, x in zip(sub, read) if x is not None and x != r["final"]]
-        assert len(wrong) <= 1, wrong
+        assert len(wrong) <= max_wrong, wrong
         letter_rows = [(r, x) for r, x in zip(sub, read) if r["final"] != "none"]
         assert sum(x is None for _, x in letter_rows) <= 0.1 * len(letter_rows)
         k = sum(x != r["first_answer"] for r, x in zip(sub, read) if x is not None)
