@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from judging.unlock import decide_from_metrics
 from rlhf.credentials import check_args
-from rlhf.manifest import atomic_write_text, strict_json
+from rlhf.manifest import atomic_write_text, dumps_strict, strict_json
 from rlhf.registry import STAGES
 from rlhf.round_id import artifact_key, check_round_id
 from rlhf.rundir import RoundLock
@@ -46,6 +46,8 @@ UNLOCK_FILE = "ppo_unlock.json"
 #: The stages a round may run as its online-RL step after DPO (one per round: RoundParameters.online_rl).
 ONLINE_RL_STAGES = ("ppo", "grpo", "rloo")
 GATE_SUITES_FILE = "gate_suites.yaml"
+#: The online-RL tripwire's slice: win-rate prompts of this round's gate suite that the gates do not score.
+TRIPWIRE_SLICE_FILE = "tripwire_slice.jsonl"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -206,7 +208,7 @@ def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[
     decon = ["--decontaminate_against", str((round_dir / GATE_SUITES_FILE).resolve())]
     # every online-RL stage: policy from DPO, KL to SFT's pi_ref, the round's reward model, the unlock decision
     online_rl = lambda: ["--sft_dir", dirs["sft"], "--policy_dir", dirs["dpo"], "--reward_model_dir",  # noqa: E731
-                         dirs["reward_model"], *unlock]  # fmt: skip
+                         dirs["reward_model"], *unlock, *tripwire_slice_args(params, round_dir, stage)]  # fmt: skip
     return {
         "sft": lambda: [*base, *decon],
         "dpo": lambda: ["--sft_dir", dirs["sft"], *decon],
@@ -227,33 +229,95 @@ def stage_args(stage: str, params: RoundParameters, round_dir: Path, dirs: dict[
 GOLD_JUDGE_BACKENDS = ("openai", "sequence_classifier")
 
 
+def _effective_config(params: RoundParameters, stage: str) -> dict:
+    """A stage's recipe with the user's overrides for it (values as given: strings from ``--set``)."""
+    import yaml
+
+    extra = params.overrides.get(stage, [])
+    given = {k.removeprefix("--"): v for k, v in zip(extra[::2], extra[1::2])}
+    return {**(yaml.safe_load(_recipe(params, stage).read_text()) or {}), **given}
+
+
+def _tripwire_checks(cfg: dict) -> bool:
+    """Whether an online-RL stage of this config makes tripwire checks: ``tripwire_steps`` not 0 and a step budget
+    (``max_steps`` for TRL's, ``num_steps`` for PPO) of at least that many steps when one is set."""
+    from rlhf.config import TripwireArguments
+
+    steps = int(cfg.get("tripwire_steps", TripwireArguments.tripwire_steps))
+    budget = int(cfg.get("max_steps", cfg.get("num_steps", 0)) or 0)
+    return steps > 0 and not 0 < budget < steps
+
+
 def round_gold_judge(params: RoundParameters, stage: str) -> list[str]:
     """``["--tripwire_gold_judge", <JSON>]``: the gates' judge as a TRL online-RL stage's gold check, when it is one
-    of :data:`GOLD_JUDGE_BACKENDS`, that stage's tripwire is on and its recipe and overrides name no gold check of
-    their own (``tripwire_gold_judge``, ``tripwire_gold_model_path``); else []. The round trains no second reward
+    of :data:`GOLD_JUDGE_BACKENDS`, that stage makes tripwire checks and its recipe and overrides name no gold check
+    of their own (``tripwire_gold_judge``, ``tripwire_gold_model_path``); else []. The round trains no second reward
     model, so the round's own judge is the independent scorer it has (the default ``reward_model`` judge is the
     optimised reward model and gives no gold check).
 
     Raises:
         ValueError: the gates' judge is not a mapping (``rlhf.credentials.parse_mapping``) or holds a secret.
     """
-    import yaml
-
     from rlhf.credentials import check_mapping, parse_mapping
 
-    def effective(name: str) -> dict:
-        extra = params.overrides.get(name, [])
-        given = {k.removeprefix("--"): v for k, v in zip(extra[::2], extra[1::2])}
-        return {**(yaml.safe_load(_recipe(params, name).read_text()) or {}), **given}
-
-    rl = effective(stage)
-    if rl.get("tripwire_gold_judge") or rl.get("tripwire_gold_model_path") or str(rl.get("tripwire_steps", 1)) == "0":
+    rl = _effective_config(params, stage)
+    if rl.get("tripwire_gold_judge") or rl.get("tripwire_gold_model_path") or not _tripwire_checks(rl):
         return []
-    judge = parse_mapping(effective("gates").get("judge"), where="gates.judge")
+    judge = parse_mapping(_effective_config(params, "gates").get("judge"), where="gates.judge")
     if judge.get("backend") not in GOLD_JUDGE_BACKENDS:
         return []
     check_mapping(judge, "gates.judge")
     return ["--tripwire_gold_judge", json.dumps(judge, sort_keys=True)]
+
+
+def tripwire_slice_file(params: RoundParameters, round_dir: Path) -> Path | None:
+    """``<round_dir>/tripwire_slice.jsonl``: the prompts the round's online-RL tripwire answers at each check, when
+    that stage makes checks and names no ``tripwire_prompts_data`` of its own; else None (and no file).
+
+    They are a slice of the gates' win-rate suite (``winrate_data``) that the gates do not score
+    (``gates.suites.held_back`` of the ``n_winrate`` the gates take): held out from training by decontamination,
+    benign (a refusal is a false one), and disjoint from the prompts the release decision reads, so selecting
+    the checkpoint on them does not select on the gate. ``tripwire_n_prompts`` of them; with the judge reward,
+    only prompts that have a reference answer. Written atomically as native eval rows (``data.schemas.EvalPrompt``).
+
+    Raises:
+        data.validation.DataValidationError, OSError: the win-rate suite cannot be read.
+    """
+    from data.loaders import load_eval_prompts
+    from gates.config import GateStageConfig
+    from gates.suites import held_back
+    from rlhf.config import TripwireArguments
+
+    stage = params.online_rl
+    rl = _effective_config(params, stage)
+    path = round_dir / TRIPWIRE_SLICE_FILE
+    if rl.get("tripwire_prompts_data") or not _tripwire_checks(rl):
+        path.unlink(missing_ok=True)
+        return None
+    gates = _effective_config(params, "gates")
+    rows = list(load_eval_prompts(gates.get("winrate_data", GateStageConfig.winrate_data)))
+    n_measured = int(gates.get("n_winrate", GateStageConfig.n_winrate))
+    reward_functions = rl.get("reward_functions") or []
+    if isinstance(reward_functions, str):
+        reward_functions = [reward_functions]
+    # the judge reward compares each answer with its prompt's reference: then only prompts that have one
+    needs_reference = "judge" in reward_functions
+    slice_ = held_back(rows, n_measured, int(rl.get("tripwire_n_prompts", TripwireArguments.tripwire_n_prompts)),
+                       keep=lambda r: bool(r.reference) or not needs_reference)
+    if not slice_:
+        path.unlink(missing_ok=True)
+        return None
+    atomic_write_text(path, "".join(dumps_strict(r.model_dump(exclude_none=True)) + "\n" for r in slice_))
+    return path.resolve()
+
+
+def tripwire_slice_args(params: RoundParameters, round_dir: Path, stage: str) -> list[str]:
+    """``["--tripwire_prompts_data", <the slice file>]`` for the round's online-RL stage when the flow wrote one
+    (:func:`tripwire_slice_file`), else []."""
+    path = round_dir / TRIPWIRE_SLICE_FILE
+    if stage != params.online_rl or not path.is_file():
+        return []
+    return ["--tripwire_prompts_data", str(path.resolve())]
 
 
 def decide_unlock(params: RoundParameters, rm: StageRun, round_dir: Path) -> dict:
@@ -440,6 +504,8 @@ def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     # Training data is checked against every gate suite of this round before a stage trains: a gate scored on
     # prompts a model trained on measures memory, not the model.
     gate_suites_file(params, round_dir)
+    # the online-RL tripwire watches win-rate prompts the gates do not score (held out from training as above)
+    tripwire_slice_file(params, round_dir)
     dirs: dict[str, str] = {}
     sft = stage_task("sft", params, round_dir, dirs, [])
     dirs["sft"] = sft.output_dir

@@ -36,6 +36,16 @@ def stratified(items: Sequence[Any], n: int, key=lambda p: p.intent) -> list[Any
     return out
 
 
+def held_back(items: Sequence[Any], n_measured: int, n: int, key=lambda p: p.intent,
+              keep=lambda p: True) -> list[Any]:
+    """Up to ``n`` items of a suite that its gate does not measure: the items left after
+    ``stratified(items, n_measured)`` (and passing ``keep``), taken the same way (one per stratum in turn). A slice
+    to watch during training (online RL's tripwire) that shares no prompt with what the gate will score.
+    """
+    measured = {id(x) for x in stratified(items, n_measured, key)}
+    return stratified([x for x in items if id(x) not in measured and keep(x)], n, key)
+
+
 def capability_questions(rows: Sequence[Any], n: int) -> list[NeutralQuestion]:
     """The first ``n`` sycophancy-set questions asked neutrally (no suggestion), answer-with-a-letter format."""
     return [neutral_question(r, answer_format="direct") for r in rows[:n]]

@@ -8,7 +8,7 @@ import pytest
 
 from data.loaders import load_eval_prompts
 from gates.capability import mc_answer_letter
-from gates.suites import capability_questions, stratified, suggested_questions
+from gates.suites import capability_questions, held_back, stratified, suggested_questions
 
 
 def test_stratified_takes_one_per_intent_in_turn():
@@ -80,3 +80,14 @@ def test_an_earlier_report_is_removed_before_a_new_run(tmp_path):
     (tmp_path / "plots").mkdir()
     clear_previous_outputs(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_held_back_takes_what_the_gate_does_not_score():
+    # intents a a a b b c: stratified(., 3) scores a0 b3 c5; what is left is a1 a2 b4, taken one per intent in turn
+    items = [("a", 0), ("a", 1), ("a", 2), ("b", 3), ("b", 4), ("c", 5)]
+    key = lambda x: x[0]  # noqa: E731
+    assert stratified(items, 3, key) == [("a", 0), ("b", 3), ("c", 5)]
+    assert held_back(items, 3, 2, key) == [("a", 1), ("b", 4)]
+    assert held_back(items, 3, 9, key) == [("a", 1), ("b", 4), ("a", 2)]
+    assert held_back(items, 6, 9, key) == []  # the gate scores everything: nothing held back
+    assert held_back(items, 3, 9, key, keep=lambda x: x[1] != 4) == [("a", 1), ("a", 2)]

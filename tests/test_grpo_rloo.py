@@ -360,25 +360,62 @@ def test_the_round_gives_its_judge_to_the_trl_stages_as_their_gold_check(tmp_pat
     dirs = {"sft": "S", "dpo": "D", "reward_model": "R"}
     judge = {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "MY_KEY"}
     gates = ["--judge", json.dumps(judge)]
+    checks = ["--tripwire_steps", "1"]  # the smoke recipes' 2 steps make no check at the default 10
+
+    def args_of(name, gates_args, stage_args_=()):
+        over = {"gates": gates_args, name: [*checks, *stage_args_]}
+        return stage_args(name, RoundParameters(preset="smoke", online_rl=name, overrides=over), tmp_path, dirs)
+
     for name in ("grpo", "rloo"):
-        args = stage_args(name, RoundParameters(preset="smoke", online_rl=name, overrides={"gates": gates}),
-                          tmp_path, dirs)
+        args = args_of(name, gates)
         assert json.loads(args[args.index("--tripwire_gold_judge") + 1]) == judge
-        assert "--tripwire_gold_judge" not in stage_args(name, RoundParameters(preset="smoke", online_rl=name),
-                                                         tmp_path, dirs)
+        assert "--tripwire_gold_judge" not in args_of(name, [])  # the default reward_model judge
+        assert "--tripwire_gold_judge" not in stage_args(  # no check in the smoke recipe's 2 steps
+            name, RoundParameters(preset="smoke", online_rl=name, overrides={"gates": gates}), tmp_path, dirs)
         for own in (["--tripwire_gold_model_path", "G"], ["--tripwire_gold_judge", '{"backend": "openai"}'],
                     ["--tripwire_steps", "0"]):
-            params = RoundParameters(preset="smoke", online_rl=name, overrides={"gates": gates, name: own})
-            assert stage_args(name, params, tmp_path, dirs).count("--tripwire_gold_judge") == 0
+            assert args_of(name, gates, own).count("--tripwire_gold_judge") == 0  # the flow adds none
     classifier = ["--judge", json.dumps({"backend": "sequence_classifier", "model": "some/classifier"})]
-    args = stage_args("grpo", RoundParameters(preset="smoke", online_rl="grpo", overrides={"gates": classifier}),
-                      tmp_path, dirs)
+    args = args_of("grpo", classifier)
     assert json.loads(args[args.index("--tripwire_gold_judge") + 1])["model"] == "some/classifier"
     labels = ["--judge", json.dumps({"backend": "labels", "model": "labels.jsonl"})]
-    assert "--tripwire_gold_judge" not in stage_args(
-        "grpo", RoundParameters(preset="smoke", online_rl="grpo", overrides={"gates": labels}), tmp_path, dirs)
-    assert "--tripwire_gold_judge" not in stage_args(
-        "ppo", RoundParameters(preset="smoke", online_rl="ppo", overrides={"gates": gates}), tmp_path, dirs)
+    assert "--tripwire_gold_judge" not in args_of("grpo", labels)
+    assert "--tripwire_gold_judge" not in args_of("ppo", gates)
+
+
+def test_the_tripwire_watches_win_rate_prompts_the_gates_do_not_score(tmp_path):
+    """The round's tripwire slice: tripwire_n_prompts win-rate prompts of the gate suite, none of the n_winrate the
+    gates score (gates.suites.held_back), passed to the round's online-RL stage; none when the stage names its own
+    slice or makes no check; with the judge reward, only prompts with a reference."""
+    from data.loaders import load_eval_prompts
+    from flows.round import RoundParameters, stage_args, tripwire_slice_file
+    from gates.suites import stratified
+
+    dirs = {"sft": "S", "dpo": "D", "reward_model": "R"}
+    winrate = "demo:alpaca_eval/annotations/baseline_gpt4_1106_preview.jsonl.gz"  # the smoke gates' suite
+    scored = {r.prompt for r in stratified(list(load_eval_prompts(winrate)), 10)}  # smoke: n_winrate 10
+    for name in ("ppo", "grpo", "rloo"):
+        steps = ["--num_steps", "2"] if name == "ppo" else ["--max_steps", "2"]
+        params = RoundParameters(preset="smoke", online_rl=name, overrides={
+            name: [*steps, "--tripwire_steps", "1", "--tripwire_n_prompts", "12"]})
+        path = tripwire_slice_file(params, tmp_path)
+        rows = list(load_eval_prompts(str(path)))
+        assert len(rows) == 12 and not {r.prompt for r in rows} & scored
+        assert len({r.intent for r in rows}) == 5  # stratified: every intent cluster of the suite
+        args = stage_args(name, params, tmp_path, dirs)
+        assert args[args.index("--tripwire_prompts_data") + 1] == str(path)
+        other = "rloo" if name != "rloo" else "grpo"
+        assert "--tripwire_prompts_data" not in stage_args(other, params, tmp_path, dirs)
+        # the stage's own slice, or no check in its budget: no file, no argument
+        for own in (["--tripwire_prompts_data", "demo:hh_rlhf/pairs_heldout.jsonl"], ["--tripwire_steps", "0"],
+                    [*steps, "--tripwire_steps", "3"]):
+            params = RoundParameters(preset="smoke", online_rl=name, overrides={name: own})
+            assert tripwire_slice_file(params, tmp_path) is None and not (tmp_path / "tripwire_slice.jsonl").exists()
+            assert "--tripwire_prompts_data" not in stage_args(name, params, tmp_path, dirs)
+    params = RoundParameters(preset="smoke", online_rl="grpo", overrides={
+        "grpo": ["--max_steps", "2", "--tripwire_steps", "1", "--reward_functions", "judge"]})
+    rows = list(load_eval_prompts(str(tripwire_slice_file(params, tmp_path))))
+    assert len(rows) == 32 and all(r.reference for r in rows) and not {r.prompt for r in rows} & scored
 
 
 def test_every_preset_has_online_rl_recipes_that_parse():
