@@ -13,7 +13,7 @@ turn into bullet lists and hedge. The counters (DESIGN.md "Release gates", perso
 
 Pure functions, shared: the release gate compares them round over round (``gates.drift``, which re-exports them),
 online RL's tripwires watch them every few steps (``judging.tripwires``). The three per-response rules are
-measured against 594 hand-labelled real answers from six models (``benchmarks/drift_counters.py``, labels and
+measured against 684 hand-labelled real answers from six models (``benchmarks/drift_counters.py``, labels and
 their definitions in ``benchmarks/data/``).
 """
 
@@ -96,6 +96,9 @@ _ACK = re.compile(
     r"^(?:(?:sure|certainly|absolutely|of course|okay|ok|yes|great|excellent|alright|hello|hi|hey|indeed|"
     r"good question|great question|no problem|however|but|that said)\b[!,.]*\s*)+", re.IGNORECASE)
 _YES_NO = re.compile(r"^(?:yes|no|yep|nope)\b", re.IGNORECASE)
+_NUMBER = re.compile(r"\b\d+(?:[.,]\d+)?\b")
+# the role a prompt asked for, before an announcement: "As a computer scientist, I can provide you with ..."
+_ROLE = re.compile(r"^as (?:a|an|your) (?!ai\b)[^,.:]{2,60}, ", re.IGNORECASE)
 _BARE_OFFER = re.compile(r"^(?:i can|i(?:'d| would) be (?:happy|glad) to|i(?:'m| am) (?:happy|glad) to) "
                          r"(?:certainly |definitely )?help(?: you)?(?: (?:with|on) (?:that|this|it))?\W*$", re.IGNORECASE)
 _DISCLAIMER = re.compile(
@@ -197,7 +200,7 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
     low = s.lower()
     if not low:
         return False
-    if _RESTATE_OPENERS.match(low) or _ANNOUNCE.match(low):
+    if _RESTATE_OPENERS.match(low) or _ANNOUNCE.match(_ROLE.sub("", low)):
         return True
     if _YES_NO.match(sentence):  # "Yes, there are several free tools" answers a yes/no question
         return False
@@ -207,8 +210,10 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
         return False
     words = _content_words(s)
     new = words - prompt_words - FRAME_WORDS
-    # inline code the prompt does not contain ("use `my_list[::-1]`") is the answer itself
+    # inline code the prompt does not contain ("use `my_list[::-1]`") is the answer itself, and so is a number
+    # ("The author will give the restaurant 3 stars.")
     new |= {c for c in _INLINE_CODE.findall(s) if c.strip("`") not in prompt}
+    new |= set(_NUMBER.findall(s)) - set(_NUMBER.findall(prompt))
     if end == ":" and len(new) <= (5 if _DEFER.search(low) else 2):  # "To X, you can follow these steps:"
         used = _USE.search(s)
         if not (used and not _DEFER.search(used.group(1).lower())
@@ -260,18 +265,19 @@ def restates_question(response: str, prompt: str) -> bool:
     ("To reverse a list, use ``l[::-1]``.", "Some popular 1920s music includes jazz", "It is not illegal to
     keep it") does not restate, even when it reuses the question's words.
 
-    A bare offer of help ("Sure, I can help with that.") is skipped like an acknowledgement. A colon with more of
-    its line after it does not end the opening ("Five topics are: user experience, ..." answers inline). An
-    opening that names the method after "use" ("we can use the accounting equation:"; not "the following code"),
-    addresses a step to the reader ("you first need to ...") or explains ("The error indicates that ...") gives
-    content.
+    A bare offer of help ("Sure, I can help with that.") is skipped like an acknowledgement, and a role before an
+    announcement ("As a computer scientist, I can provide ...") is read through. A colon with more of its line
+    after it does not end the opening ("Five topics are: user experience, ..." answers inline). An opening that
+    names the method after "use" ("we can use the accounting equation:"; not "the following code"), gives a number
+    the prompt lacks, addresses a step to the reader ("you first need to ...") or explains ("The error indicates
+    that ...") gives content.
 
     Known limit: platitude openers and topic sentences that add many generic words before "Here are ..." ("World
     music is a broad category that encompasses ...") are missed, and openers that define the request's terms are
-    read as content; on a held-out set labelled by a second reader, precision 0.87 and recall 0.65
-    (``benchmarks/drift_counters.py``, held-out F).
+    read as content; on a held-out set labelled by a third reader, precision 0.91 and recall 0.69
+    (``benchmarks/drift_counters.py``, held-out G).
 
-    Measured on 594 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Measured on 684 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Args:
         response, prompt: texts.
@@ -392,7 +398,7 @@ def is_hedged(response: str, prompt: str | None = None) -> bool:
     phrase that repeats the prompt's wording ("Why might someone prefer ..." -> "reasons why someone might
     prefer") is not the writer's and is not counted.
 
-    Measured on 594 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Measured on 684 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Raises:
         TypeError: ``response`` (or a given ``prompt``) is not a str.

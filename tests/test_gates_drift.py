@@ -145,24 +145,27 @@ def test_hedge_that_repeats_the_prompt_is_not_the_writers():
 
 
 def test_counters_on_the_labelled_real_answers():
-    # 594 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl), so a change that breaks a rule on
+    # 684 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl), so a change that breaks a rule on
     # real answers fails here (the per-part figures are the benchmark's): the first reader's 504 at the target; the
-    # second reader's held-out F at its measured figures (restating's recall there, 0.645, is below the target and
-    # the README says so)
+    # second reader's F (tuned on) and the third reader's held-out G at their measured figures (restating's recall
+    # and G's hedge precision are below the target and the README says so)
     from benchmarks.drift_counters import LABELS, confusion, load
 
     rows = load()
-    assert len(rows) == 594
-    first = [r for r in rows if r["split"] != "heldout_f"]
-    held_f = [r for r in rows if r["split"] == "heldout_f"]
-    assert len(first) == 504 and len(held_f) == 90
+    assert len(rows) == 684
+    first = [r for r in rows if r["split"] not in ("heldout_f", "heldout_g")]
+    assert len(first) == 504
     for label in LABELS:
         c = confusion(first, label)
         assert c["precision"] >= 0.85 and c["recall"] >= 0.85, (label, c["precision"], c["recall"])
-    floors = {"restates_question": (0.85, 0.64), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.9, 0.95)}
-    for label, (precision, recall) in floors.items():
-        c = confusion(held_f, label)
-        assert c["precision"] >= precision and c["recall"] >= recall, (label, c["precision"], c["recall"])
+    floors = {"heldout_f": {"restates_question": (0.9, 0.67), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.9, 0.95)},
+              "heldout_g": {"restates_question": (0.9, 0.68), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.7, 0.9)}}
+    for split, by_label in floors.items():
+        part = [r for r in rows if r["split"] == split]
+        assert len(part) == 90
+        for label, (precision, recall) in by_label.items():
+            c = confusion(part, label)
+            assert c["precision"] >= precision and c["recall"] >= recall, (split, label, c["precision"], c["recall"])
 
 
 def test_drift_counters_hand_worked():
