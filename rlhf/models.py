@@ -262,20 +262,51 @@ def _local_model(spec: str) -> Path | None:
     return None
 
 
+#: Files of a saved checkpoint's weights (``save_pretrained``: one file, or shards with an index).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+#: Files of a saved tokenizer (fast, or sentencepiece / BPE vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def _check_model_dir(path: Path) -> None:
+    """A local model directory's config loads and it holds weights and a tokenizer (see check_base_model_spec)."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path)
+    except Exception as err:  # noqa: BLE001 - transformers raises many types for a bad config; all mean "not a model"
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"{path / 'config.json'}: does not load as a model config ({reason})") from None
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise FileNotFoundError(f"{path}: no weights ({' or '.join(WEIGHT_FILES[::2])}; save the model with "
+                                "save_pretrained)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{path}: no tokenizer (tokenizer.json or tokenizer_config.json; save it beside "
+                                "the model with tokenizer.save_pretrained)")
+
+
 def check_base_model_spec(spec: str) -> None:
     """Say, before any stage starts, why ``spec`` cannot be a base model, without loading or converting anything.
 
     The rules are :func:`resolve_base_model`'s: ``smollm2-135m`` / ``default`` / ``tiny`` always resolve; a
     ``.gguf`` file or a path-like spec must exist (a directory with its ``config.json``); anything else is a hub id,
     which must be a valid ``org/name`` (``huggingface_hub.utils.validate_repo_id``) and, when the hub is off
-    (``HF_HUB_OFFLINE``), already in the local Hugging Face cache (its ``config.json``).
+    (``HF_HUB_OFFLINE``), already in the local Hugging Face cache (its ``config.json``). A local directory's
+    ``config.json`` must also load (``transformers.AutoConfig``: a known architecture with consistent sizes), and
+    the directory must hold weights and a tokenizer (every stage loads both from it).
 
     Raises:
-        FileNotFoundError: a path-like spec that does not exist, a directory without ``config.json``, or a hub id
-            absent from the cache while the hub is off.
-        ValueError: a spec that is neither a known name, a path nor a valid hub id.
+        FileNotFoundError: a path-like spec that does not exist, a directory without ``config.json``, weights or a
+            tokenizer, or a hub id absent from the cache while the hub is off.
+        ValueError: a spec that is neither a known name, a path nor a valid hub id; a ``config.json`` that does not
+            load (names the file and the library's reason).
     """
-    if spec in ("smollm2-135m", "default", "tiny") or _local_model(spec) is not None:
+    if spec in ("smollm2-135m", "default", "tiny"):
+        return
+    local = _local_model(spec)
+    if local is not None:
+        if local.is_dir():
+            _check_model_dir(local)
         return
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError

@@ -344,3 +344,34 @@ def test_a_json_list_in_set_becomes_one_word_per_item():
     assert _set_values("[true]") == ["true"]
     assert _set_values('{"backend": "openai"}') == ['{"backend": "openai"}']  # a mapping stays one value
     assert _set_values("0.2") == ["0.2"]
+
+
+def test_a_model_folder_that_cannot_be_a_base_model_is_said_before_prefect_starts(tmp_path, monkeypatch):
+    """A folder with a config.json that does not load (sizes that do not fit), or one without weights or a
+    tokenizer, passed the old check and failed in SFT after Prefect started (exit 1, the traceback twice); now
+    exit 2 naming the file and the reason, nothing created."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad-config"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "llama", "hidden_size": 8}')
+    small = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2)
+    no_weights = tmp_path / "no-weights"
+    LlamaConfig(**small).save_pretrained(no_weights)
+    no_tokenizer = tmp_path / "no-tokenizer"
+    LlamaForCausalLM(LlamaConfig(**small)).save_pretrained(no_tokenizer)
+    cases = [(bad, f"{bad / 'config.json'}: does not load as a model config"),
+             (no_weights, f"{no_weights}: no weights (model.safetensors or pytorch_model.bin"),
+             (no_tokenizer, f"{no_tokenizer}: no tokenizer")]
+    for folder, message in cases:
+        result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                          "--round-id", "r1", "--base-model", str(folder)])
+        assert result.exit_code == 2, result.output
+        flat = _flat(result.output)
+        assert "--base-model" in flat and message in flat, flat
+        assert "temporary server" not in result.output and not (tmp_path / "runs").exists()

@@ -74,3 +74,43 @@ def test_a_real_python_warning_is_relayed_as_a_warning():
     for line in out:
         relay(line)
     assert relayed[0] == logging.WARNING  # "<string>:1: FutureWarning: old key"
+
+
+def test_a_failed_stage_traceback_is_relayed_once_not_again_with_the_launchers_repeat(tmp_path):
+    """A stage that fails under the real ``accelerate launch`` prints its traceback; the launcher then raises from a
+    RuntimeError holding that stderr and prints it all again with its own frames. The flow log gets the stage's
+    traceback once, one line saying what was left out, and the launcher's CalledProcessError; every line still
+    reaches the log file."""
+    import os
+
+    from flows.interrupt import run_process_group
+
+    script = tmp_path / "failing_stage.py"
+    script.write_text(
+        "import sys\n"
+        "print('stage: step 1 of 3', file=sys.stderr)\n"
+        "try:\n"
+        "    raise ValueError('hidden size 8 is not a multiple of 32 heads')\n"
+        "except ValueError as err:\n"
+        "    raise RuntimeError('could not load the base model') from err\n")
+    relayed, written = [], []
+    relay = StageLogRelay("sft", lambda level, message: relayed.append((level, message)))
+
+    def on_line(line):
+        written.append(line)
+        relay(line)
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
+    rc = run_process_group(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, on_line=on_line)
+    assert rc == 1
+    text = "".join(written)
+    assert text.count("ValueError: hidden size 8") == 2  # the stage's traceback, and the launcher's repeat of it
+    messages = [m for _, m in relayed]
+    assert sum("ValueError: hidden size 8" in m for m in messages) == 1
+    assert sum("RuntimeError: could not load the base model" in m for m in messages) == 1
+    assert sum("stage: step 1 of 3" in m for m in messages) == 1
+    assert any("accelerate repeated" in m and "stage.log" in m for m in messages)
+    assert not any("accelerate/commands/launch.py" in m for m in messages)  # the launcher's frames
+    called = [(lv, m) for lv, m in relayed if "subprocess.CalledProcessError" in m]
+    assert len(called) == 1 and called[0][0] == logging.ERROR and "exit status 1" in called[0][1]
