@@ -483,6 +483,16 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
         lines = [ln for ln in stderr.getvalue().splitlines() if "error:" in ln]
         reason = lines[-1].split("error:", 1)[1].strip() if lines else str(err)
         raise ValueError(f"{stage} ({recipe}): {reason}") from None
+    for key in ("reward_judge", "tripwire_gold_judge"):  # a judge's keys and backend: now, not after training
+        value = next((getattr(a, key) for a in parsed if hasattr(a, key)), None)
+        if value:
+            from judging.judges import JudgeConfig
+
+            judge = JudgeConfig.from_dict(value, where=f"{stage}.{key}")
+            model = judge.model or ""
+            if judge.backend == "sequence_classifier" and model.startswith(("/", ".", "~")) \
+                    and not Path(model).expanduser().exists():
+                raise FileNotFoundError(f"{stage}.{key}.model = {model}: no such model folder")
     for key in known:
         value = next((getattr(a, key) for a in parsed if hasattr(a, key)), None)
         if key.endswith("_data") and isinstance(value, str) and not value.startswith("demo:"):

@@ -46,6 +46,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from rlhf.config import tripwire_bound_errors
 from rlhf.manifest import atomic_write_text, dumps_strict, records_up_to_step
 
 from judging.drift_rules import has_bullet_list, is_hedged, restates_question
@@ -84,20 +85,11 @@ class TripwireConfig:
     max_style_shift: float | None = None
 
     def __post_init__(self) -> None:
-        errors = []
-        if self.every_steps <= 0:
-            errors.append(f"every_steps must be > 0, got {self.every_steps}")
-        if self.min_step < 0:
-            errors.append(f"min_step must be >= 0, got {self.min_step}")
-        for name in ("gold_drop", "max_kl", "max_refusal_shift", "max_style_shift"):
-            v = getattr(self, name)
-            if v is not None and not (math.isfinite(v) and v >= 0):
-                errors.append(f"{name} must be >= 0 or None, got {v}")
-        if self.max_length_ratio is not None and not (math.isfinite(self.max_length_ratio)
-                                                      and self.max_length_ratio >= 1):
-            errors.append(f"max_length_ratio must be >= 1 or None, got {self.max_length_ratio}")
-        if not math.isfinite(self.reward_rise):
-            errors.append(f"reward_rise must be finite, got {self.reward_rise}")
+        errors = [] if self.every_steps > 0 else [f"every_steps must be > 0, got {self.every_steps}"]
+        errors += tripwire_bound_errors(
+            min_step=self.min_step, gold_drop=self.gold_drop, max_kl=self.max_kl,
+            max_length_ratio=self.max_length_ratio, max_refusal_shift=self.max_refusal_shift,
+            max_style_shift=self.max_style_shift, reward_rise=self.reward_rise)
         if errors:
             raise ValueError("TripwireConfig: " + "; ".join(errors))
 

@@ -304,15 +304,9 @@ class PPOConfig(TripwireArguments):
             "logging_steps",
         ):
             positive(name)
-        if self.tripwire_steps < 0:
-            errors.append(f"tripwire_steps must be >= 0 (0: off), got {self.tripwire_steps}")
+        errors += self.tripwire_errors()
         if self.tripwire_n_prompts <= 0:
             errors.append(f"tripwire_n_prompts must be > 0, got {self.tripwire_n_prompts}")
-        if self.tripwire_steps:
-            try:
-                self.tripwire_config()
-            except ValueError as err:
-                errors.append(str(err))
         if self.save_steps < 0:
             errors.append(f"save_steps must be >= 0 (0: no resume checkpoints), got {self.save_steps}")
         if self.save_total_limit < 1:

@@ -12,6 +12,8 @@ own fields, once for all three (it stands before the TRL config in the bases, so
 
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass, field
 
@@ -89,6 +91,27 @@ class TrainerDefaults(TrainerLoopDefaults):
     max_length: int | None = field(default=512, metadata={"help": "Max tokens per example (prompt + completion)."})
 
 
+def tripwire_bound_errors(prefix: str = "", *, min_step: int, gold_drop: float | None, max_kl: float | None,
+                          max_length_ratio: float | None, max_refusal_shift: float | None,
+                          max_style_shift: float | None, reward_rise: float = 0.0) -> list[str]:
+    """What is wrong with a tripwire's bounds (``judging.tripwires.TripwireConfig``'s rules, for its fields and for
+    :class:`TripwireArguments`' ``tripwire_*`` ones, named ``prefix + name``); [] when nothing is. The check
+    interval is each caller's (0 turns a stage's tripwire off; a TripwireConfig needs one > 0).
+    """
+    errors = []
+    if min_step < 0:
+        errors.append(f"{prefix}min_step must be >= 0, got {min_step}")
+    for name, v in (("gold_drop", gold_drop), ("max_kl", max_kl), ("max_refusal_shift", max_refusal_shift),
+                    ("max_style_shift", max_style_shift)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            errors.append(f"{prefix}{name} must be >= 0 or None, got {v}")
+    if max_length_ratio is not None and not (math.isfinite(max_length_ratio) and max_length_ratio >= 1):
+        errors.append(f"{prefix}max_length_ratio must be >= 1 or None, got {max_length_ratio}")
+    if not math.isfinite(reward_rise):
+        errors.append(f"{prefix}reward_rise must be finite, got {reward_rise}")
+    return errors
+
+
 @dataclass
 class TripwireArguments:
     """The reward-hacking tripwire's fields (``judging.tripwires``), the same names and meaning in every online-RL
@@ -139,6 +162,19 @@ class TripwireArguments:
         default=None, metadata={"help": "Trip when a style share (bullets, restating, hedged) moves more than this "
                                         "either way. None: recorded only."},
     )
+
+    def tripwire_errors(self) -> list[str]:
+        """What is wrong with the ``tripwire_*`` bounds (:func:`tripwire_bound_errors`), named as options."""
+        steps = [] if self.tripwire_steps >= 0 else [f"tripwire_steps must be >= 0 (0: off), got {self.tripwire_steps}"]
+        gold = self.tripwire_gold_model_path
+        if gold and not os.path.exists(os.path.expanduser(gold)):
+            steps.append(f"tripwire_gold_model_path {gold}: no such folder (a reward-model checkpoint on this "
+                         "machine)")
+        return steps + tripwire_bound_errors(
+            "tripwire_", min_step=self.tripwire_min_step,
+            gold_drop=self.tripwire_gold_drop, max_kl=self.tripwire_max_kl,
+            max_length_ratio=self.tripwire_max_length_ratio, max_refusal_shift=self.tripwire_max_refusal_shift,
+            max_style_shift=self.tripwire_max_style_shift)
 
 
 @dataclass

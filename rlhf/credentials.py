@@ -27,9 +27,15 @@ ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 # Keys whose value is a secret (``api_key``, ``hub_token``, ``db_password``, ...); ``*_env`` keys hold names.
 # ``pad_token`` / ``eos_token`` (tokenizer fields) are not secrets, hence the explicit list of token keys.
 _SECRET_KEY = re.compile(
-    r"(?:.*_)?(?:api_?key|password|passwd|secret)|(?:.*_)?(?:hub|access|auth|bearer|api|hf|wandb)_token|token",
+    r"(?:.*_)?(?:api_?key|password|passwd|secret)|(?:.*_)?(?:hub|access|auth|bearer|api|hf|wandb)_token|token"
+    r"|(?:proxy[-_])?authorization|cookie|x[-_]api[-_]key|headers|default_headers|extra_headers",
     re.IGNORECASE,
 )
+# A credential inside any string: an HTTP authorization value ("Bearer sk-...", "Basic dXNlcjpw...") or a key
+# of the common vendor shapes (OpenAI's "sk-...", Hugging Face's "hf_...").
+# Token-shaped only (a digit in it, no spaces), so prose such as "basic instructions" is not taken for one.
+_SECRET_VALUE = re.compile(r"\b(?:Bearer|Basic)\s+(?=\S*\d)[A-Za-z0-9._~+/=-]{12,}|\bsk-(?=[\w-]*\d)[\w-]{16,}"
+                           r"|\bhf_(?=\w*\d)[A-Za-z0-9]{20,}")
 
 
 # ``password=...`` / ``api_key=...`` inside a string: a libpq keyword string (``host=h password=p``) or a URL's query
@@ -109,6 +115,8 @@ def check_value(value: Any, where: str) -> None:
         if parsed is not None:
             check_mapping(parsed, where)
             return
+    if _SECRET_VALUE.search(text):
+        raise refuse_secret(where, "its *_env setting")
     if "://" in text or _SECRET_ASSIGNMENT.search(text):
         check_url(text, where, "an environment variable (e.g. PGPASSWORD)")
 

@@ -160,6 +160,9 @@ class OnlineRLArguments(PipelineArguments, TripwireArguments):
             raise ValueError(f"reward_judge is set but reward_functions {self.reward_functions} has no 'judge': "
                              "it would be ignored; add 'judge' or drop reward_judge")
         self.tripwire_gold_judge = _judge_mapping(self.tripwire_gold_judge, "--tripwire_gold_judge")
+        if (self.tripwire_gold_judge or {}).get("backend") == "reward_model":
+            raise ValueError("--tripwire_gold_judge backend reward_model is the optimised reward model: the gold "
+                             "check must come from another scorer (openai, sequence_classifier with another model)")
         if self.tripwire_gold_judge is not None and self.tripwire_gold_model_path:
             raise ValueError("tripwire_gold_judge and tripwire_gold_model_path both set: the gold check has one "
                              "scorer; drop one")
@@ -177,9 +180,8 @@ class OnlineRLArguments(PipelineArguments, TripwireArguments):
         for name in ("tripwire_n_prompts", "tripwire_max_new_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.tripwire_steps < 0 or self.tripwire_min_step < 0:
-            raise ValueError(f"tripwire_steps ({self.tripwire_steps}) and tripwire_min_step "
-                             f"({self.tripwire_min_step}) must be >= 0 (tripwire_steps 0: off)")
+        if errors := self.tripwire_errors():
+            raise ValueError("; ".join(errors))
         super().__post_init__()
 
 

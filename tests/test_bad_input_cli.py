@@ -375,3 +375,33 @@ def test_a_model_folder_that_cannot_be_a_base_model_is_said_before_prefect_start
         flat = _flat(result.output)
         assert "--base-model" in flat and message in flat, flat
         assert "temporary server" not in result.output and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("sets, message", [
+    (['grpo.reward_functions=["judge"]', 'grpo.reward_judge={"backend": "opneai"}'],
+     "grpo.reward_judge.backend: 'opneai' is not one of"),
+    (['grpo.reward_functions=["judge"]', 'grpo.reward_judge={"backend": "openai", "colour": "x"}'],
+     "grpo.reward_judge: unknown key(s) ['colour']"),
+    (['grpo.reward_judge={"backend": "openai", "headers": {"Authorization": "Bearer sk-test0000000000000001"}}'],
+     "grpo.reward_judge.headers: a secret is never given as a value"),
+    (['grpo.tripwire_gold_judge={"backend": "reward_model"}'], "backend reward_model is the optimised reward model"),
+    (["grpo.tripwire_gold_model_path=/no/such/rm"], "tripwire_gold_model_path /no/such/rm: no such folder"),
+    (["grpo.tripwire_max_kl=-1"], "tripwire_max_kl must be >= 0 or None, got -1.0"),
+], ids=["judge-backend", "judge-key", "judge-header-secret", "gold-judge-rm", "gold-path", "tripwire-bound"])
+def test_online_rl_judges_and_tripwire_bounds_are_checked_before_prefect_starts(tmp_path, monkeypatch, sets, message):
+    """These passed the early check and failed in the stage after SFT, DPO and the reward model trained (the
+    smoke recipe's 2 steps make no tripwire check, so some were never checked at all), and a secret in a judge's
+    headers reached the stage log and Prefect's database; now exit 2 before anything runs, the secret not shown."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    args = ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"), "--round-id", "r1",
+            "--online-rl", "grpo", "--ppo-override", "test"]
+    for s in sets:
+        args += ["--set", s]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in _flat(result.output) and "sk-test" not in result.output
+    assert not (tmp_path / "runs").exists()

@@ -114,7 +114,7 @@ def test_tripwire_fields_from_config(tmp_path):
         tripwire_config(parse("--tripwire_steps", "1", "--tripwire_max_length_ratio", "0.5"))
     with pytest.raises(ValueError, match="tripwire_n_prompts must be > 0"):
         parse("--tripwire_n_prompts", "0")
-    with pytest.raises(ValueError, match=r"tripwire_steps \(-1\)"):
+    with pytest.raises(ValueError, match=r"tripwire_steps must be >= 0 \(0: off\), got -1"):
         parse("--tripwire_steps", "-1")
 
 

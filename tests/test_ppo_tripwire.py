@@ -106,7 +106,8 @@ def test_tripwire_config_fields_are_validated():
         PPOConfig(tripwire_steps=-1)
     with pytest.raises(ValueError, match="max_length_ratio"):
         PPOConfig(tripwire_max_length_ratio=0.5)
-    assert PPOConfig(tripwire_steps=0, tripwire_max_length_ratio=0.5).tripwire_steps == 0  # off: bounds unused
+    with pytest.raises(ValueError, match="tripwire_max_length_ratio must be >= 1"):  # refused even when off
+        PPOConfig(tripwire_steps=0, tripwire_max_length_ratio=0.5)
 
 
 def test_a_resumed_run_replays_the_checks_and_ends_as_the_uninterrupted_one(tmp_path):
