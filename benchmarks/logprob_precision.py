@@ -47,7 +47,6 @@ def sequence_logps(model_path: str, pairs, tokenizer, mode: str, perturb: float 
     completion appended), scored one at a time (no padding), through TRL's fused LM head.
     """
     from transformers import AutoModelForCausalLM
-    from trl.trainer.utils import add_fused_lm_head
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     if perturb:  # a policy a few updates away from the reference: every weight moved by ``perturb`` of its scale
@@ -55,6 +54,14 @@ def sequence_logps(model_path: str, pairs, tokenizer, mode: str, perturb: float 
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=g) * perturb * p.abs().mean())
+    return model_logps(model, pairs, tokenizer, mode)
+
+
+def model_logps(model, pairs, tokenizer, mode: str = "fp32") -> np.ndarray:
+    """:func:`sequence_logps` of a loaded causal LM (fp32 weights), shape ``(2 * len(pairs),)``."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = model.eval()
     add_fused_lm_head(model, cast_lm_head_to_fp32=mode != "bf16")
     out = []
     for pair in pairs:

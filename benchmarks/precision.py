@@ -5,10 +5,10 @@ the stages run it (DPO's LM head and the reward model's score head in fp32: ``dp
 ``rlhf.precision.keep_in_fp32``), activation checkpointing off in both. Printed per stage: seconds per step (and
 the bf16/fp32 ratio), the loss at every step in each precision and the largest drift, plus what
 ``precision: auto`` picks for the stage here (rlhf.precision) and whether that matches the measurement (bf16 only
-where it is native and faster, and the stage is not kept fp32 for what bf16 does to its numbers). The loss drift
-after a few steps mixes rounding with the updates it causes, so it is printed, not decided on; what bf16 does to
-the numbers DPO and the reward model decide on (per-sequence log-probabilities, margins, scores) is measured
-by ``benchmarks/logprob_precision.py``.
+where it is native and faster). The loss drift after a few steps mixes rounding with the updates it causes, so it
+is printed, not decided on; what bf16 does to the numbers DPO and the reward model decide on is measured by
+``benchmarks/logprob_precision.py`` (one forward pass) and ``benchmarks/precision_outcome.py`` (what training
+learns, against the noise of training itself).
 
 On a device without native bf16 (a CPU without avx512_bf16 / amx_bf16), bf16 would be emulated: the benchmark
 says so and measures fp32 only, unless ``--emulated-bf16`` asks to time the emulation anyway (labelled as such).
@@ -30,17 +30,21 @@ from datasets import Dataset
 STAGES = ("sft", "dpo", "reward_model")
 
 
-def _config(cls, out: str, steps: int, bf16: bool, **kw):
-    cfg = cls(output_dir=out, max_steps=steps, per_device_train_batch_size=2, logging_steps=1, report_to=[],
-              seed=42, precision="fp32", save_strategy="no", activation_checkpointing=False, **kw)
+def _config(cls, out: str, steps: int, bf16: bool, batch: int = 2, seed: int = 42, **kw):
+    cfg = cls(output_dir=out, max_steps=steps, per_device_train_batch_size=batch, logging_steps=1, report_to=[],
+              seed=seed, precision="fp32", save_strategy="no", activation_checkpointing=False, **kw)
     if bf16:  # autocast in bf16 (set after the config resolved fp32, so the emulated case can be timed too)
         # transformers reads bf16 into mixed_precision in __post_init__: set both, or autocast never starts
         cfg.bf16, cfg.mixed_precision, cfg.use_cpu = True, "bf16", not torch.cuda.is_available()
     return cfg
 
 
-def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int) -> dict:
-    """Train ``stage`` for ``steps`` steps; returns ``{"losses": [...], "step_s": float}``."""
+def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int, *, batch: int = 2, seed: int = 42,
+              learning_rate: float = 1e-5, keep_model: bool = False) -> dict:
+    """Train ``stage`` for ``steps`` steps of ``batch`` rows (pairs) at ``learning_rate``, the data shuffled by
+    ``seed`` (the models and the reward head start from the same weights whatever the seed); returns
+    ``{"losses": [...], "step_s": float}``, plus ``"model"`` (the trained fp32 model, autocast wrapper removed)
+    with ``keep_model``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from data.loaders import load_pairs, load_sft
@@ -58,7 +62,8 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int) ->
 
         prepared = prepare_sft_rows(load_sft("demo:hh_rlhf/sft.jsonl", limit=rows), tok, 256, file="demo")
         trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_path),
-                             args=_config(SFTStageConfig, out, steps, bf16, max_length=256, learning_rate=1e-5),
+                             args=_config(SFTStageConfig, out, steps, bf16, batch, seed, max_length=256,
+                                          learning_rate=learning_rate),
                              train_dataset=Dataset.from_list(prepared.rows), processing_class=tok)
     else:
         pairs = prepare_pairs(load_pairs("demo:hh_rlhf/pairs_train.jsonl", limit=rows), tok, 256, file="demo",
@@ -70,7 +75,8 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int) ->
 
             trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_path),
                                  ref_model=AutoModelForCausalLM.from_pretrained(model_path),
-                                 args=_config(DPOStageConfig, out, steps, bf16, max_length=256, learning_rate=1e-5),
+                                 args=_config(DPOStageConfig, out, steps, bf16, batch, seed, max_length=256,
+                                              learning_rate=learning_rate),
                                  train_dataset=data, processing_class=tok)
         else:
             from trl import RewardTrainer
@@ -83,14 +89,17 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int) ->
             model, tok = load_reward_model(model_path, new_head=True)
             keep_in_fp32(model.score)  # as the stage: the score head in fp32 under bf16 autocast
             trainer = RewardTrainer(model=model,
-                                    args=_config(RewardStageConfig, out, steps, bf16, max_length=256,
-                                                 learning_rate=1e-5),
+                                    args=_config(RewardStageConfig, out, steps, bf16, batch, seed, max_length=256,
+                                                 learning_rate=learning_rate),
                                     train_dataset=data, processing_class=tok)
     t0 = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - t0
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"losses": losses, "step_s": seconds / steps}
+    result = {"losses": losses, "step_s": seconds / steps}
+    if keep_model:
+        result["model"] = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    return result
 
 
 def main() -> None:
@@ -121,14 +130,11 @@ def main() -> None:
         if native or args.emulated_bf16:
             bf16 = run_stage(stage, path, args.steps, True, args.rows)
             drift = max(abs(a - b) / max(abs(a), 1e-9) for a, b in zip(fp32["losses"], bf16["losses"]))
-            from rlhf.precision import FP32_UNDER_AUTO
-
-            ok = native and bf16["step_s"] < fp32["step_s"] and stage not in FP32_UNDER_AUTO
+            ok = native and bf16["step_s"] < fp32["step_s"]
             line += (f"\n{'':13s} bf16 {bf16['step_s']:6.2f} s/step  losses {[round(x, 4) for x in bf16['losses']]}"
                      f"{'' if native else ' (EMULATED)'}\n{'':13s} bf16/fp32 step time {bf16['step_s'] / fp32['step_s']:.2f}x, "
                      f"max relative loss drift {100 * drift:.2f}% -> measured choice {'bf16' if ok else 'fp32'}, "
-                     f"auto picks {auto} ({'agrees' if (auto == 'bf16') == ok else 'DISAGREES: update rlhf.precision'})"
-                     + (f"\n{'':13s} kept fp32 under auto: {FP32_UNDER_AUTO[stage]}" if stage in FP32_UNDER_AUTO else ""))
+                     f"auto picks {auto} ({'agrees' if (auto == 'bf16') == ok else 'DISAGREES: update rlhf.precision'})")
         else:
             line += f"  auto picks {auto}"
         print(line, flush=True)

@@ -60,3 +60,24 @@ def test_online_rl_benchmark_gives_every_method_the_same_budget(tmp_path):
     assert set(per_step.values()) == {(3, 6, 12, "demo:x.jsonl", 9)}
     with pytest.raises(ValueError, match="multiple of --samples"):
         budget_args("grpo", **{**given, "completions": 5})
+
+
+def test_precision_outcome_distances_and_decision_are_hand_worked():
+    import numpy as np
+
+    bench = _load("precision_outcome")
+    ref = np.array([3.0, 4.0])  # ||ref|| = 5
+    assert bench._distance(ref, ref) == 0.0
+    assert bench._distance(np.zeros(2), ref) == 1.0  # no update at all is distance 1
+    assert bench._distance(np.array([3.0, 1.0]), ref) == pytest.approx(3.0 / 5.0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 2.0]]))
+    update, none = bench._update_distance(model, {"weight": torch.zeros(1, 2)}, None)
+    assert none is None and torch.equal(update["weight"], torch.tensor([[1.0, 2.0]]))
+    _, dist = bench._update_distance(model, {"weight": torch.zeros(1, 2)}, {"weight": torch.tensor([[1.0, 0.0]])})
+    assert dist == pytest.approx(2.0)  # ||(1,2) - (1,0)|| / ||(1,0)||
+    noise = {"out_dist": 0.6, "update_dist": 1.1, "sign": 0.81}
+    assert bench.within_noise({"out_dist": 0.02, "update_dist": 0.08, "sign": 1.0}, noise)
+    assert not bench.within_noise({"out_dist": 0.7, "update_dist": 0.08, "sign": 1.0}, noise)
+    assert not bench.within_noise({"out_dist": 0.02, "update_dist": 0.08, "sign": 0.75}, noise)
