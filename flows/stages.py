@@ -253,13 +253,21 @@ def run_stage(
     Raises:
         rlhf.rundir.RoundError: ``output_dir`` exists but was not created by a stage, or lies outside ``runs_dir``.
         StageFailed: the process failed (non-zero exit) or wrote no manifest; the message leads with the stage's
-            recorded failure, else the signal that killed it (:func:`killed_by`), else its own error line.
+            recorded failure, else the signal that killed it (:func:`killed_by`), else its own error line. Also,
+            with no process started, when the cache key cannot be computed (a dead endpoint judge, a hub id that does
+            not resolve): one line, and an earlier run's reports in ``output_dir`` are set aside
+            (:func:`set_aside_finished`), so the folder does not pass for this run's result.
     """
     recipe, output_dir = Path(recipe), Path(output_dir)
     if not recipe.is_file():
         raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage}")
     t_check = time.perf_counter()
-    key = stage_cache_key(stage, recipe, list(extra_args), list(parents), launch_key(accelerate_config, launcher))
+    try:
+        key = stage_cache_key(stage, recipe, list(extra_args), list(parents), launch_key(accelerate_config, launcher))
+    except Exception as err:  # noqa: BLE001 - a dead judge, an unresolvable hub id, ...: this stage failed, said once
+        cause = f"its cache key could not be computed: {type(err).__name__}: {' '.join(str(err).split())}"
+        set_aside_finished(output_dir, cause)
+        raise StageFailed(stage, None, cause, None) from None
     key_file = output_dir / CACHE_KEY_FILE
     if (
         not force
@@ -362,12 +370,65 @@ def first_run_seconds(output_dir: Path) -> float | None:
 
 
 class StageFailed(RuntimeError):
-    """A stage process failed; the message leads with the stage's own error line, then where the log is."""
+    """A stage failed; the message leads with the stage's own error line, then where the log is.
 
-    def __init__(self, stage: str, returncode: int, cause: str, log_path: Path):
+    ``returncode`` and ``log_path`` are None when the stage failed in the flow before its process started (its
+    cache key could not be computed): then the message is the one line ``stage <name> failed: <cause>``."""
+
+    def __init__(self, stage: str, returncode: int | None, cause: str, log_path: Path | None):
         self.stage, self.returncode, self.cause, self.log_path = stage, returncode, cause, log_path
         note = " (rows are numbered from 0: row 0 is the first data row)" if " row " in cause else ""
-        super().__init__(f"stage {stage} failed (exit {returncode}): {cause}{note}\nfull log: {log_path}")
+        exit_ = f" (exit {returncode})" if returncode is not None else ""
+        log = f"\nfull log: {log_path}" if log_path is not None else ""
+        super().__init__(f"stage {stage} failed{exit_}: {cause}{note}{log}")
+
+
+#: The outputs a stage's manifest may name as its reports: files that make a folder look like a finished result.
+REPORT_OUTPUT_KEYS = ("report_json", "report_md", "junit")
+
+
+def set_aside_finished(output_dir: str | Path, cause: str) -> list[str]:
+    """Leave a failed stage's folder looking failed, not finished: in a folder the pipeline created
+    (``STAGE_MARKER``) that holds an earlier run's manifest naming reports (the gate stage's ``report.json``,
+    ``report.md``, ``report.junit.xml``), remove those reports, the plots the manifest names, the manifest and the
+    cache key file, and write ``failure.json`` with ``cause`` (what ``read_failure`` gives back). Only files the
+    manifest names inside ``output_dir`` are removed; checkpoints, logs and a user's files stay. A folder without
+    the marker or without such a manifest is left as it is.
+
+    Returns:
+        the names removed (relative to ``output_dir``).
+    """
+    import json
+    import shutil
+
+    out = Path(output_dir)
+    if not (out / STAGE_MARKER).is_file() or not (out / MANIFEST_NAME).is_file():
+        return []
+    try:
+        outputs = read_manifest(out).get("outputs") or {}
+    except (OSError, ValueError):
+        return []
+    named = [outputs.get(k) for k in REPORT_OUTPUT_KEYS if isinstance(outputs.get(k), str)]
+    if not named:  # a training stage's manifest: its checkpoint is a cache entry of its own inputs, kept
+        return []
+    plots = outputs.get("plots") if isinstance(outputs.get("plots"), dict) else {}
+    named += [v for v in plots.values() if isinstance(v, str)]
+    removed = []
+    root = out.resolve()
+    for name in named:  # as the stage wrote them: absolute, or relative to the flow's working folder
+        path = Path(name).resolve()
+        if path.is_relative_to(root) and path.is_file():  # never a file outside the stage's folder
+            path.unlink()
+            removed.append(str(path.relative_to(root)))
+    plots_dir = out / "plots"
+    if plots and plots_dir.is_dir() and not any(plots_dir.iterdir()):
+        shutil.rmtree(plots_dir)
+    for name in (MANIFEST_NAME, CACHE_KEY_FILE):
+        if (out / name).is_file():
+            (out / name).unlink()
+            removed.append(name)
+    atomic_write_text(out / FAILURE_NAME, json.dumps({"type": "StageFailed", "message": cause}) + "\n")
+    return removed
 
 
 def killed_by(returncode: int, lines: list[str]) -> str | None:

@@ -405,3 +405,48 @@ def test_online_rl_judges_and_tripwire_bounds_are_checked_before_prefect_starts(
     assert result.exit_code == 2, result.output
     assert message in _flat(result.output) and "sk-test" not in result.output
     assert not (tmp_path / "runs").exists()
+
+
+def _dead_port() -> int:
+    """A loopback port nothing listens on once the socket is closed."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_cache_key_that_cannot_be_computed_fails_the_stage_in_one_line_and_sets_its_old_report_aside(tmp_path):
+    """In the flow, the gate stage's cache key asks its endpoint judge who it is; a dead one raised RuntimeError
+    out of the task (tracebacks, no ``stage gates failed`` line), and the previous run's report stayed in
+    ``gates/`` as if it were this round's. Now: StageFailed in one line, no process started, and the folder the
+    pipeline created keeps no report, manifest or cache key of the earlier run (failure.json says why); files the
+    manifest does not name stay."""
+    from flows.stages import CACHE_KEY_FILE, StageFailed, run_stage
+    from rlhf.rundir import create_stage_dir, read_failure
+
+    runs = tmp_path / "runs"
+    out = create_stage_dir(runs / "r1" / "gates")
+    (out / "plots").mkdir()
+    reports = {"report_json": out / "report.json", "report_md": out / "report.md",
+               "junit": out / "report.junit.xml"}
+    for path in [*reports.values(), out / "plots" / "drift.png", out / "generations.jsonl", out / "stage.log"]:
+        path.write_text("earlier run")
+    outside = tmp_path / "report.json"  # named by the manifest but outside the stage's folder: never touched
+    outside.write_text("a user's file")
+    (out / "manifest.json").write_text(json.dumps({"stage": "gates", "outputs": {
+        **{k: str(v) for k, v in reports.items()}, "verdict": "pass",
+        "plots": {"drift": str(out / "plots" / "drift.png"), "elsewhere": str(outside)}}}))
+    (out / CACHE_KEY_FILE).write_text("an earlier key")
+    url = f"http://127.0.0.1:{_dead_port()}/v1"
+    with pytest.raises(StageFailed) as err:
+        run_stage("gates", "gates.evaluate", SMOKE / "gates.yaml", out, runs_dir=runs, log=lambda _: None,
+                  extra_args=["--judge", json.dumps({"backend": "openai", "base_url": url, "model": "judge",
+                                                     "max_retries": 0})])
+    msg = str(err.value)
+    assert msg == (f"stage gates failed: its cache key could not be computed: RuntimeError: judge {url}: "
+                   "GET /models failed: Connection error."), msg
+    assert err.value.stage == "gates" and "\n" not in msg
+    assert sorted(p.name for p in out.iterdir()) == [".rlhf-stage", "failure.json", "generations.jsonl", "stage.log"]
+    assert read_failure(out).startswith("StageFailed: its cache key could not be computed")
+    assert outside.read_text() == "a user's file"
