@@ -572,3 +572,20 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
                     check_data_file(p, kind=DATA_KINDS.get((stage, key)), **policy)
                 except (DataValidationError, OSError) as err:  # OSError: a folder without data files, ...
                     raise ValueError(f"{stage}.{key}: {err}") from None
+    functions = next((getattr(a, "reward_functions") for a in parsed if hasattr(a, "reward_functions")), None) or []
+    train = next((getattr(a, "train_data") for a in parsed if hasattr(a, "train_data")), None)
+    if "judge" in functions and isinstance(train, str) and (train.startswith("demo:") or Path(train).expanduser().exists()):
+        # the judge reward compares each completion with its prompt's reference: a prompt without one fails the
+        # stage only after SFT, DPO and the reward model trained (a hub dataset is read by the stage alone)
+        from data.validation import DataValidationError
+        from judging.online_reward import check_reference_file
+
+        def setting(name: str):
+            return next((getattr(a, name) for a in parsed if hasattr(a, name)), None)
+
+        try:
+            check_reference_file(train if train.startswith("demo:") else str(Path(train).expanduser()),
+                                 mode=setting("data_mode") or "strict", max_reject_rate=setting("max_reject_rate"),
+                                 limit=setting("max_train_samples"))
+        except (DataValidationError, OSError, ValueError) as err:
+            raise ValueError(f"{stage}.train_data: {err}") from None

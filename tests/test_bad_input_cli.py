@@ -416,6 +416,31 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
+def test_prompts_without_a_reference_for_the_judge_reward_are_said_before_prefect_starts(tmp_path, monkeypatch):
+    """GRPO's judge reward on prompt rows without a ``reference`` failed inside the stage, after SFT, DPO and the
+    reward model trained; now exit 2 naming the file, the first such row, the field, and how many lack it."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"prompt": "Say hi.", "reference": "Hi!"}, {"prompt": "Name a fruit."},
+        {"prompt": "Count to three.", "reference": "1, 2, 3"}, {"prompt": "Name a colour.", "reference": " "}]))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", "--online-rl", "grpo", "--set", f"grpo.train_data={data}",
+                                      "--set", 'grpo.reward_functions=["judge"]'])
+    assert result.exit_code == 2, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("Error"))
+    assert f"grpo.train_data: {data}: row 1 field 'reference': missing or empty, and 2 of 4 prompts have none" in line
+    assert "Traceback" not in result.output and not (tmp_path / "runs").exists()
+    # the same file with the reward model alone is fine: the reference is needed by the judge reward only
+    from flows.stages import check_stage_config
+
+    check_stage_config("grpo", SMOKE / "grpo.yaml", ["--train_data", str(data)])
+
+
 def test_a_cache_key_that_cannot_be_computed_fails_the_stage_in_one_line_and_sets_its_old_report_aside(tmp_path):
     """In the flow, the gate stage's cache key asks its endpoint judge who it is; a dead one raised RuntimeError
     out of the task (tracebacks, no ``stage gates failed`` line), and the previous run's report stayed in
