@@ -144,8 +144,11 @@ class RoundParameters(BaseModel):
         for where, stages in (("overrides", set(self.overrides)), ("force", set(self.force))):
             unused = sorted(stages & set(ONLINE_RL_STAGES) - {self.online_rl})
             if unused:
-                raise ValueError(f"{where} for {', '.join(unused)}, but online_rl is {self.online_rl!r}: they would "
-                                 f"be ignored; set online_rl to the stage you mean or drop them")
+                # the field names are written as the CLI's options in its one-line error (flows.cli.validation_errors)
+                raise ValueError(f"{where} for {', '.join(unused)}, but online_rl is {self.online_rl!r} (the one "
+                                 f"online-RL stage this round runs): they would be ignored; to run {unused[0]} "
+                                 f"instead give online_rl {unused[0]} (ppo_override runs it even while locked), "
+                                 "or drop them")
         return self
 
     @model_validator(mode="after")
@@ -379,10 +382,12 @@ def gate_suites_file(params: RoundParameters, round_dir: Path) -> Path:
 
 def checked_stages(params: RoundParameters) -> list[str]:
     """The stages whose recipes are checked before a round starts: all but the online-RL ones, of which only the
-    round's own (``online_rl``) may run, and only the override makes it run for sure (an unlocked one's recipe is
-    checked when it starts)."""
+    round's own (``online_rl``) may run; it is checked when the override makes it run for sure, or when an override
+    names it (a mistyped ``--set grpo.key`` is said now, not when the unlock rule lets the stage start, or never).
+    Overrides for another online-RL stage are refused by :class:`RoundParameters`."""
     return [name for name in STAGES
-            if name not in ONLINE_RL_STAGES or (name == params.online_rl and params.ppo_override)]
+            if name not in ONLINE_RL_STAGES or name in params.overrides
+            or (name == params.online_rl and params.ppo_override)]
 
 
 def online_rl_stage(params: RoundParameters, unlock: dict) -> str | None:

@@ -441,6 +441,31 @@ def test_prompts_without_a_reference_for_the_judge_reward_are_said_before_prefec
     check_stage_config("grpo", SMOKE / "grpo.yaml", ["--train_data", str(data)])
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--online-rl", "grpo", "--set", "grpo.num_generationz=2"],
+     "grpo (" + str(SMOKE / "grpo.yaml") + "): unknown key(s) 'num_generationz' (did you mean 'num_generations'"),
+    (["--set", "grpo.num_generationz=2"],
+     "--set for grpo, but --online-rl is 'ppo' (the one online-RL stage this round runs): they would be ignored; "
+     "to run grpo instead give --online-rl grpo (--ppo-override runs it even while locked), or drop them"),
+    (["--online-rl", "rloo", "--force", "grpo"], "--force for grpo, but --online-rl is 'rloo'"),
+], ids=["typo-in-the-rounds-stage", "set-for-another-stage", "force-for-another-stage"])
+def test_a_set_for_an_online_rl_stage_is_checked_whether_or_not_it_is_sure_to_run(tmp_path, monkeypatch, args,
+                                                                                 message):
+    """``--set grpo.key`` was checked only with ``--ppo-override`` (the stage sure to run); a typo then reached
+    the stage after training, or was never noticed when the unlock rule kept it locked. Now every stage a --set
+    names is checked, and one for a stage the round does not run says which one it runs and how to pick another."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", *args])
+    assert result.exit_code == 2, result.output
+    assert [ln for ln in result.output.splitlines() if message in ln], result.output
+    assert "Traceback" not in result.output and not (tmp_path / "runs").exists()
+
+
 def test_a_cache_key_that_cannot_be_computed_fails_the_stage_in_one_line_and_sets_its_old_report_aside(tmp_path):
     """In the flow, the gate stage's cache key asks its endpoint judge who it is; a dead one raised RuntimeError
     out of the task (tracebacks, no ``stage gates failed`` line), and the previous run's report stayed in
