@@ -390,6 +390,28 @@ def checked_stages(params: RoundParameters) -> list[str]:
             or (name == params.online_rl and params.ppo_override)]
 
 
+def check_judge_endpoints(params: RoundParameters) -> int:
+    """Ask each OpenAI-compatible endpoint judge the round will call who it is, once, before anything trains
+    (:func:`flows.stages.check_endpoint_judges`): the gates' judges (measured again when the gate stage's cache key
+    is computed, after SFT, DPO and the reward model trained), and the round's online-RL stage's ``reward_judge`` and
+    ``tripwire_gold_judge`` (its own, or the gates' judge :func:`round_gold_judge` passes it: the same endpoint,
+    asked once). Returns the number of endpoints asked.
+
+    Raises:
+        ValueError: an endpoint does not answer (one line: the recipe key, its base_url, the reason) or a judge
+            mapping is malformed.
+    """
+    from .stages import check_endpoint_judges
+
+    seen: set = set()
+    asked = check_endpoint_judges("gates", _recipe(params, "gates"), params.overrides.get("gates", []), seen)
+    stage = params.online_rl
+    if stage != "ppo":  # PPO is rewarded by the round's reward model alone; its gold check is a reward model
+        extra = [*round_gold_judge(params, stage), *params.overrides.get(stage, [])]
+        asked += check_endpoint_judges(stage, _recipe(params, stage), extra, seen)
+    return asked
+
+
 def online_rl_stage(params: RoundParameters, unlock: dict) -> str | None:
     """The online-RL stage this round runs after DPO: ``params.online_rl`` when the unlock decision says unlocked
     (the rule, or the recorded override), else None (the DPO policy stays the candidate)."""

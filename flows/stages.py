@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,15 +78,14 @@ def _result_hash(run: StageRun) -> str:
     return run.manifest.get("outputs", {}).get("checkpoint_hash") or run.cache_key
 
 
-def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
-    """The identity hashes of the gate stage's endpoint judges, measured now (``judging.identity``: the server's
-    listing and a fresh probe, not recorded as seen): the ``openai`` pairwise ``judge`` and, with
-    ``refusal_classifier: openai``, the LLM refusal grader. A name serves other weights today than when the cached
-    result was computed: then the key changes and the gates run again. {} for judges identified by content (a
-    reward model, a label file: their content is already in the key through the parents or the recipe).
+def _endpoint_judge_probes(cfg: dict, overrides: dict[str, str]) -> dict[str, Callable[[], str]]:
+    """The gate stage's endpoint judges, by recipe key, each as a function that measures its identity hash now
+    (``judging.identity``: the server's listing and a fresh probe, not recorded as seen): the ``openai`` pairwise
+    ``judge`` and, with ``refusal_classifier: openai``, the LLM refusal grader (``refusal_judge``). Building them
+    sends nothing; calling one does.
 
     Raises:
-        ValueError: a malformed judge mapping. RuntimeError: the endpoint cannot be reached.
+        ValueError: a malformed judge mapping.
     """
     from judging.judges import JudgeConfig
 
@@ -93,19 +93,112 @@ def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
         return overrides.get(f"--{key}", cfg.get(key))
 
     judge = JudgeConfig.from_dict(value("judge"), where="judge")
-    out = {}
+    out: dict[str, Callable[[], str]] = {}
     if judge.backend == "openai":
         from judging.openai_judge import OpenAIJudge
 
-        out["judge"] = OpenAIJudge(judge, record_identity=False).identity_hash()
+        out["judge"] = lambda: OpenAIJudge(judge, record_identity=False).identity_hash()
     if value("refusal_classifier") == "openai":
         from gates.refusal_llm import probe_messages, refusal_grader_config
         from judging.openai_client import ChatClient
 
         grader = refusal_grader_config(value("refusal_judge"), judge)
-        out["refusal_judge"] = json_hash(ChatClient(grader, namespace="refusal", probe=probe_messages(),
-                                                    record_identity=False).identity())
+        out["refusal_judge"] = lambda: json_hash(ChatClient(grader, namespace="refusal", probe=probe_messages(),
+                                                            record_identity=False).identity())
     return out
+
+
+def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
+    """The identity hashes of the gate stage's endpoint judges, measured now (:func:`_endpoint_judge_probes`). A name
+    serves other weights today than when the cached result was computed: then the key changes and the gates run
+    again. {} for judges identified by content (a reward model, a label file: their content is already in the key
+    through the parents or the recipe).
+
+    Raises:
+        ValueError: a malformed judge mapping. RuntimeError: the endpoint cannot be reached.
+    """
+    return {key: probe() for key, probe in _endpoint_judge_probes(cfg, overrides).items()}
+
+
+def _given_args(args: list[str]) -> dict[str, str | list[str]]:
+    """Command-line words as ``{"--key": value}``: the words after a ``--key`` up to the next one are its value, a
+    list when there are several (``--reward_functions reward_model judge``, from a JSON list in ``--set``)."""
+    given: dict[str, str | list[str]] = {}
+    key = None
+    for word in args:
+        if word.startswith("--"):
+            key = word
+            given[key] = []
+        elif key is not None:
+            given[key].append(word)
+    return {k: v[0] if len(v) == 1 else (v or "") for k, v in given.items()}
+
+
+#: The judge keys of the TRL online-RL stages whose ``openai`` backend is an endpoint the stage will call.
+ONLINE_RL_JUDGE_KEYS = ("reward_judge", "tripwire_gold_judge")
+
+
+def check_endpoint_judges(stage: str, recipe: Path, overrides: list[str], seen: set | None = None) -> int:
+    """Ask every OpenAI-compatible endpoint judge ``stage`` will call (its recipe with the user's ``overrides``) who it
+    is, once, before any stage runs: the gates' ``judge`` and ``refusal_judge`` as the gate stage's cache key measures
+    them (:func:`_endpoint_judges`); an online-RL stage's ``reward_judge`` (with ``judge`` among its
+    ``reward_functions``) and ``tripwire_gold_judge`` the same way (listing and probe). ``seen`` (endpoint, model)
+    pairs already asked are skipped and the asked ones added, so one endpoint is asked once per round.
+
+    Returns:
+        the number of endpoints asked.
+
+    Raises:
+        ValueError: an endpoint does not answer, one line naming ``<stage>.<key>``, its ``base_url`` (no credentials;
+            the key's value is never shown) and the reason; or a malformed judge mapping.
+    """
+    from judging.identity import public_endpoint
+    from judging.judges import JudgeConfig
+    from judging.openai_judge import OpenAIJudge
+    from rlhf.credentials import env_secret
+
+    cfg = yaml.safe_load(recipe.read_text()) or {}
+    given = _given_args(overrides)
+    seen = set() if seen is None else seen
+    judges: list[tuple[str, JudgeConfig, Callable[[], object]]] = []
+    if stage == "gates":
+        judge = JudgeConfig.from_dict(given.get("--judge", cfg.get("judge")), where="gates.judge")
+        for key, probe in _endpoint_judge_probes(cfg, given).items():
+            if key == "refusal_judge":
+                from gates.refusal_llm import refusal_grader_config
+
+                judges.append((key, refusal_grader_config(given.get("--refusal_judge", cfg.get("refusal_judge")),
+                                                          judge), probe))
+            else:
+                judges.append((key, judge, probe))
+    else:
+        functions = given.get("--reward_functions", cfg.get("reward_functions")) or []
+        functions = [functions] if isinstance(functions, str) else functions
+        for key in ONLINE_RL_JUDGE_KEYS:
+            value = given.get(f"--{key}", cfg.get(key))
+            if not value or (key == "reward_judge" and "judge" not in functions):
+                continue
+            judge = JudgeConfig.from_dict(value, where=f"{stage}.{key}")
+            if judge.backend == "openai":
+                judges.append((key, judge, lambda judge=judge: OpenAIJudge(judge, record_identity=False).identity()))
+    asked = 0
+    for key, judge, probe in judges:
+        url = public_endpoint(judge.base_url or os.environ.get("OPENAI_BASE_URL", ""))
+        if (url, judge.model) in seen:
+            continue
+        seen.add((url, judge.model))
+        asked += 1
+        try:
+            probe()
+        except (RuntimeError, OSError) as err:
+            reason = " ".join(str(err).split())
+            secret = env_secret(judge.api_key_env)
+            if secret:  # never shown, whatever a server or a client library put in its error
+                reason = reason.replace(secret, "***")
+            raise ValueError(f"{stage}.{key}: the openai judge at base_url {url or '(none)'} (model {judge.model!r}) "
+                             f"does not answer ({reason}); start it, or fix {stage}.{key} in the recipe or --set"
+                             ) from None
+    return asked
 
 
 def accelerate_default_config() -> Path:
@@ -151,7 +244,7 @@ def stage_cache_key(
         gate stage's endpoint judge cannot be reached (its identity is measured, :func:`_endpoint_judges`).
     """
     cfg = yaml.safe_load(recipe.read_text()) or {}
-    overrides = dict(zip(extra_args[::2], extra_args[1::2]))
+    overrides = _given_args(extra_args)  # a list value (several words) does not shift the keys after it
     data, model = {}, None
     for key in {*cfg, *(k.removeprefix("--") for k in overrides)}:
         value = overrides.get(f"--{key}", cfg.get(key))

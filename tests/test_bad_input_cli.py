@@ -416,6 +416,58 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
+def _openai_judge(base_url: str) -> str:
+    return json.dumps({"backend": "openai", "base_url": base_url, "model": "judge", "api_key_env": "TEST_JUDGE_KEY",
+                       "agreement_n": 0})
+
+
+@pytest.mark.parametrize("key, extra", [
+    ("gates.judge", []),
+    ("grpo.reward_judge", ["--online-rl", "grpo", "--set", 'grpo.reward_functions=["reward_model", "judge"]']),
+], ids=["gates-judge", "grpo-reward-judge"])
+def test_a_judge_endpoint_that_does_not_answer_is_said_before_prefect_starts(tmp_path, monkeypatch, key, extra):
+    """A dead gates judge was found by the gate stage's cache key, after SFT, DPO and the reward model trained, as
+    four tracebacks; now exit 2 in one line naming the recipe key and its base_url, the key's value never shown."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-test-judge-key-value-0001")
+    url = f"http://127.0.0.1:{_dead_port()}/v1"
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", *extra, "--set", f"{key}={_openai_judge(url)}"])
+    assert result.exit_code == 2, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("Error"))
+    assert f"{key}: the openai judge at base_url {url} (model 'judge') does not answer" in line, result.output
+    assert "Connection error" in line
+    assert "sk-test-judge" not in result.output and "Traceback" not in result.output
+    assert "temporary server" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_a_live_judge_endpoint_is_asked_once_and_the_round_goes_on(tmp_path):
+    """The same check with a real OpenAI-compatible server on loopback: it passes, the gates' judge and GRPO's
+    reward judge on that endpoint are asked once between them (one probe: 8 chat requests), and the round goes on
+    to its next check (here a Prefect API that does not answer, so nothing trains)."""
+    from tests.policy_judge_server import requests_logged, start_policy_server
+
+    with start_policy_server(tmp_path, name="judge", policy="longer") as server:
+        judge = _openai_judge(server["base_url"])
+        env = {**_env(tmp_path), "PREFECT_API_URL": f"http://127.0.0.1:{_dead_port()}/api",
+               "TEST_JUDGE_KEY": "sk-test-judge-key-value-0002"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+             "--round-id", "r1", "--online-rl", "grpo", "--set", f"gates.judge={judge}",
+             "--set", 'grpo.reward_functions=["reward_model", "judge"]', "--set", f"grpo.reward_judge={judge}"],
+            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+        asked = requests_logged(server)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "the Prefect API at" in proc.stderr and "does not answer" in proc.stderr  # the check after the judges
+    assert "openai judge" not in proc.stderr and "sk-test-judge" not in proc.stderr
+    assert asked == 8  # one identity probe (4 pairs x 2 orders) for the one endpoint both keys name
+    assert not (tmp_path / "runs").exists()
+
+
 def test_prompts_without_a_reference_for_the_judge_reward_are_said_before_prefect_starts(tmp_path, monkeypatch):
     """GRPO's judge reward on prompt rows without a ``reference`` failed inside the stage, after SFT, DPO and the
     reward model trained; now exit 2 naming the file, the first such row, the field, and how many lack it."""
