@@ -145,10 +145,10 @@ class RoundParameters(BaseModel):
             unused = sorted(stages & set(ONLINE_RL_STAGES) - {self.online_rl})
             if unused:
                 # the field names are written as the CLI's options in its one-line error (flows.cli.validation_errors)
-                raise ValueError(f"{where} for {', '.join(unused)}, but online_rl is {self.online_rl!r} (the one "
-                                 f"online-RL stage this round runs): they would be ignored; to run {unused[0]} "
-                                 f"instead give online_rl {unused[0]} (ppo_override runs it even while locked), "
-                                 "or drop them")
+                raise ValueError(f"{where} for {', '.join(unused)}, but online_rl is {self.online_rl!r}: they would "
+                                 f"be ignored (a round runs one online-RL stage, here {self.online_rl}); to run "
+                                 f"{unused[0]} instead give online_rl {unused[0]} (ppo_override runs it even while "
+                                 "locked), or drop them")
         return self
 
     @model_validator(mode="after")

@@ -497,8 +497,8 @@ def test_prompts_without_a_reference_for_the_judge_reward_are_said_before_prefec
     (["--online-rl", "grpo", "--set", "grpo.num_generationz=2"],
      "grpo (" + str(SMOKE / "grpo.yaml") + "): unknown key(s) 'num_generationz' (did you mean 'num_generations'"),
     (["--set", "grpo.num_generationz=2"],
-     "--set for grpo, but --online-rl is 'ppo' (the one online-RL stage this round runs): they would be ignored; "
-     "to run grpo instead give --online-rl grpo (--ppo-override runs it even while locked), or drop them"),
+     "--set for grpo, but --online-rl is 'ppo': they would be ignored (a round runs one online-RL stage, here "
+     "ppo); to run grpo instead give --online-rl grpo (--ppo-override runs it even while locked), or drop them"),
     (["--online-rl", "rloo", "--force", "grpo"], "--force for grpo, but --online-rl is 'rloo'"),
 ], ids=["typo-in-the-rounds-stage", "set-for-another-stage", "force-for-another-stage"])
 def test_a_set_for_an_online_rl_stage_is_checked_whether_or_not_it_is_sure_to_run(tmp_path, monkeypatch, args,
