@@ -406,7 +406,9 @@ def check_judge_endpoints(params: RoundParameters) -> int:
     seen: set = set()
     asked = check_endpoint_judges("gates", _recipe(params, "gates"), params.overrides.get("gates", []), seen)
     stage = params.online_rl
-    if stage != "ppo":  # PPO is rewarded by the round's reward model alone; its gold check is a reward model
+    # PPO is rewarded by the round's reward model alone (its gold check is a reward model); a missing recipe of a
+    # stage that may never run is said when it starts, as before
+    if stage != "ppo" and _recipe(params, stage).is_file():
         extra = [*round_gold_judge(params, stage), *params.overrides.get(stage, [])]
         asked += check_endpoint_judges(stage, _recipe(params, stage), extra, seen)
     return asked
