@@ -163,6 +163,12 @@ def round_cmd(
             check_writable_folder(runs_dir)
     except RoundError as err:
         raise typer.BadParameter(str(err), param_hint="--runs-dir") from None
+    from flows.round import check_judge_endpoints
+
+    try:  # a judge endpoint that does not answer: said now, not when the gates' cache key is computed after training
+        check_judge_endpoints(params)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--preset/--set") from None
     check_prefect_api()
     install_signal_handlers()
     try:

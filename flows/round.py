@@ -144,8 +144,11 @@ class RoundParameters(BaseModel):
         for where, stages in (("overrides", set(self.overrides)), ("force", set(self.force))):
             unused = sorted(stages & set(ONLINE_RL_STAGES) - {self.online_rl})
             if unused:
+                # the field names are written as the CLI's options in its one-line error (flows.cli.validation_errors)
                 raise ValueError(f"{where} for {', '.join(unused)}, but online_rl is {self.online_rl!r}: they would "
-                                 f"be ignored; set online_rl to the stage you mean or drop them")
+                                 f"be ignored (a round runs one online-RL stage, here {self.online_rl}); to run "
+                                 f"{unused[0]} instead give online_rl {unused[0]} (ppo_override runs it even while "
+                                 "locked), or drop them")
         return self
 
     @model_validator(mode="after")
@@ -379,10 +382,36 @@ def gate_suites_file(params: RoundParameters, round_dir: Path) -> Path:
 
 def checked_stages(params: RoundParameters) -> list[str]:
     """The stages whose recipes are checked before a round starts: all but the online-RL ones, of which only the
-    round's own (``online_rl``) may run, and only the override makes it run for sure (an unlocked one's recipe is
-    checked when it starts)."""
+    round's own (``online_rl``) may run; it is checked when the override makes it run for sure, or when an override
+    names it (a mistyped ``--set grpo.key`` is said now, not when the unlock rule lets the stage start, or never).
+    Overrides for another online-RL stage are refused by :class:`RoundParameters`."""
     return [name for name in STAGES
-            if name not in ONLINE_RL_STAGES or (name == params.online_rl and params.ppo_override)]
+            if name not in ONLINE_RL_STAGES or name in params.overrides
+            or (name == params.online_rl and params.ppo_override)]
+
+
+def check_judge_endpoints(params: RoundParameters) -> int:
+    """Ask each OpenAI-compatible endpoint judge the round will call who it is, once, before anything trains
+    (:func:`flows.stages.check_endpoint_judges`): the gates' judges (measured again when the gate stage's cache key
+    is computed, after SFT, DPO and the reward model trained), and the round's online-RL stage's ``reward_judge`` and
+    ``tripwire_gold_judge`` (its own, or the gates' judge :func:`round_gold_judge` passes it: the same endpoint,
+    asked once). Returns the number of endpoints asked.
+
+    Raises:
+        ValueError: an endpoint does not answer (one line: the recipe key, its base_url, the reason) or a judge
+            mapping is malformed.
+    """
+    from .stages import check_endpoint_judges
+
+    seen: set = set()
+    asked = check_endpoint_judges("gates", _recipe(params, "gates"), params.overrides.get("gates", []), seen)
+    stage = params.online_rl
+    # PPO is rewarded by the round's reward model alone (its gold check is a reward model); a missing recipe of a
+    # stage that may never run is said when it starts, as before
+    if stage != "ppo" and _recipe(params, stage).is_file():
+        extra = [*round_gold_judge(params, stage), *params.overrides.get(stage, [])]
+        asked += check_endpoint_judges(stage, _recipe(params, stage), extra, seen)
+    return asked
 
 
 def online_rl_stage(params: RoundParameters, unlock: dict) -> str | None:

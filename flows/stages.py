@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,15 +78,14 @@ def _result_hash(run: StageRun) -> str:
     return run.manifest.get("outputs", {}).get("checkpoint_hash") or run.cache_key
 
 
-def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
-    """The identity hashes of the gate stage's endpoint judges, measured now (``judging.identity``: the server's
-    listing and a fresh probe, not recorded as seen): the ``openai`` pairwise ``judge`` and, with
-    ``refusal_classifier: openai``, the LLM refusal grader. A name serves other weights today than when the cached
-    result was computed: then the key changes and the gates run again. {} for judges identified by content (a
-    reward model, a label file: their content is already in the key through the parents or the recipe).
+def _endpoint_judge_probes(cfg: dict, overrides: dict[str, str]) -> dict[str, Callable[[], str]]:
+    """The gate stage's endpoint judges, by recipe key, each as a function that measures its identity hash now
+    (``judging.identity``: the server's listing and a fresh probe, not recorded as seen): the ``openai`` pairwise
+    ``judge`` and, with ``refusal_classifier: openai``, the LLM refusal grader (``refusal_judge``). Building them
+    sends nothing; calling one does.
 
     Raises:
-        ValueError: a malformed judge mapping. RuntimeError: the endpoint cannot be reached.
+        ValueError: a malformed judge mapping.
     """
     from judging.judges import JudgeConfig
 
@@ -93,19 +93,112 @@ def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
         return overrides.get(f"--{key}", cfg.get(key))
 
     judge = JudgeConfig.from_dict(value("judge"), where="judge")
-    out = {}
+    out: dict[str, Callable[[], str]] = {}
     if judge.backend == "openai":
         from judging.openai_judge import OpenAIJudge
 
-        out["judge"] = OpenAIJudge(judge, record_identity=False).identity_hash()
+        out["judge"] = lambda: OpenAIJudge(judge, record_identity=False).identity_hash()
     if value("refusal_classifier") == "openai":
         from gates.refusal_llm import probe_messages, refusal_grader_config
         from judging.openai_client import ChatClient
 
         grader = refusal_grader_config(value("refusal_judge"), judge)
-        out["refusal_judge"] = json_hash(ChatClient(grader, namespace="refusal", probe=probe_messages(),
-                                                    record_identity=False).identity())
+        out["refusal_judge"] = lambda: json_hash(ChatClient(grader, namespace="refusal", probe=probe_messages(),
+                                                            record_identity=False).identity())
     return out
+
+
+def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
+    """The identity hashes of the gate stage's endpoint judges, measured now (:func:`_endpoint_judge_probes`). A name
+    serves other weights today than when the cached result was computed: then the key changes and the gates run
+    again. {} for judges identified by content (a reward model, a label file: their content is already in the key
+    through the parents or the recipe).
+
+    Raises:
+        ValueError: a malformed judge mapping. RuntimeError: the endpoint cannot be reached.
+    """
+    return {key: probe() for key, probe in _endpoint_judge_probes(cfg, overrides).items()}
+
+
+def _given_args(args: list[str]) -> dict[str, str | list[str]]:
+    """Command-line words as ``{"--key": value}``: the words after a ``--key`` up to the next one are its value, a
+    list when there are several (``--reward_functions reward_model judge``, from a JSON list in ``--set``)."""
+    given: dict[str, str | list[str]] = {}
+    key = None
+    for word in args:
+        if word.startswith("--"):
+            key = word
+            given[key] = []
+        elif key is not None:
+            given[key].append(word)
+    return {k: v[0] if len(v) == 1 else (v or "") for k, v in given.items()}
+
+
+#: The judge keys of the TRL online-RL stages whose ``openai`` backend is an endpoint the stage will call.
+ONLINE_RL_JUDGE_KEYS = ("reward_judge", "tripwire_gold_judge")
+
+
+def check_endpoint_judges(stage: str, recipe: Path, overrides: list[str], seen: set | None = None) -> int:
+    """Ask every OpenAI-compatible endpoint judge ``stage`` will call (its recipe with the user's ``overrides``) who it
+    is, once, before any stage runs: the gates' ``judge`` and ``refusal_judge`` as the gate stage's cache key measures
+    them (:func:`_endpoint_judges`); an online-RL stage's ``reward_judge`` (with ``judge`` among its
+    ``reward_functions``) and ``tripwire_gold_judge`` the same way (listing and probe). ``seen`` (endpoint, model)
+    pairs already asked are skipped and the asked ones added, so one endpoint is asked once per round.
+
+    Returns:
+        the number of endpoints asked.
+
+    Raises:
+        ValueError: an endpoint does not answer, one line naming ``<stage>.<key>``, its ``base_url`` (no credentials;
+            the key's value is never shown) and the reason; or a malformed judge mapping.
+    """
+    from judging.identity import public_endpoint
+    from judging.judges import JudgeConfig
+    from judging.openai_judge import OpenAIJudge
+    from rlhf.credentials import env_secret
+
+    cfg = yaml.safe_load(recipe.read_text()) or {}
+    given = _given_args(overrides)
+    seen = set() if seen is None else seen
+    judges: list[tuple[str, JudgeConfig, Callable[[], object]]] = []
+    if stage == "gates":
+        judge = JudgeConfig.from_dict(given.get("--judge", cfg.get("judge")), where="gates.judge")
+        for key, probe in _endpoint_judge_probes(cfg, given).items():
+            if key == "refusal_judge":
+                from gates.refusal_llm import refusal_grader_config
+
+                judges.append((key, refusal_grader_config(given.get("--refusal_judge", cfg.get("refusal_judge")),
+                                                          judge), probe))
+            else:
+                judges.append((key, judge, probe))
+    else:
+        functions = given.get("--reward_functions", cfg.get("reward_functions")) or []
+        functions = [functions] if isinstance(functions, str) else functions
+        for key in ONLINE_RL_JUDGE_KEYS:
+            value = given.get(f"--{key}", cfg.get(key))
+            if not value or (key == "reward_judge" and "judge" not in functions):
+                continue
+            judge = JudgeConfig.from_dict(value, where=f"{stage}.{key}")
+            if judge.backend == "openai":
+                judges.append((key, judge, lambda judge=judge: OpenAIJudge(judge, record_identity=False).identity()))
+    asked = 0
+    for key, judge, probe in judges:
+        url = public_endpoint(judge.base_url or os.environ.get("OPENAI_BASE_URL", ""))
+        if (url, judge.model) in seen:
+            continue
+        seen.add((url, judge.model))
+        asked += 1
+        try:
+            probe()
+        except (RuntimeError, OSError) as err:
+            reason = " ".join(str(err).split())
+            secret = env_secret(judge.api_key_env)
+            if secret:  # never shown, whatever a server or a client library put in its error
+                reason = reason.replace(secret, "***")
+            raise ValueError(f"{stage}.{key}: the openai judge at base_url {url or '(none)'} (model {judge.model!r}) "
+                             f"does not answer ({reason}); start it, or fix {stage}.{key} in the recipe or --set"
+                             ) from None
+    return asked
 
 
 def accelerate_default_config() -> Path:
@@ -151,7 +244,7 @@ def stage_cache_key(
         gate stage's endpoint judge cannot be reached (its identity is measured, :func:`_endpoint_judges`).
     """
     cfg = yaml.safe_load(recipe.read_text()) or {}
-    overrides = dict(zip(extra_args[::2], extra_args[1::2]))
+    overrides = _given_args(extra_args)  # a list value (several words) does not shift the keys after it
     data, model = {}, None
     for key in {*cfg, *(k.removeprefix("--") for k in overrides)}:
         value = overrides.get(f"--{key}", cfg.get(key))
@@ -253,13 +346,21 @@ def run_stage(
     Raises:
         rlhf.rundir.RoundError: ``output_dir`` exists but was not created by a stage, or lies outside ``runs_dir``.
         StageFailed: the process failed (non-zero exit) or wrote no manifest; the message leads with the stage's
-            recorded failure, else the signal that killed it (:func:`killed_by`), else its own error line.
+            recorded failure, else the signal that killed it (:func:`killed_by`), else its own error line. Also,
+            with no process started, when the cache key cannot be computed (a dead endpoint judge, a hub id that does
+            not resolve): one line, and an earlier run's reports in ``output_dir`` are set aside
+            (:func:`set_aside_finished`), so the folder does not pass for this run's result.
     """
     recipe, output_dir = Path(recipe), Path(output_dir)
     if not recipe.is_file():
         raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage}")
     t_check = time.perf_counter()
-    key = stage_cache_key(stage, recipe, list(extra_args), list(parents), launch_key(accelerate_config, launcher))
+    try:
+        key = stage_cache_key(stage, recipe, list(extra_args), list(parents), launch_key(accelerate_config, launcher))
+    except Exception as err:  # noqa: BLE001 - a dead judge, an unresolvable hub id, ...: this stage failed, said once
+        cause = f"its cache key could not be computed: {type(err).__name__}: {' '.join(str(err).split())}"
+        set_aside_finished(output_dir, cause)
+        raise StageFailed(stage, None, cause, None) from None
     key_file = output_dir / CACHE_KEY_FILE
     if (
         not force
@@ -362,12 +463,65 @@ def first_run_seconds(output_dir: Path) -> float | None:
 
 
 class StageFailed(RuntimeError):
-    """A stage process failed; the message leads with the stage's own error line, then where the log is."""
+    """A stage failed; the message leads with the stage's own error line, then where the log is.
 
-    def __init__(self, stage: str, returncode: int, cause: str, log_path: Path):
+    ``returncode`` and ``log_path`` are None when the stage failed in the flow before its process started (its
+    cache key could not be computed): then the message is the one line ``stage <name> failed: <cause>``."""
+
+    def __init__(self, stage: str, returncode: int | None, cause: str, log_path: Path | None):
         self.stage, self.returncode, self.cause, self.log_path = stage, returncode, cause, log_path
         note = " (rows are numbered from 0: row 0 is the first data row)" if " row " in cause else ""
-        super().__init__(f"stage {stage} failed (exit {returncode}): {cause}{note}\nfull log: {log_path}")
+        exit_ = f" (exit {returncode})" if returncode is not None else ""
+        log = f"\nfull log: {log_path}" if log_path is not None else ""
+        super().__init__(f"stage {stage} failed{exit_}: {cause}{note}{log}")
+
+
+#: The outputs a stage's manifest may name as its reports: files that make a folder look like a finished result.
+REPORT_OUTPUT_KEYS = ("report_json", "report_md", "junit")
+
+
+def set_aside_finished(output_dir: str | Path, cause: str) -> list[str]:
+    """Leave a failed stage's folder looking failed, not finished: in a folder the pipeline created
+    (``STAGE_MARKER``) that holds an earlier run's manifest naming reports (the gate stage's ``report.json``,
+    ``report.md``, ``report.junit.xml``), remove those reports, the plots the manifest names, the manifest and the
+    cache key file, and write ``failure.json`` with ``cause`` (what ``read_failure`` gives back). Only files the
+    manifest names inside ``output_dir`` are removed; checkpoints, logs and a user's files stay. A folder without
+    the marker or without such a manifest is left as it is.
+
+    Returns:
+        the names removed (relative to ``output_dir``).
+    """
+    import json
+    import shutil
+
+    out = Path(output_dir)
+    if not (out / STAGE_MARKER).is_file() or not (out / MANIFEST_NAME).is_file():
+        return []
+    try:
+        outputs = read_manifest(out).get("outputs") or {}
+    except (OSError, ValueError):
+        return []
+    named = [outputs.get(k) for k in REPORT_OUTPUT_KEYS if isinstance(outputs.get(k), str)]
+    if not named:  # a training stage's manifest: its checkpoint is a cache entry of its own inputs, kept
+        return []
+    plots = outputs.get("plots") if isinstance(outputs.get("plots"), dict) else {}
+    named += [v for v in plots.values() if isinstance(v, str)]
+    removed = []
+    root = out.resolve()
+    for name in named:  # as the stage wrote them: absolute, or relative to the flow's working folder
+        path = Path(name).resolve()
+        if path.is_relative_to(root) and path.is_file():  # never a file outside the stage's folder
+            path.unlink()
+            removed.append(str(path.relative_to(root)))
+    plots_dir = out / "plots"
+    if plots and plots_dir.is_dir() and not any(plots_dir.iterdir()):
+        shutil.rmtree(plots_dir)
+    for name in (MANIFEST_NAME, CACHE_KEY_FILE):
+        if (out / name).is_file():
+            (out / name).unlink()
+            removed.append(name)
+    atomic_write_text(out / FAILURE_NAME, json.dumps({"type": "StageFailed", "message": cause}) + "\n")
+    return removed
 
 
 def killed_by(returncode: int, lines: list[str]) -> str | None:
@@ -511,3 +665,20 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
                     check_data_file(p, kind=DATA_KINDS.get((stage, key)), **policy)
                 except (DataValidationError, OSError) as err:  # OSError: a folder without data files, ...
                     raise ValueError(f"{stage}.{key}: {err}") from None
+    functions = next((getattr(a, "reward_functions") for a in parsed if hasattr(a, "reward_functions")), None) or []
+    train = next((getattr(a, "train_data") for a in parsed if hasattr(a, "train_data")), None)
+    if "judge" in functions and isinstance(train, str) and (train.startswith("demo:") or Path(train).expanduser().exists()):
+        # the judge reward compares each completion with its prompt's reference: a prompt without one fails the
+        # stage only after SFT, DPO and the reward model trained (a hub dataset is read by the stage alone)
+        from data.validation import DataValidationError
+        from judging.online_reward import check_reference_file
+
+        def setting(name: str):
+            return next((getattr(a, name) for a in parsed if hasattr(a, name)), None)
+
+        try:
+            check_reference_file(train if train.startswith("demo:") else str(Path(train).expanduser()),
+                                 mode=setting("data_mode") or "strict", max_reject_rate=setting("max_reject_rate"),
+                                 limit=setting("max_train_samples"))
+        except (DataValidationError, OSError, ValueError) as err:
+            raise ValueError(f"{stage}.train_data: {err}") from None

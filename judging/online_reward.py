@@ -108,3 +108,38 @@ def check_references(rows: Sequence[Any], label: str) -> list[str]:
                          "reference: give a file whose rows have one (a pair file's chosen reply, 'reference', "
                          "'output') or drop 'judge' from reward_functions")
     return [r.reference for r in rows]
+
+
+def check_reference_file(source: str, *, mode: str = "strict", max_reject_rate: float | None = None,
+                         limit: int | None = None) -> int:
+    """Read a training prompt file as the online-RL stage does (``data.loaders.load_eval_prompts``, the stage's
+    ``data_mode``, ``max_reject_rate`` and ``max_train_samples``) and check that every prompt has the reference answer
+    the judge reward compares with, without loading any model (a round checks it before anything trains).
+
+    Returns:
+        the number of prompts read.
+
+    Raises:
+        ValueError: prompts without a reference: how many of how many, the first one's row number in the file (0 is
+            the first data row) and the field, naming ``source``. data.validation.DataValidationError, OSError: the
+            file cannot be read as prompts.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from data.loaders import DEFAULT_MAX_REJECT_RATE, load_eval_prompts
+
+    with tempfile.TemporaryDirectory(prefix="rlhf-reference-check-") as tmp:
+        rows = load_eval_prompts(source, mode=mode, limit=limit, rejects_path=Path(tmp) / "rejects.jsonl",
+                                 max_reject_rate=DEFAULT_MAX_REJECT_RATE if max_reject_rate is None else max_reject_rate)
+    # the file's row of each kept prompt: rows are read in order, the rejected ones (lenient mode) left out
+    rejected = {r.row for r in rows.rejects}
+    file_rows = [i for i in range(rows.n_read) if i not in rejected]
+    missing = [file_rows[i] if i < len(file_rows) else i for i, r in enumerate(rows)
+               if not (isinstance(r.reference, str) and r.reference.strip())]
+    if missing:
+        raise ValueError(f"{rows.source}: row {missing[0]} field 'reference': missing or empty, and {len(missing)} of "
+                         f"{len(rows)} prompts have none; the judge reward (reward_functions: judge) compares each "
+                         "completion with its prompt's reference: give rows that have one ('reference', a pair's "
+                         "chosen reply, an AlpacaEval 'output') or drop 'judge' from reward_functions")
+    return len(rows)

@@ -405,3 +405,150 @@ def test_online_rl_judges_and_tripwire_bounds_are_checked_before_prefect_starts(
     assert result.exit_code == 2, result.output
     assert message in _flat(result.output) and "sk-test" not in result.output
     assert not (tmp_path / "runs").exists()
+
+
+def _dead_port() -> int:
+    """A loopback port nothing listens on once the socket is closed."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _openai_judge(base_url: str) -> str:
+    return json.dumps({"backend": "openai", "base_url": base_url, "model": "judge", "api_key_env": "TEST_JUDGE_KEY",
+                       "agreement_n": 0})
+
+
+@pytest.mark.parametrize("key, extra", [
+    ("gates.judge", []),
+    ("grpo.reward_judge", ["--online-rl", "grpo", "--set", 'grpo.reward_functions=["reward_model", "judge"]']),
+], ids=["gates-judge", "grpo-reward-judge"])
+def test_a_judge_endpoint_that_does_not_answer_is_said_before_prefect_starts(tmp_path, monkeypatch, key, extra):
+    """A dead gates judge was found by the gate stage's cache key, after SFT, DPO and the reward model trained, as
+    four tracebacks; now exit 2 in one line naming the recipe key and its base_url, the key's value never shown."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-test-judge-key-value-0001")
+    url = f"http://127.0.0.1:{_dead_port()}/v1"
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", *extra, "--set", f"{key}={_openai_judge(url)}"])
+    assert result.exit_code == 2, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("Error"))
+    assert f"{key}: the openai judge at base_url {url} (model 'judge') does not answer" in line, result.output
+    assert "Connection error" in line
+    assert "sk-test-judge" not in result.output and "Traceback" not in result.output
+    assert "temporary server" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_a_live_judge_endpoint_is_asked_once_and_the_round_goes_on(tmp_path):
+    """The same check with a real OpenAI-compatible server on loopback: it passes, the gates' judge and GRPO's
+    reward judge on that endpoint are asked once between them (one probe: 8 chat requests), and the round goes on
+    to its next check (here a Prefect API that does not answer, so nothing trains)."""
+    from tests.policy_judge_server import requests_logged, start_policy_server
+
+    with start_policy_server(tmp_path, name="judge", policy="longer") as server:
+        judge = _openai_judge(server["base_url"])
+        env = {**_env(tmp_path), "PREFECT_API_URL": f"http://127.0.0.1:{_dead_port()}/api",
+               "TEST_JUDGE_KEY": "sk-test-judge-key-value-0002"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+             "--round-id", "r1", "--online-rl", "grpo", "--set", f"gates.judge={judge}",
+             "--set", 'grpo.reward_functions=["reward_model", "judge"]', "--set", f"grpo.reward_judge={judge}"],
+            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+        asked = requests_logged(server)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "the Prefect API at" in proc.stderr and "does not answer" in proc.stderr  # the check after the judges
+    assert "openai judge" not in proc.stderr and "sk-test-judge" not in proc.stderr
+    assert asked == 8  # one identity probe (4 pairs x 2 orders) for the one endpoint both keys name
+    assert not (tmp_path / "runs").exists()
+
+
+def test_prompts_without_a_reference_for_the_judge_reward_are_said_before_prefect_starts(tmp_path, monkeypatch):
+    """GRPO's judge reward on prompt rows without a ``reference`` failed inside the stage, after SFT, DPO and the
+    reward model trained; now exit 2 naming the file, the first such row, the field, and how many lack it."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"prompt": "Say hi.", "reference": "Hi!"}, {"prompt": "Name a fruit."},
+        {"prompt": "Count to three.", "reference": "1, 2, 3"}, {"prompt": "Name a colour.", "reference": " "}]))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", "--online-rl", "grpo", "--set", f"grpo.train_data={data}",
+                                      "--set", 'grpo.reward_functions=["judge"]'])
+    assert result.exit_code == 2, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("Error"))
+    assert f"grpo.train_data: {data}: row 1 field 'reference': missing or empty, and 2 of 4 prompts have none" in line
+    assert "Traceback" not in result.output and not (tmp_path / "runs").exists()
+    # the same file with the reward model alone is fine: the reference is needed by the judge reward only
+    from flows.stages import check_stage_config
+
+    check_stage_config("grpo", SMOKE / "grpo.yaml", ["--train_data", str(data)])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--online-rl", "grpo", "--set", "grpo.num_generationz=2"],
+     "grpo (" + str(SMOKE / "grpo.yaml") + "): unknown key(s) 'num_generationz' (did you mean 'num_generations'"),
+    (["--set", "grpo.num_generationz=2"],
+     "--set for grpo, but --online-rl is 'ppo': they would be ignored (a round runs one online-RL stage, here "
+     "ppo); to run grpo instead give --online-rl grpo (--ppo-override runs it even while locked), or drop them"),
+    (["--online-rl", "rloo", "--force", "grpo"], "--force for grpo, but --online-rl is 'rloo'"),
+], ids=["typo-in-the-rounds-stage", "set-for-another-stage", "force-for-another-stage"])
+def test_a_set_for_an_online_rl_stage_is_checked_whether_or_not_it_is_sure_to_run(tmp_path, monkeypatch, args,
+                                                                                 message):
+    """``--set grpo.key`` was checked only with ``--ppo-override`` (the stage sure to run); a typo then reached
+    the stage after training, or was never noticed when the unlock rule kept it locked. Now every stage a --set
+    names is checked, and one for a stage the round does not run says which one it runs and how to pick another."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1", *args])
+    assert result.exit_code == 2, result.output
+    assert [ln for ln in result.output.splitlines() if message in ln], result.output
+    assert "Traceback" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_a_cache_key_that_cannot_be_computed_fails_the_stage_in_one_line_and_sets_its_old_report_aside(tmp_path):
+    """In the flow, the gate stage's cache key asks its endpoint judge who it is; a dead one raised RuntimeError
+    out of the task (tracebacks, no ``stage gates failed`` line), and the previous run's report stayed in
+    ``gates/`` as if it were this round's. Now: StageFailed in one line, no process started, and the folder the
+    pipeline created keeps no report, manifest or cache key of the earlier run (failure.json says why); files the
+    manifest does not name stay."""
+    from flows.stages import CACHE_KEY_FILE, StageFailed, run_stage
+    from rlhf.rundir import create_stage_dir, read_failure
+
+    runs = tmp_path / "runs"
+    out = create_stage_dir(runs / "r1" / "gates")
+    (out / "plots").mkdir()
+    reports = {"report_json": out / "report.json", "report_md": out / "report.md",
+               "junit": out / "report.junit.xml"}
+    for path in [*reports.values(), out / "plots" / "drift.png", out / "generations.jsonl", out / "stage.log"]:
+        path.write_text("earlier run")
+    outside = tmp_path / "report.json"  # named by the manifest but outside the stage's folder: never touched
+    outside.write_text("a user's file")
+    (out / "manifest.json").write_text(json.dumps({"stage": "gates", "outputs": {
+        **{k: str(v) for k, v in reports.items()}, "verdict": "pass",
+        "plots": {"drift": str(out / "plots" / "drift.png"), "elsewhere": str(outside)}}}))
+    (out / CACHE_KEY_FILE).write_text("an earlier key")
+    url = f"http://127.0.0.1:{_dead_port()}/v1"
+    with pytest.raises(StageFailed) as err:
+        run_stage("gates", "gates.evaluate", SMOKE / "gates.yaml", out, runs_dir=runs, log=lambda _: None,
+                  extra_args=["--judge", json.dumps({"backend": "openai", "base_url": url, "model": "judge",
+                                                     "max_retries": 0})])
+    msg = str(err.value)
+    assert msg == (f"stage gates failed: its cache key could not be computed: RuntimeError: judge {url}: "
+                   "GET /models failed: Connection error."), msg
+    assert err.value.stage == "gates" and "\n" not in msg
+    assert sorted(p.name for p in out.iterdir()) == [".rlhf-stage", "failure.json", "generations.jsonl", "stage.log"]
+    assert read_failure(out).startswith("StageFailed: its cache key could not be computed")
+    assert outside.read_text() == "a user's file"

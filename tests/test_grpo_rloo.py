@@ -342,6 +342,9 @@ def test_the_round_runs_the_chosen_online_rl_stage_when_unlocked(tmp_path):
         assert not {"ppo", "grpo", "rloo"} & set(checked_stages(params))
         forced = params.model_copy(update={"ppo_override": True, "ppo_override_reason": "test"})
         assert {"ppo", "grpo", "rloo"} & set(checked_stages(forced)) == {name}
+        # and when a --set names it: a mistyped key is said now, even if the unlock rule would never start it
+        named = params.model_copy(update={"overrides": {name: ["--beta", "0.1"]}})
+        assert {"ppo", "grpo", "rloo"} & set(checked_stages(named)) == {name}
     assert RoundParameters().online_rl == "ppo"
     with pytest.raises(ValueError, match="online_rl"):
         RoundParameters(online_rl="a2c")
