@@ -1,11 +1,11 @@
-"""Training step time of the project's SFT and DPO stages against plain TRL on the same rows.
+"""Training step time of the project's SFT, DPO and reward-model stages against plain TRL on the same rows.
 
 Three variants per stage, each in its own process, interleaved ``--repeats`` times, median reported:
 
 - ``project``: the stage itself, launched as the round flow launches it (``flows.stages.launch_command``:
   accelerate launch with threads per process), seconds per step from its manifest
   (``metrics.efficiency.train_seconds / train_steps``);
-- ``trl-same``: TRL's trainer (SFTTrainer / DPOTrainer) on the same prepared rows with the same settings (the
+- ``trl-same``: TRL's trainer (SFTTrainer / DPOTrainer / RewardTrainer) on the same prepared rows with the same settings (the
   stage config's own TRL fields: batch, lengths, precision, no activation checkpointing), as many threads;
 - ``trl-defaults``: the same, with TRL 1.16's own defaults for precision and activation checkpointing (bf16 and
   gradient checkpointing on; on a CPU without native bf16 the bf16 is emulated).
@@ -14,7 +14,8 @@ Seconds per step = ``train_runtime / global_step`` of ``trainer.train()`` for bo
 ``train_seconds`` is the same figure), so start-up (imports, loading, data preparation, saving) is outside it.
 Targets: project / trl-same <= 1.05 and project <= trl-defaults.
 
-    python benchmarks/step_time.py                   # demo recipes, SmolLM2-135M, 6 steps, 2 repeats
+    python benchmarks/step_time.py                   # demo recipes, SmolLM2-135M, 6 steps, 2 repeats, SFT and DPO
+    python benchmarks/step_time.py --stages reward_model --steps 6 --repeats 1
     python benchmarks/step_time.py --steps 4 --repeats 1 --stages sft
 """
 
@@ -103,6 +104,24 @@ def child(stage: str, variant: str, steps: int, sft_dir: str | None) -> dict:
         trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base),
                              args=_trl_args(args, SFTConfig, variant == "trl-defaults", out),
                              train_dataset=Dataset.from_list(rows), processing_class=tok)
+    elif stage == "reward_model":
+        from trl import RewardConfig, RewardTrainer
+
+        from data.loaders import load_pairs
+        from data.pairs import prepare_pairs
+        from data.schemas import pair_to_trl
+        from judging.scoring import load_reward_model
+        from rlhf.manifest import read_manifest
+
+        args = _stage_config("reward_model", argv + ["--sft_dir", sft_dir])
+        set_seed(args.seed)
+        start = read_manifest(sft_dir)["outputs"]["checkpoint"]
+        model, tok = load_reward_model(start, new_head=True)  # the stage's own start; plain TRL's head in its dtype
+        pairs = prepare_pairs(load_pairs(args.train_data, use_first=args.max_train_samples), tok, args.max_length,
+                              file=args.train_data, require_fit=True).pairs
+        trainer = RewardTrainer(model=model, args=_trl_args(args, RewardConfig, variant == "trl-defaults", out),
+                                train_dataset=Dataset.from_list([pair_to_trl(p) for p in pairs]),
+                                processing_class=tok)
     else:
         from trl import DPOConfig, DPOTrainer
 
@@ -159,10 +178,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--stages", nargs="+", default=["sft", "dpo"], choices=["sft", "dpo"])
+    ap.add_argument("--stages", nargs="+", default=["sft", "dpo"], choices=["sft", "dpo", "reward_model"])
     ap.add_argument("--variants", nargs="+", default=["project", "trl-same", "trl-defaults"],
-                    help="project, trl-same, trl-defaults, and project-every-4-steps: the stage with a Trainer "
-                         "checkpoint every 4 steps (the demo recipes' setting before checkpoints by time).")
+                    help="project, trl-same, trl-defaults, project-every-4-steps: the stage with a Trainer "
+                         "checkpoint every 4 steps (the demo recipes' setting before checkpoints by time), and "
+                         "project-checkpointing: the stage with activation checkpointing on (TRL's default).")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--sft-dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -172,7 +192,7 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
     work = Path(tempfile.mkdtemp(prefix="steptime-"))
     sft_dir = None
-    if "dpo" in a.stages:  # DPO trains against an SFT stage's pi_ref: make one (not timed)
+    if {"dpo", "reward_model"} & set(a.stages):  # both start from an SFT stage's output: make one (not timed)
         sft_dir = str(work / "sft-for-dpo")
         run_project("sft", 2, Path(sft_dir), None)
     print(f"load average at start: {os.getloadavg()}")
@@ -180,9 +200,10 @@ def main() -> None:
         times: dict[str, list[dict]] = {v: [] for v in a.variants}
         for r in range(a.repeats):  # interleaved: each variant once per repeat
             for v in a.variants:
-                dpo_dir = sft_dir if stage == "dpo" else None
+                dpo_dir = sft_dir if stage != "sft" else None
                 if v.startswith("project"):
-                    more = ["--save_strategy", "steps", "--save_steps", "4"] if v == "project-every-4-steps" else []
+                    more = {"project-every-4-steps": ["--save_strategy", "steps", "--save_steps", "4"],
+                            "project-checkpointing": ["--activation_checkpointing", "true"]}.get(v, [])
                     res = run_project(stage, a.steps, work / f"{stage}-{v}-{r}", dpo_dir, more)
                 else:
                     res = run_trl(stage, v, a.steps, dpo_dir)
@@ -197,6 +218,8 @@ def main() -> None:
         if "project" in med and "project-every-4-steps" in med:
             print(f"  {stage} checkpoint every 4 steps / by time = "
                   f"{med['project-every-4-steps'] / med['project']:.3f} (what the step-based checkpoints cost)")
+        if "project" in med and "project-checkpointing" in med:
+            print(f"  {stage} activation checkpointing on / off = {med['project-checkpointing'] / med['project']:.3f}")
         if "project" in med and "trl-defaults" in med:
             print(f"  {stage} project / trl-defaults = {med['project'] / med['trl-defaults']:.3f} (target <= 1.00)")
     print(f"load average at end: {os.getloadavg()}")

@@ -27,16 +27,20 @@ class CountingCollator:
 
     def reset(self) -> None:
         self.real = self.total = self.batches = 0
+        self.batch_totals: list[int] = []  # batched tokens of each batch, in the order they were built
 
     def __call__(self, examples):
         batch = self.collator(examples)
         masks = [v for k, v in batch.items() if k.endswith("attention_mask") and hasattr(v, "sum")]
+        total = 0
         if masks:
             self.real += int(sum(int(m.sum()) for m in masks))
-            self.total += int(sum(m.numel() for m in masks))
+            total = int(sum(m.numel() for m in masks))
         elif "input_ids" in batch:
             self.real += batch["input_ids"].numel()
-            self.total += batch["input_ids"].numel()
+            total = batch["input_ids"].numel()
+        self.total += total
+        self.batch_totals.append(total)
         self.batches += 1
         return batch
 
@@ -64,11 +68,17 @@ def _step_timer_base():
 
 class StepTimer(_step_timer_base()):
     """Wall seconds of every optimizer step (``on_step_begin`` to ``on_step_end``, data loading and logging
-    outside), so the first step's warm-up (new padded shapes, allocator and kernel set-up) is reported apart from
-    the steady state instead of inflating the mean."""
+    outside), so the first step's warm-up (allocator, kernel and optimizer-state set-up) is reported apart from the
+    steady state instead of inflating the mean.
+
+    transformers' ``LengthGroupedSampler`` puts the longest batch first (to fail early on memory), so a first step
+    slower than the median is partly its tokens. With ``step_tokens`` (batched tokens, padding included, of each
+    optimizer step, in order) the warm-up is what the tokens do not explain: the first step's seconds minus its
+    tokens at the steady seconds per token."""
 
     def __init__(self):
         self.seconds: list[float] = []
+        self.step_tokens: list[int] | None = None
         self._t0: float | None = None
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -87,15 +97,24 @@ class StepTimer(_step_timer_base()):
 
     def summary(self) -> dict[str, float | None]:
         """``first_step_seconds``, ``steady_step_seconds`` (median of the later steps; None with one step) and
-        ``warmup_seconds`` (first minus steady), all None before any step."""
+        ``warmup_seconds``, all None before any step. Without ``step_tokens``, warm-up = first - steady; with them
+        (one count per timed step), also ``first_step_tokens``, ``steady_seconds_per_1k_tokens`` (median over the
+        later steps) and ``first_step_token_seconds`` (the first step's tokens at that rate), and warm-up = first -
+        that. Seconds, tokens as batched (padding included)."""
         import statistics
 
         if not self.seconds:
             return {"first_step_seconds": None, "steady_step_seconds": None, "warmup_seconds": None}
         first = self.seconds[0]
         steady = statistics.median(self.seconds[1:]) if len(self.seconds) > 1 else None
-        return {"first_step_seconds": first, "steady_step_seconds": steady,
-                "warmup_seconds": None if steady is None else first - steady}
+        out = {"first_step_seconds": first, "steady_step_seconds": steady,
+               "warmup_seconds": None if steady is None else first - steady}
+        tokens = self.step_tokens
+        if steady is not None and tokens is not None and len(tokens) == len(self.seconds) and min(tokens) > 0:
+            rate = statistics.median(s / t for s, t in zip(self.seconds[1:], tokens[1:]))
+            out.update(first_step_tokens=tokens[0], steady_seconds_per_1k_tokens=1000 * rate,
+                       first_step_token_seconds=rate * tokens[0], warmup_seconds=first - rate * tokens[0])
+        return out
 
 
 def _length_grouped_sampler_class():
@@ -205,12 +224,21 @@ def train_efficiency(trainer, result, counter: CountingCollator, dtype: str) -> 
     out.update(padding_share=counter.padding_share, batched_tokens=counter.total, train_seconds=seconds)
     timer = getattr(counter, "step_timer", None)
     if timer is not None:
+        # batches are built in training order (a loader reading ahead builds the same ones earlier), so step i
+        # trained on batches [i * accumulation, (i + 1) * accumulation); a resumed run (it timed fewer steps than
+        # the trainer counts, and may have built the skipped batches) gets no token split
+        accumulation = max(1, int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1))
+        totals = counter.batch_totals
+        steps = [sum(totals[i:i + accumulation]) for i in range(0, len(totals) - accumulation + 1, accumulation)]
+        fresh = int(getattr(trainer.state, "global_step", 0)) == len(timer.seconds) <= len(steps)
+        timer.step_tokens = steps[: len(timer.seconds)] if fresh else None
         out.update(timer.summary())
     logger.info(
-        "efficiency: %d threads, %.0f tokens/s, MFU %.1f%% of %.3g FLOP/s (%s), padding %.1f%%; first step %s s, "
-        "steady %s s/step",
+        "efficiency: %d threads, %.0f tokens/s, MFU %.1f%% of %.3g FLOP/s (%s), padding %.1f%%; first step %s s "
+        "(warm-up beyond its tokens %s s), steady %s s/step",
         out["threads"], out["tokens_per_s"], 100 * (out["mfu"] or 0), out["peak_flops"], out["peak_source"],
-        100 * (out["padding_share"] or 0), _fmt(out.get("first_step_seconds")), _fmt(out.get("steady_step_seconds")),
+        100 * (out["padding_share"] or 0), _fmt(out.get("first_step_seconds")), _fmt(out.get("warmup_seconds")),
+        _fmt(out.get("steady_step_seconds")),
     )
     return out
 

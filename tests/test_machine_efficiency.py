@@ -89,7 +89,11 @@ def test_a_stage_run_through_the_flow_uses_every_core_and_reports_its_efficiency
     assert eff["mfu"] == pytest.approx(6 * n * eff["tokens_per_s"] / eff["peak_flops"])
     assert 0 < eff["mfu"] <= 1
     assert eff["first_step_seconds"] > 0 and eff["steady_step_seconds"] > 0  # 2 steps: the warm-up apart
-    assert eff["warmup_seconds"] == pytest.approx(eff["first_step_seconds"] - eff["steady_step_seconds"])
+    # 2 steps, one count each: warm-up = first step - its tokens at the second step's seconds per token
+    assert eff["first_step_tokens"] > 0
+    assert eff["warmup_seconds"] == pytest.approx(eff["first_step_seconds"] - eff["first_step_token_seconds"])
+    assert eff["first_step_token_seconds"] == pytest.approx(
+        eff["steady_seconds_per_1k_tokens"] / 1000 * eff["first_step_tokens"])
     assert run.manifest["config"]["train_sampling_strategy"] == "group_by_length"
 
 
@@ -162,6 +166,13 @@ def test_step_timer_reports_the_first_step_apart_from_the_steady_state():
     assert timer.summary() == {"first_step_seconds": None, "steady_step_seconds": None, "warmup_seconds": None}
     timer.seconds = [4.0, 1.0, 1.5, 1.2]
     assert timer.summary() == {"first_step_seconds": 4.0, "steady_step_seconds": 1.2, "warmup_seconds": 2.8}
+    # the longest batch first (LengthGroupedSampler): 3000 tokens at the steady 1 ms/token explain 3 of its 4 s
+    timer.step_tokens = [3000, 1000, 1500, 1200]
+    out = timer.summary()
+    assert out["steady_seconds_per_1k_tokens"] == pytest.approx(1.0)
+    assert out["first_step_token_seconds"] == pytest.approx(3.0) and out["warmup_seconds"] == pytest.approx(1.0)
+    timer.step_tokens = [3000, 1000]  # not one count per timed step: no token split
+    assert timer.summary()["warmup_seconds"] == pytest.approx(2.8) and "first_step_tokens" not in timer.summary()
 
 
 def test_native_bf16_follows_the_cpu_flags_unless_forced(monkeypatch):
