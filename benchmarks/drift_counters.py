@@ -22,6 +22,11 @@ Arena-Hard: gpt-4-0314, gpt-3.5-turbo-0125), each labelled by reading it (defini
 
 Target per counter: precision and recall >= 0.85.
 
+How far another reader carries the definitions bounds what a counter can score against one reader's labels: held-out
+G was read again, blind, by a fourth reader (``benchmarks/data/drift_labels_g_reader4.jsonl``). Printed per counter:
+the readers' agreement with each other and the counter's with each (share of rows and Cohen's kappa,
+scikit-learn's), and the counter's precision / recall on the rows both readers label alike.
+
 Also reported: the time to run the three counters over 1000 answers (the gate's scale), from the set's answers.
 """
 
@@ -41,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from gates.drift import has_bullet_list, is_hedged, restates_question  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "drift_labels.jsonl"
+SECOND_READER = ROOT / "benchmarks" / "data" / "drift_labels_g_reader4.jsonl"
 SET_NAME = "benchmarks/data/drift_labels.jsonl"
 TARGET = 0.85
 LABELS = ("restates_question", "has_bullet_list", "is_hedged")
@@ -133,6 +139,58 @@ def measure(path: Path = DATA) -> list[dict]:
     return out
 
 
+def load_second_reader(path: Path, rows: list[dict]) -> dict[str, dict]:
+    """``{id: labels}`` of a second reading of some of ``rows``.
+
+    Raises:
+        ValueError: a row without ``id`` or a boolean label, or an id not in ``rows`` (names file, line and field).
+    """
+    known = {r["id"] for r in rows}
+    out = {}
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if row.get("id") not in known:
+            raise ValueError(f"{path}:{i}: id {row.get('id')!r} is not a row of the labelled set")
+        for k in LABELS:
+            if not isinstance((row.get("labels") or {}).get(k), bool):
+                raise ValueError(f"{path}:{i}: labels.{k} must be true/false")
+        out[row["id"]] = row["labels"]
+    return out
+
+
+def reader_agreement(rows: list[dict], second: dict[str, dict]) -> list[dict]:
+    """Per counter, on the rows ``second`` read again: agreement of the two readers, of the counter with each (share
+    of rows alike and Cohen's kappa), and the counter's precision / recall on the rows both readers label alike."""
+    from sklearn.metrics import cohen_kappa_score
+
+    both = [r for r in rows if r["id"] in second]
+    out = []
+    for label in LABELS:
+        first = [r["labels"][label] for r in both]
+        other = [second[r["id"]][label] for r in both]
+        pred = [bool(COUNTER[label](r)) for r in both]
+
+        def alike(a, b):
+            return sum(x == y for x, y in zip(a, b)) / len(a)
+
+        def kappa(a, b):
+            return float(cohen_kappa_score(a, b)) if len(set(a) | set(b)) > 1 else float("nan")
+
+        agreed = [r for r, a, b in zip(both, first, other) if a == b]
+        c = confusion(agreed, label)
+        for who, (a, b) in {"reader 3 vs reader 4": (first, other), "counter vs reader 3": (pred, first),
+                            "counter vs reader 4": (pred, other)}.items():
+            out.append({"counter": label, "pair": who, "n": len(both), "alike": round(alike(a, b), 3),
+                        "kappa": round(kappa(a, b), 3)})
+        out.append({"counter": label, "pair": f"counter on the {len(agreed)} rows both readers label alike",
+                    "n": len(agreed), "alike": round(alike([bool(COUNTER[label](r)) for r in agreed],
+                                                           [r["labels"][label] for r in agreed]), 3),
+                    "kappa": float("nan"), "precision": round(c["precision"], 3), "recall": round(c["recall"], 3)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=str(DATA))
@@ -151,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
           "positives: "
           + ", ".join(f"{k} {sum(r['labels'][k] for r in rows)}" for k in LABELS))
     print(pd.DataFrame(measure(path)).to_string(index=False))
+    if path == DATA and SECOND_READER.is_file():
+        second = load_second_reader(SECOND_READER, rows)
+        print(f"\nheld-out G read again, blind, by a fourth reader ({SECOND_READER.name}, {len(second)} rows):")
+        print(pd.DataFrame(reader_agreement(rows, second)).to_string(index=False))
     if args.show_errors:
         by_id = {r["id"]: r for r in rows}
         for label in LABELS:

@@ -81,3 +81,24 @@ def test_precision_outcome_distances_and_decision_are_hand_worked():
     assert bench.within_noise({"out_dist": 0.02, "update_dist": 0.08, "sign": 1.0}, noise)
     assert not bench.within_noise({"out_dist": 0.7, "update_dist": 0.08, "sign": 1.0}, noise)
     assert not bench.within_noise({"out_dist": 0.02, "update_dist": 0.08, "sign": 0.75}, noise)
+
+
+def test_drift_reader_agreement_is_hand_worked(tmp_path):
+    bench = _load("drift_counters")
+    rows = [{"id": f"r{i}", "split": "heldout_g", "prompt": "Name two fruits.", "answer": answer,
+             "labels": {"restates_question": False, "has_bullet_list": bullets, "is_hedged": False}}
+            for i, (answer, bullets) in enumerate([("- apple\n- pear", True), ("Apple and pear.", False),
+                                                   ("- fig\n- plum", True), ("Kiwi, lime.", False)])]
+    second = {"r0": {"restates_question": False, "has_bullet_list": True, "is_hedged": False},
+              "r1": {"restates_question": False, "has_bullet_list": True, "is_hedged": False},  # the readers differ
+              "r2": {"restates_question": False, "has_bullet_list": True, "is_hedged": False}}
+    out = {(r["counter"], r["pair"]): r for r in bench.reader_agreement(rows, second)}
+    assert out[("has_bullet_list", "reader 3 vs reader 4")]["alike"] == round(2 / 3, 3)
+    assert out[("has_bullet_list", "counter vs reader 3")]["alike"] == 1.0  # the counter reads markers as reader 3
+    assert out[("has_bullet_list", "counter vs reader 4")]["kappa"] == 0.0  # reader 4 said yes to all three
+    agreed = out[("has_bullet_list", "counter on the 2 rows both readers label alike")]
+    assert agreed["n"] == 2 and agreed["precision"] == 1.0 and agreed["recall"] == 1.0
+    path = tmp_path / "second.jsonl"
+    path.write_text('{"id": "nope", "labels": {}}\n')
+    with pytest.raises(ValueError, match="second.jsonl:1: id 'nope' is not a row"):
+        bench.load_second_reader(path, rows)
