@@ -13,7 +13,7 @@ turn into bullet lists and hedge. The counters (DESIGN.md "Release gates", perso
 
 Pure functions, shared: the release gate compares them round over round (``gates.drift``, which re-exports them),
 online RL's tripwires watch them every few steps (``judging.tripwires``). The three per-response rules are
-measured against 684 hand-labelled real answers from six models (``benchmarks/drift_counters.py``, labels and
+measured against 774 hand-labelled real answers from six models (``benchmarks/drift_counters.py``, labels and
 their definitions in ``benchmarks/data/``).
 """
 
@@ -90,7 +90,7 @@ FRAME_WORDS: frozenset[str] = frozenset(_stem(w) for w in (
     "particular also well step-by-step possible definitely quite fairly relatively really very lot desired "
     "described mentioned requested asked wanted looking suggested recommended highly regarded well-known "
     "known famous classic traditional delicious recipe instructions below include includes including consider "
-    "complicated utilize subjective personal"
+    "complicated utilize subjective personal break down smaller manageable part"
 ).split())
 _ACK = re.compile(
     r"^(?:(?:sure|certainly|absolutely|of course|okay|ok|yes|great|excellent|alright|hello|hi|hey|indeed|"
@@ -99,7 +99,8 @@ _YES_NO = re.compile(r"^(?:yes|no|yep|nope)\b", re.IGNORECASE)
 _NUMBER = re.compile(r"\b\d+(?:[.,]\d+)?\b")
 # the role a prompt asked for, before an announcement: "As a computer scientist, I can provide you with ..."
 _ROLE = re.compile(r"^as (?:a|an|your) (?!ai\b)[^,.:]{2,60}, ", re.IGNORECASE)
-_BARE_OFFER = re.compile(r"^(?:i can|i(?:'d| would) be (?:happy|glad) to|i(?:'m| am) (?:happy|glad) to) "
+_BARE_OFFER = re.compile(r"^(?:i can|i(?:'d| would) be (?:more than )?(?:happy|glad|delighted) to|"
+                         r"i(?:'m| am) (?:more than )?(?:happy|glad|delighted) to) "
                          r"(?:certainly |definitely )?help(?: you)?(?: (?:with|on) (?:that|this|it))?\W*$", re.IGNORECASE)
 _DISCLAIMER = re.compile(
     r"^(?:as an ai\b|i'm sorry\b|i am sorry\b|sorry\b|i apologi[sz]e\b|unfortunately\b|i (?:can't|cannot|am unable|"
@@ -109,14 +110,22 @@ _RESTATE_OPENERS = re.compile(
     r"|the question (?:is|of|asks|about)|your question (?:is|about|asks)|(?:to answer|regarding|as for) your question"
     r"|in (?:response|answer) to your question|it (?:sounds|seems|looks) like you|i understand (?:that )?you"
     r"|(?:it's|it is) (?:completely |totally )?understandable (?:that )?(?:you|to)"
+    r"|(?:it's|it is) (?:completely |totally |perfectly |quite )?(?:natural|normal) (?:to feel|to be|that you|for you)"
     r"|(?:it's|it is) (?:great|good|wonderful) (?:that|to hear) you|i'm (?:so |very |really )?sorry to hear"
     r"|i am (?:so |very |really )?sorry to hear)\b")
 _ANNOUNCE = re.compile(
-    r"^(?:here(?:'s| is| are)|below (?:is|are)|the following (?:is|are)|(?:i'll|i will|let me|let's|let us) "
-    r"(?:provide|give|show|walk|outline|explain|delve|break|go|create|write|share|explore|look|dive)|i can (?:help|"
-    r"guide|provide|give|show|walk|offer|create|write|share|suggest|outline|explain)"
-    r"|i(?:'d| would) be (?:happy|glad) to|i(?:'ve| have) (?:written|created|"
+    r"^(?:(?:first|firstly|now|to start|to begin),? )?(?:here(?:'s| is| are)|below (?:is|are)|the following (?:is|are)"
+    r"|(?:i'll|i will|let me|let's|let us) (?:first |briefly |quickly |now )?"
+    r"(?:provide|give|show|walk|outline|explain|delve|break|go|create|write|share|explore|look|dive|demonstrate|"
+    r"illustrate|describe|summari[sz]e|draft)|i can (?:help|"
+    r"guide|provide|give|show|walk|offer|create|write|share|suggest|outline|explain|demonstrate|illustrate|describe|"
+    r"draft)"
+    r"|i(?:'d| would) be (?:more than )?(?:happy|glad|delighted) to|i(?:'ve| have) (?:written|created|"
     r"prepared|put together))\b")
+# the deliverable announced as done, in the request's words: "I have modified the code to make the end time 1 ms
+# earlier." (read with the added-words limit: "I've modified it to use a dict instead" names the change)
+_DONE = re.compile(r"^i(?:'ve| have) (?:modified|updated|rewritten|revised|edited|changed|adjusted|fixed|corrected|"
+                   r"converted|translated|refactored|reformatted|rewrote)\b")
 _FRAME = re.compile(
     r"\b(?:there (?:are|is) (?:several|many|a few|a number of|various|numerous|multiple|a variety of|a range of)\b"
     r"|(?:involves?|requires?|entails?)\b[^.:\n]{0,30}?\b(?:several|a few|various|a number of|multiple|"
@@ -132,7 +141,10 @@ _FRAME = re.compile(
     r"|in a (?:number|variety) of ways|(?:several|various|a few|many|key|some|different) "
     r"(?:ways|steps|factors|reasons|methods|options|features|approaches|things|aspects|stages|types|kinds)\b"
     r"|there (?:are|is) (?:some |a few |several |many )?(?:steps|ways|things|options|measures) (?:you|that|to)\b"
-    r"|(?:can|may) be a (?:great|good|fun|excellent|wonderful) way\b)")
+    r"|(?:can|may) be a (?:great|good|fun|excellent|wonderful) way\b"
+    r"|\bthis (?:question|problem|task|calculation)\b[^.:\n]{0,12}?\binto (?:smaller|several|a few|simpler|"
+    r"(?:more )?manageable)\b[^.:\n]{0,30}?\b(?:parts|steps|pieces|components|sub-?problems|sub-?questions|"
+    r"chunks)\b)")
 
 
 _CODE_LIKE = re.compile(r"^\W|^(?:def|class|function|import|from|#include|select|public|var|let|const|SELECT)\b|[{};=]")
@@ -174,7 +186,9 @@ _DIFFICULTY = re.compile(
     r"\b(?:(?:it's|it is|is) (?:practically |nearly |almost |virtually |quite |very |extremely )?"
     r"(?:impossible|difficult|"
     r"hard|challenging|not possible) to (?:determine|know|say|calculate|estimate|count|give|provide|predict|answer|"
-    r"pinpoint|quantify)|is a (?:complex|difficult|challenging|complicated) (?:task|question|problem|undertaking))\b")
+    r"pinpoint|quantify)|is a (?:complex|difficult|challenging|complicated) (?:task|question|problem|undertaking))\b"
+    r"|^\w+ing\b(?:(?! (?:is|are|as|because|since) )[^.:\n]){0,80}? (?:is|are) (?:not (?:possible|feasible|"
+    r"practical)|impossible)\b")
 
 
 def _sentences(text: str, k: int) -> list[tuple[str, str]]:
@@ -214,6 +228,8 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
     # ("The author will give the restaurant 3 stars.")
     new |= {c for c in _INLINE_CODE.findall(s) if c.strip("`") not in prompt}
     new |= set(_NUMBER.findall(s)) - set(_NUMBER.findall(prompt))
+    if _DONE.match(_ROLE.sub("", low)) and len(new) <= 3:
+        return True
     if end == ":" and len(new) <= (5 if _DEFER.search(low) else 2):  # "To X, you can follow these steps:"
         used = _USE.search(s)
         if not (used and not _DEFER.search(used.group(1).lower())
@@ -266,7 +282,11 @@ def restates_question(response: str, prompt: str) -> bool:
     keep it") does not restate, even when it reuses the question's words.
 
     A bare offer of help ("Sure, I can help with that.") is skipped like an acknowledgement, and a role before an
-    announcement ("As a computer scientist, I can provide ...") is read through. A colon with more of its line
+    announcement ("As a computer scientist, I can provide ...") is read through, as is a sequencing word ("First,
+    let's briefly explain ..."). Also restating: the deliverable announced as done in the request's words ("I have
+    modified the code to ...", at most 3 added words), the user's feeling called normal ("It's natural to feel
+    ..."), a plan of attack ("break this question into smaller parts") and a gerund subject called impossible
+    ("Calculating pi infinitely is not possible"). A colon with more of its line
     after it does not end the opening ("Five topics are: user experience, ..." answers inline). An opening that
     names the method after "use" ("we can use the accounting equation:"; not "the following code"), gives a number
     the prompt lacks, addresses a step to the reader ("you first need to ...") or explains ("The error indicates
@@ -274,10 +294,10 @@ def restates_question(response: str, prompt: str) -> bool:
 
     Known limit: platitude openers and topic sentences that add many generic words before "Here are ..." ("World
     music is a broad category that encompasses ...") are missed, and openers that define the request's terms are
-    read as content; on a held-out set labelled by a third reader, precision 0.91 and recall 0.69
-    (``benchmarks/drift_counters.py``, held-out G).
+    read as content; on a held-out set labelled by a fifth reader, precision 0.91 and recall 0.76
+    (``benchmarks/drift_counters.py``, held-out H).
 
-    Measured on 684 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Measured on 774 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Args:
         response, prompt: texts.
@@ -398,7 +418,7 @@ def is_hedged(response: str, prompt: str | None = None) -> bool:
     phrase that repeats the prompt's wording ("Why might someone prefer ..." -> "reasons why someone might
     prefer") is not the writer's and is not counted.
 
-    Measured on 684 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Measured on 774 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Raises:
         TypeError: ``response`` (or a given ``prompt``) is not a str.

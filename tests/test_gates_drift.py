@@ -88,6 +88,26 @@ REVERSE = "How do I reverse a list in Python?"
         # an opener of two frames ("is quite easy", "requires a few ...") adds more words and still restates
         ("Growing basil indoors is quite easy, and it requires only a few supplies that you can find at any store. "
          "Here's what to do:\n1. Pick a pot", "How can I grow basil indoors?", True),
+        # the deliverable announced as done, an offer in the request's words, a sequencing word before the
+        # announcement, the user's feeling called normal, the plan of attack, a gerund subject called impossible
+        ("I have updated the function to return the list sorted in descending order.\n\n```python\nx\n```",
+         "update this function so it returns the list sorted in descending order", True),
+        ("I've updated the function to use `heapq.nlargest` instead.", "update this function so it returns the "
+         "list sorted in descending order", False),  # the change is named: content
+        ("Of course! I'd be delighted to help you plan your sister's birthday party. What's her favourite colour?",
+         "Can you help me plan my sister's birthday party?", True),
+        ("Now, let's quickly describe the water cycle before the quiz. Water evaporates from oceans.",
+         "Describe the water cycle and write a quiz about it.", True),
+        ("It's completely normal to feel nervous before your first marathon. Sleep well the night before.",
+         "My first marathon is on Sunday and I'm nervous. Any advice?", True),
+        ("To estimate how many piano tuners work in Chicago, let's break this problem into smaller steps.",
+         "Estimate how many piano tuners work in Chicago.", True),
+        ("Start by breaking the essay down into smaller parts, then write one paragraph a day.",
+         "How should I approach writing a long essay?", False),  # the advice itself
+        ("Counting every grain of sand on Earth is impossible, but we can estimate it.",
+         "Count every grain of sand on Earth.", True),
+        ("Sailing around the world is a long trip as it is not possible to cross Siberia by boat.",
+         "How long does sailing around the world take?", False),  # the impossibility is the reason given
     ],
 )
 def test_restates_question(response, prompt, expected):
@@ -145,21 +165,22 @@ def test_hedge_that_repeats_the_prompt_is_not_the_writers():
 
 
 def test_counters_on_the_labelled_real_answers():
-    # 684 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl), so a change that breaks a rule on
+    # 774 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl), so a change that breaks a rule on
     # real answers fails here (the per-part figures are the benchmark's): the first reader's 504 at the target; the
-    # second reader's F (tuned on) and the third reader's held-out G at their measured figures (restating's recall
-    # and G's hedge precision are below the target and the README says so)
+    # second and third readers' F and G (tuned on) and the fifth reader's held-out H at their measured figures
+    # (restating's recall and H's hedge precision are below the target and the README says so)
     from benchmarks.drift_counters import LABELS, confusion, load
 
     rows = load()
-    assert len(rows) == 684
-    first = [r for r in rows if r["split"] not in ("heldout_f", "heldout_g")]
+    assert len(rows) == 774
+    first = [r for r in rows if r["split"] not in ("heldout_f", "heldout_g", "heldout_h")]
     assert len(first) == 504
     for label in LABELS:
         c = confusion(first, label)
         assert c["precision"] >= 0.85 and c["recall"] >= 0.85, (label, c["precision"], c["recall"])
     floors = {"heldout_f": {"restates_question": (0.9, 0.67), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.9, 0.95)},
-              "heldout_g": {"restates_question": (0.9, 0.68), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.7, 0.9)}}
+              "heldout_g": {"restates_question": (0.9, 0.9), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.7, 0.9)},
+              "heldout_h": {"restates_question": (0.9, 0.75), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.8, 0.95)}}
     for split, by_label in floors.items():
         part = [r for r in rows if r["split"] == split]
         assert len(part) == 90
