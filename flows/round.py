@@ -520,8 +520,12 @@ def _locked_round(params: RoundParameters) -> tuple[dict, dict]:
 
 def _round(params: RoundParameters, round_id: str, round_dir: Path) -> dict:
     logger = get_run_logger()
-    # round.json is written last: while a round runs (or after it failed) there is none that could pass for it.
+    # round.json is written last, and the W&B report specification after it: while a round runs (or after it
+    # failed) there is none that could pass for it.
     (round_dir / "round.json").unlink(missing_ok=True)
+    from .wandb_report import SPEC_FILE
+
+    (round_dir / SPEC_FILE).unlink(missing_ok=True)
     (round_dir / UNLOCK_FILE).unlink(missing_ok=True)  # this round's decision, never a stale one
     # the waivers the previous round (the gates' drift reference) was released under: an expired one is flagged
     previous = previous_waivers(previous_round_json(params.overrides.get("gates", [])))

@@ -21,6 +21,7 @@ older one is used; PPO writes its own checkpoints in the same layout, ``PPOTrain
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -136,6 +137,9 @@ def _given_args(args: list[str]) -> dict[str, str | list[str]]:
 
 #: The judge keys of the TRL online-RL stages whose ``openai`` backend is an endpoint the stage will call.
 ONLINE_RL_JUDGE_KEYS = ("reward_judge", "tripwire_gold_judge")
+#: Seconds each request of the pre-check's identity probe may take (at most one retry), whatever the judge's own
+#: ``timeout_s``: listing models and one short completion.
+PROBE_TIMEOUT_S = 15.0
 
 
 def check_endpoint_judges(stage: str, recipe: Path, overrides: list[str], seen: set | None = None) -> int:
@@ -160,17 +164,27 @@ def check_endpoint_judges(stage: str, recipe: Path, overrides: list[str], seen: 
     cfg = yaml.safe_load(recipe.read_text()) or {}
     given = _given_args(overrides)
     seen = set() if seen is None else seen
+
+    def short(judge: JudgeConfig) -> JudgeConfig:
+        # asking who an endpoint is takes a listing and one short probe: a server that accepts the connection and
+        # never answers is said in seconds, not after the judge's own timeout and retries (120 s x 4 by default)
+        return dataclasses.replace(judge, timeout_s=min(judge.timeout_s, PROBE_TIMEOUT_S),
+                                   max_retries=min(judge.max_retries, 1))
+
     judges: list[tuple[str, JudgeConfig, Callable[[], object]]] = []
     if stage == "gates":
         judge = JudgeConfig.from_dict(given.get("--judge", cfg.get("judge")), where="gates.judge")
-        for key, probe in _endpoint_judge_probes(cfg, given).items():
+        for key in _endpoint_judge_probes(cfg, given):
             if key == "refusal_judge":
-                from gates.refusal_llm import refusal_grader_config
+                from gates.refusal_llm import probe_messages, refusal_grader_config
+                from judging.openai_client import ChatClient
 
-                judges.append((key, refusal_grader_config(given.get("--refusal_judge", cfg.get("refusal_judge")),
-                                                          judge), probe))
+                grader = short(refusal_grader_config(given.get("--refusal_judge", cfg.get("refusal_judge")), judge))
+                judges.append((key, grader, lambda grader=grader: ChatClient(
+                    grader, namespace="refusal", probe=probe_messages(), record_identity=False).identity()))
             else:
-                judges.append((key, judge, probe))
+                judges.append((key, judge, lambda judge=short(judge): OpenAIJudge(judge, record_identity=False
+                                                                                 ).identity()))
     else:
         functions = given.get("--reward_functions", cfg.get("reward_functions")) or []
         functions = [functions] if isinstance(functions, str) else functions
@@ -180,7 +194,8 @@ def check_endpoint_judges(stage: str, recipe: Path, overrides: list[str], seen: 
                 continue
             judge = JudgeConfig.from_dict(value, where=f"{stage}.{key}")
             if judge.backend == "openai":
-                judges.append((key, judge, lambda judge=judge: OpenAIJudge(judge, record_identity=False).identity()))
+                judges.append((key, judge, lambda judge=short(judge): OpenAIJudge(judge, record_identity=False
+                                                                                 ).identity()))
     asked = 0
     for key, judge, probe in judges:
         url = public_endpoint(judge.base_url or os.environ.get("OPENAI_BASE_URL", ""))
@@ -190,6 +205,8 @@ def check_endpoint_judges(stage: str, recipe: Path, overrides: list[str], seen: 
         asked += 1
         try:
             probe()
+        except ValueError as err:  # a setting the client refuses (no base_url and no OPENAI_BASE_URL): said here
+            raise ValueError(f"{stage}.{key}: {err}") from None
         except (RuntimeError, OSError) as err:
             reason = " ".join(str(err).split())
             secret = env_secret(judge.api_key_env)
@@ -255,6 +272,7 @@ def stage_cache_key(
         elif key == "model_name_or_path" and isinstance(value, str):
             model = _model_key(value)
     judges = _endpoint_judges(cfg, overrides) if stage == "gates" else {}
+    precision = stage_precision(stage, cfg, overrides)
     return json_hash(
         {
             "stage": stage,
@@ -266,8 +284,34 @@ def stage_cache_key(
             "code": code_version(stage_code_modules(stage)),
             **({"judges": judges} if judges else {}),  # only the gates with endpoint judges: other keys unchanged
             "launch": launch if launch is not None else launch_key(None),
+            # what the precision resolves to on this machine: "auto" trains bf16 where bf16 is native, fp32 elsewhere
+            # (RLHF_NATIVE_BF16 forces it), so a checkpoint trained in one is not reused for the other
+            **({"precision": precision} if precision else {}),
         }
     )
+
+
+#: The recipe key that picks each stage's precision (``rlhf.precision``); the gates pick their generation's.
+PRECISION_KEYS = {"sft": "precision", "dpo": "precision", "reward_model": "precision", "ppo": "precision",
+                  "grpo": "precision", "rloo": "precision", "gates": "generation_precision"}
+
+
+def stage_precision(stage: str, cfg: dict, overrides: dict) -> str | None:
+    """The precision ``stage`` will train (or the gates generate) in on this machine, from its recipe ``cfg`` and
+    command-line ``overrides`` (``{"--key": value}``): ``resolve_precision`` of the requested value (default
+    ``auto``), not logged. None for a stage without one, or a value the stage itself will refuse."""
+    from rlhf.precision import generation_precision, resolve_precision
+
+    key = PRECISION_KEYS.get(stage)
+    if key is None:
+        return None
+    requested = overrides.get(f"--{key}", cfg.get(key, "auto"))
+    try:
+        if stage == "gates":
+            return generation_precision(str(requested), log=False)
+        return resolve_precision(str(requested), stage, log=False)
+    except ValueError:  # an unknown value: the stage's own config check names it
+        return None
 
 
 def outputs_intact(output_dir: Path, manifest: dict) -> str | None:
@@ -478,14 +522,18 @@ class StageFailed(RuntimeError):
 
 #: The outputs a stage's manifest may name as its reports: files that make a folder look like a finished result.
 REPORT_OUTPUT_KEYS = ("report_json", "report_md", "junit")
+#: What a reporting stage (the gates) writes beside its reports under fixed names (``gates.evaluate``): the answers
+#: and the judge's verdicts, which would otherwise pass for the failed run's.
+REPORT_RESULT_FILES = ("generations.jsonl", "judgments.jsonl")
 
 
 def set_aside_finished(output_dir: str | Path, cause: str) -> list[str]:
     """Leave a failed stage's folder looking failed, not finished: in a folder the pipeline created
     (``STAGE_MARKER``) that holds an earlier run's manifest naming reports (the gate stage's ``report.json``,
     ``report.md``, ``report.junit.xml``), remove those reports, the plots the manifest names, the manifest and the
-    cache key file, and write ``failure.json`` with ``cause`` (what ``read_failure`` gives back). Only files the
-    manifest names inside ``output_dir`` are removed; checkpoints, logs and a user's files stay. A folder without
+    cache key file, and write ``failure.json`` with ``cause`` (what ``read_failure`` gives back); the answers and
+    verdicts written beside the reports (:data:`REPORT_RESULT_FILES`) go too. Only those files inside
+    ``output_dir`` are removed; checkpoints, logs and a user's files stay. A folder without
     the marker or without such a manifest is left as it is.
 
     Returns:
@@ -506,6 +554,7 @@ def set_aside_finished(output_dir: str | Path, cause: str) -> list[str]:
         return []
     plots = outputs.get("plots") if isinstance(outputs.get("plots"), dict) else {}
     named += [v for v in plots.values() if isinstance(v, str)]
+    named += [str(out / name) for name in REPORT_RESULT_FILES]
     removed = []
     root = out.resolve()
     for name in named:  # as the stage wrote them: absolute, or relative to the flow's working folder

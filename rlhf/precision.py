@@ -45,13 +45,15 @@ BF16_UNDER_AUTO = {
 }
 
 
-def resolve_precision(requested: str = "auto", stage: str | None = None) -> Literal["fp32", "bf16", "fp16"]:
+def resolve_precision(requested: str = "auto", stage: str | None = None, log: bool = True
+                      ) -> Literal["fp32", "bf16", "fp16"]:
     """Pick the training dtype for this machine and stage, and log the choice with its reason.
 
     Args:
         requested: ``auto`` (bf16 where native, fp16 on CUDA without bf16, else fp32),
             or an explicit ``fp32`` / ``bf16`` / ``fp16``.
         stage: the stage asking (named in the log line, with :data:`BF16_UNDER_AUTO`'s measurement); None: none.
+        log: log the choice (off for a caller that only keys on it, such as a stage's cache key).
 
     Returns:
         The dtype actually used. A bf16 request on a device without native bf16, or fp16 without CUDA, falls back
@@ -81,9 +83,10 @@ def resolve_precision(requested: str = "auto", stage: str | None = None) -> Lite
         chosen, reason = "fp32", "fp16 requested but mixed fp16 needs CUDA"
     else:
         chosen, reason = requested, f"requested ({evidence})"
-    (logger.warning if chosen != requested and requested != "auto" else logger.info)(
-        "precision%s: %s (%s)", f" of {stage}" if stage else "", chosen, reason
-    )
+    if log:
+        (logger.warning if chosen != requested and requested != "auto" else logger.info)(
+            "precision%s: %s (%s)", f" of {stage}" if stage else "", chosen, reason
+        )
     return chosen
 
 
@@ -158,7 +161,7 @@ def keep_in_fp32(module):
     return module
 
 
-def generation_precision(requested: str = "auto") -> Literal["fp32", "bf16"]:
+def generation_precision(requested: str = "auto", log: bool = True) -> Literal["fp32", "bf16"]:
     """The weights' dtype for greedy generation on this device, logged with its reason.
 
     ``auto`` is bf16 on a CUDA device with native bf16 (decoding is bound by memory bandwidth, and bf16 halves the
@@ -171,6 +174,7 @@ def generation_precision(requested: str = "auto") -> Literal["fp32", "bf16"]:
 
     Args:
         requested: ``auto``, ``fp32`` or ``bf16`` (fp32, with a warning, where bf16 is not native).
+        log: log the choice (off for a stage's cache key).
 
     Raises:
         ValueError: an unknown ``requested`` value.
@@ -186,9 +190,10 @@ def generation_precision(requested: str = "auto") -> Literal["fp32", "bf16"]:
         chosen, evidence = "fp32", f"{evidence}; auto is fp32 on a CPU: bf16 greedy answers change with the batch"
     else:
         chosen = "fp32" if requested == "fp32" or not ok else "bf16"
-    (logger.warning if requested == "bf16" and chosen != "bf16" else logger.info)(
-        "generation precision: %s (requested %s; %s)", chosen, requested, evidence
-    )
+    if log:
+        (logger.warning if requested == "bf16" and chosen != "bf16" else logger.info)(
+            "generation precision: %s (requested %s; %s)", chosen, requested, evidence
+        )
     return chosen
 
 

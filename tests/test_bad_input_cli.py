@@ -445,6 +445,45 @@ def test_a_judge_endpoint_that_does_not_answer_is_said_before_prefect_starts(tmp
     assert "temporary server" not in result.output and not (tmp_path / "runs").exists()
 
 
+def test_a_judge_endpoint_that_never_answers_is_said_in_seconds(monkeypatch):
+    """A server that accepts the connection and never answers held the pre-check for the judge's own timeout and
+    retries (120 s x 4 by default: 497 s measured); the identity probe now waits PROBE_TIMEOUT_S, one retry."""
+    import socket
+    import threading
+    import time
+
+    from flows.stages import PROBE_TIMEOUT_S, check_endpoint_judges
+
+    held, server = [], socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    stop = threading.Event()
+
+    def accept():  # take every connection and say nothing
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-test-judge-key-value-0003")
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ValueError, match=r"gates.judge: the openai judge at base_url .* does not answer") as err:
+            check_endpoint_judges("gates", SMOKE / "gates.yaml", ["--judge", _openai_judge(url)])
+    finally:
+        stop.set()
+        for conn in held:
+            conn.close()
+        server.close()
+    elapsed = time.monotonic() - t0
+    assert "timed out" in str(err.value).lower() and "sk-test-judge" not in str(err.value)
+    assert elapsed < 2 * PROBE_TIMEOUT_S + 20, elapsed  # two tries of one request, not 4 x 120 s
+
+
 def test_a_live_judge_endpoint_is_asked_once_and_the_round_goes_on(tmp_path):
     """The same check with a real OpenAI-compatible server on loopback: it passes, the gates' judge and GRPO's
     reward judge on that endpoint are asked once between them (one probe: 8 chat requests), and the round goes on
@@ -549,6 +588,7 @@ def test_a_cache_key_that_cannot_be_computed_fails_the_stage_in_one_line_and_set
     assert msg == (f"stage gates failed: its cache key could not be computed: RuntimeError: judge {url}: "
                    "GET /models failed: Connection error."), msg
     assert err.value.stage == "gates" and "\n" not in msg
-    assert sorted(p.name for p in out.iterdir()) == [".rlhf-stage", "failure.json", "generations.jsonl", "stage.log"]
+    # the earlier run's answers go with its reports (they would pass for this run's); its log stays
+    assert sorted(p.name for p in out.iterdir()) == [".rlhf-stage", "failure.json", "stage.log"]
     assert read_failure(out).startswith("StageFailed: its cache key could not be computed")
     assert outside.read_text() == "a user's file"

@@ -78,6 +78,9 @@ def test_ctrl_c_on_a_round_stops_the_stage_and_exits_130(tmp_path):
     sft_dir = runs / "intr" / "sft"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "WANDB_MODE": "disabled",
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
+    stale = runs / "intr" / "wandb_report.json"  # an earlier run's W&B report: gone once this round starts
+    stale.parent.mkdir(parents=True)
+    stale.write_text('{"verdict": "pass"}')
     log = open(tmp_path / "round.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "round", "--preset", "smoke", "--round-id", "intr", "--runs-dir", str(runs),
@@ -109,6 +112,7 @@ def test_ctrl_c_on_a_round_stops_the_stage_and_exits_130(tmp_path):
     assert elapsed < 45, f"took {elapsed:.1f}s to stop"
     assert "round interrupted" in out
     assert not (sft_dir / "manifest.json").exists() and not (runs / "intr" / "round.json").exists()
+    assert not stale.exists()
     time.sleep(1)
     assert _processes_mentioning(str(sft_dir)) == []  # neither the launcher nor the trainer runs on
 

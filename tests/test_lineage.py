@@ -182,6 +182,29 @@ def test_stage_cache_key_changes_with_any_input(tmp_path):
     assert key != stage_cache_key("dpo", recipe, [], [parent])
 
 
+def test_the_precision_a_stage_resolves_to_is_in_its_cache_key(tmp_path, monkeypatch):
+    """``auto`` trains bf16 where bf16 is native and fp32 elsewhere: a checkpoint trained in one is not reused when
+    the detection (forced by RLHF_NATIVE_BF16) says the other; a stage that pins fp32 keeps its key."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU rule")
+    from flows.stages import StageRun, stage_cache_key
+
+    parent = StageRun("sft", "x", {}, "k1", cached=False, seconds=0)
+    auto, pinned, gates = tmp_path / "dpo.yaml", tmp_path / "dpo-fp32.yaml", tmp_path / "gates.yaml"
+    auto.write_text("beta: 0.1\nprecision: auto\n")
+    pinned.write_text("beta: 0.1\nprecision: fp32\n")
+    gates.write_text("n_winrate: 4\n")
+    keys = {}
+    for native in ("0", "1"):
+        monkeypatch.setenv("RLHF_NATIVE_BF16", native)
+        keys[native] = (stage_cache_key("dpo", auto, [], [parent]), stage_cache_key("dpo", pinned, [], [parent]),
+                        stage_cache_key("dpo", auto, ["--precision", "fp32"], [parent]),
+                        stage_cache_key("gates", gates, [], [parent]))
+    assert keys["0"][0] != keys["1"][0]  # auto: fp32, then bf16
+    assert keys["0"][1] == keys["1"][1] and keys["0"][2] == keys["1"][2]  # fp32 either way: pinned, overridden
+    assert keys["0"][3] == keys["1"][3]  # the gates generate in fp32 on any CPU under auto
+
+
 def _hub_snapshot(cache: Path, repo_type: str, repo_id: str, commit: str) -> None:
     """One repository in a hub cache laid out as huggingface_hub writes it (``<type>s--org--name/refs/main`` naming
     ``snapshots/<commit>/``), pointed at ``commit``."""
