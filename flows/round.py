@@ -170,8 +170,12 @@ def _known_stage(stage: str) -> str:
     """``stage`` if it is a stage of the pipeline; else ValueError naming the stages (and the new name of a renamed
     one). The field it concerns is said by pydantic's error location (the CLI writes it as the option)."""
     if stage not in STAGES:
-        renamed = f" (renamed {RENAMED_STAGES[stage]})" if stage in RENAMED_STAGES else ""
-        raise ValueError(f"unknown stage {stage!r}{renamed}; stages: {', '.join(STAGES)}")
+        import difflib
+
+        close = difflib.get_close_matches(stage, list(STAGES), n=1)  # a typo: "grpoo", "sfft"
+        hint = (f" (renamed {RENAMED_STAGES[stage]})" if stage in RENAMED_STAGES
+                else f" (did you mean {close[0]!r}?)" if close else "")
+        raise ValueError(f"unknown stage {stage!r}{hint}; stages: {', '.join(STAGES)}")
     return stage
 
 

@@ -211,10 +211,11 @@ def test_flywheel_ingest_refuses_an_events_file_given_as_the_store(tmp_path):
     (["--launcher", "slurm", "--slurm", '{"nodez": 2}'], "--slurm", "--slurm nodez: Extra inputs are not permitted"),
     (["--launcher", "slurm", "--slurm", '{"nodes": 2'], "--slurm", "not JSON"),
     (["--slurm", '{"nodes": 2}'], "--launcher", "--slurm settings given ({'nodes': 2}) but --launcher is 'local'"),
-    (["--force", "sfft"], "--force", "--force: unknown stage 'sfft'; stages: sft,"),
-    (["--set", "sfx.learning_rate=1"], "--set", "--set: unknown stage 'sfx'; stages: sft,"),
+    (["--force", "sfft"], "--force", "--force: unknown stage 'sfft' (did you mean 'sft'?); stages: sft,"),
+    (["--set", "sfx.learning_rate=1"], "--set", "--set: unknown stage 'sfx' (did you mean 'sft'?); stages: sft,"),
+    (["--force", "grpoo"], "--force", "--force: unknown stage 'grpoo' (did you mean 'grpo'?); stages: sft,"),
 ], ids=["accelerate-config", "flywheel-data", "base-model-path", "base-model-gguf", "base-model-id", "online-rl",
-        "slurm-field", "slurm-json", "slurm-without-launcher", "force-stage", "set-stage"])
+        "slurm-field", "slurm-json", "slurm-without-launcher", "force-stage", "set-stage", "force-stage-typo"])
 def test_round_names_the_bad_option_before_prefect_starts(tmp_path, monkeypatch, args, field, message):
     from typer.testing import CliRunner
 
