@@ -200,6 +200,21 @@ def test_flywheel_ingest_refuses_an_events_file_given_as_the_store(tmp_path):
         opened.close()
 
 
+def test_a_bad_native_bf16_setting_is_named_as_the_environment_s(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLHF_NATIVE_BF16", "maybe")
+    result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
+                                      "--round-id", "r1"])
+    assert result.exit_code == 2, result.output
+    flat = _flat(result.output)
+    assert "RLHF_NATIVE_BF16 must be 0 or 1 (or unset to detect), got 'maybe'" in flat
+    assert "--preset" not in flat.split("Usage")[-1] and "recipes/smoke" not in flat  # not a recipe's error
+
+
 @pytest.mark.parametrize("args, field, message", [
     (["--accelerate-config", "no-such.yaml"], "--accelerate-config", "no-such.yaml: no such accelerate config"),
     (["--flywheel-data", "no-such-version"], "--flywheel-data",
