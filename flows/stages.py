@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -40,6 +41,9 @@ from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failu
 
 from .interrupt import run_process_group
 from .stage_log import StageLogRelay
+
+if TYPE_CHECKING:
+    from judging.judges import JudgeConfig
 
 CACHE_KEY_FILE = ".cache_key"
 ATTEMPT_KEY_FILE = ".attempt_key"  # the key a stage was started with (a rerun resumes only the same inputs)
@@ -79,11 +83,13 @@ def _result_hash(run: StageRun) -> str:
     return run.manifest.get("outputs", {}).get("checkpoint_hash") or run.cache_key
 
 
-def _endpoint_judge_probes(cfg: dict, overrides: dict[str, str]) -> dict[str, Callable[[], str]]:
-    """The gate stage's endpoint judges, by recipe key, each as a function that measures its identity hash now
-    (``judging.identity``: the server's listing and a fresh probe, not recorded as seen): the ``openai`` pairwise
-    ``judge`` and, with ``refusal_classifier: openai``, the LLM refusal grader (``refusal_judge``). Building them
-    sends nothing; calling one does.
+def _endpoint_judge_probes(cfg: dict, overrides: dict[str, str], adjust: Callable[[JudgeConfig], JudgeConfig]
+                           | None = None) -> dict[str, tuple[JudgeConfig, Callable[[], str]]]:
+    """The gate stage's endpoint judges, by recipe key: the config each is asked through (``adjust``: a change to it,
+    e.g. a shorter timeout) and a function that measures its identity hash now (``judging.identity``: the server's
+    listing and a fresh probe, not recorded as seen): the ``openai`` pairwise ``judge`` and, with
+    ``refusal_classifier: openai``, the LLM refusal grader (``refusal_judge``). Building them sends nothing; calling
+    one does.
 
     Raises:
         ValueError: a malformed judge mapping.
@@ -93,19 +99,21 @@ def _endpoint_judge_probes(cfg: dict, overrides: dict[str, str]) -> dict[str, Ca
     def value(key: str):
         return overrides.get(f"--{key}", cfg.get(key))
 
+    adjust = adjust or (lambda c: c)
     judge = JudgeConfig.from_dict(value("judge"), where="judge")
-    out: dict[str, Callable[[], str]] = {}
+    out: dict[str, tuple[JudgeConfig, Callable[[], str]]] = {}
     if judge.backend == "openai":
         from judging.openai_judge import OpenAIJudge
 
-        out["judge"] = lambda: OpenAIJudge(judge, record_identity=False).identity_hash()
+        asked = adjust(judge)
+        out["judge"] = (asked, lambda: OpenAIJudge(asked, record_identity=False).identity_hash())
     if value("refusal_classifier") == "openai":
         from gates.refusal_llm import probe_messages, refusal_grader_config
         from judging.openai_client import ChatClient
 
-        grader = refusal_grader_config(value("refusal_judge"), judge)
-        out["refusal_judge"] = lambda: json_hash(ChatClient(grader, namespace="refusal", probe=probe_messages(),
-                                                            record_identity=False).identity())
+        grader = adjust(refusal_grader_config(value("refusal_judge"), judge))
+        out["refusal_judge"] = (grader, lambda: json_hash(ChatClient(
+            grader, namespace="refusal", probe=probe_messages(), record_identity=False).identity()))
     return out
 
 
@@ -118,7 +126,7 @@ def _endpoint_judges(cfg: dict, overrides: dict[str, str]) -> dict[str, str]:
     Raises:
         ValueError: a malformed judge mapping. RuntimeError: the endpoint cannot be reached.
     """
-    return {key: probe() for key, probe in _endpoint_judge_probes(cfg, overrides).items()}
+    return {key: probe() for key, (_, probe) in _endpoint_judge_probes(cfg, overrides).items()}
 
 
 def _given_args(args: list[str]) -> dict[str, str | list[str]]:
@@ -172,19 +180,8 @@ def check_endpoint_judges(stage: str, recipe: Path, overrides: list[str], seen: 
                                    max_retries=min(judge.max_retries, 1))
 
     judges: list[tuple[str, JudgeConfig, Callable[[], object]]] = []
-    if stage == "gates":
-        judge = JudgeConfig.from_dict(given.get("--judge", cfg.get("judge")), where="gates.judge")
-        for key in _endpoint_judge_probes(cfg, given):
-            if key == "refusal_judge":
-                from gates.refusal_llm import probe_messages, refusal_grader_config
-                from judging.openai_client import ChatClient
-
-                grader = short(refusal_grader_config(given.get("--refusal_judge", cfg.get("refusal_judge")), judge))
-                judges.append((key, grader, lambda grader=grader: ChatClient(
-                    grader, namespace="refusal", probe=probe_messages(), record_identity=False).identity()))
-            else:
-                judges.append((key, judge, lambda judge=short(judge): OpenAIJudge(judge, record_identity=False
-                                                                                 ).identity()))
+    if stage == "gates":  # asked as the gate stage's cache key asks them, through the shorter timeout
+        judges = [(key, asked, probe) for key, (asked, probe) in _endpoint_judge_probes(cfg, given, short).items()]
     else:
         functions = given.get("--reward_functions", cfg.get("reward_functions")) or []
         functions = [functions] if isinstance(functions, str) else functions
@@ -714,16 +711,16 @@ def check_stage_config(stage: str, recipe: Path, overrides: list[str]) -> None:
                     check_data_file(p, kind=DATA_KINDS.get((stage, key)), **policy)
                 except (DataValidationError, OSError) as err:  # OSError: a folder without data files, ...
                     raise ValueError(f"{stage}.{key}: {err}") from None
-    functions = next((getattr(a, "reward_functions") for a in parsed if hasattr(a, "reward_functions")), None) or []
-    train = next((getattr(a, "train_data") for a in parsed if hasattr(a, "train_data")), None)
-    if "judge" in functions and isinstance(train, str) and (train.startswith("demo:") or Path(train).expanduser().exists()):
+    def setting(name: str):
+        return next((getattr(a, name) for a in parsed if hasattr(a, name)), None)
+
+    train = setting("train_data")
+    if ("judge" in (setting("reward_functions") or []) and isinstance(train, str)
+            and (train.startswith("demo:") or Path(train).expanduser().exists())):
         # the judge reward compares each completion with its prompt's reference: a prompt without one fails the
         # stage only after SFT, DPO and the reward model trained (a hub dataset is read by the stage alone)
         from data.validation import DataValidationError
         from judging.online_reward import check_reference_file
-
-        def setting(name: str):
-            return next((getattr(a, name) for a in parsed if hasattr(a, name)), None)
 
         try:
             check_reference_file(train if train.startswith("demo:") else str(Path(train).expanduser()),

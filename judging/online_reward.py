@@ -95,13 +95,17 @@ def judge_reward(config: JudgeConfig | dict | str | None, *, reward_model: str) 
     return JudgeReward(make_judge(JudgeConfig.from_dict(config, where="--reward_judge"), reward_model=reward_model))
 
 
+def _has_reference(row: Any) -> bool:
+    return isinstance(row.reference, str) and bool(row.reference.strip())
+
+
 def check_references(rows: Sequence[Any], label: str) -> list[str]:
     """Every row's ``reference`` (``data.schemas.EvalPrompt``), for the judge reward.
 
     Raises:
         ValueError: rows without a reference answer: how many, the first ids, and the file ``label``.
     """
-    missing = [r.id for r in rows if not (isinstance(r.reference, str) and r.reference.strip())]
+    missing = [r.id for r in rows if not _has_reference(r)]
     if missing:
         raise ValueError(f"{label}: {len(missing)} of {len(rows)} prompts have no reference answer (first: "
                          f"{', '.join(missing[:5])}); the judge reward compares each completion with its prompt's "
@@ -135,8 +139,7 @@ def check_reference_file(source: str, *, mode: str = "strict", max_reject_rate: 
     # the file's row of each kept prompt: rows are read in order, the rejected ones (lenient mode) left out
     rejected = {r.row for r in rows.rejects}
     file_rows = [i for i in range(rows.n_read) if i not in rejected]
-    missing = [file_rows[i] if i < len(file_rows) else i for i, r in enumerate(rows)
-               if not (isinstance(r.reference, str) and r.reference.strip())]
+    missing = [file_rows[i] if i < len(file_rows) else i for i, r in enumerate(rows) if not _has_reference(r)]
     if missing:
         raise ValueError(f"{rows.source}: row {missing[0]} field 'reference': missing or empty, and {len(missing)} of "
                          f"{len(rows)} prompts have none; the judge reward (reward_functions: judge) compares each "
