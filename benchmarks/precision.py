@@ -10,6 +10,10 @@ is printed, not decided on; what bf16 does to the numbers DPO and the reward mod
 ``benchmarks/logprob_precision.py`` (one forward pass) and ``benchmarks/precision_outcome.py`` (what training
 learns, against the noise of training itself).
 
+Both precisions run in this process, with the memory allocator a stage process gets
+(``rlhf.machine.allocator_env``: the benchmark starts itself again with it), or with ``--allocator system`` the
+allocator of the environment it was started in; the first line names it.
+
 On a device without native bf16 (a CPU without avx512_bf16 / amx_bf16), bf16 would be emulated: the benchmark
 says so and measures fp32 only, unless ``--emulated-bf16`` asks to time the emulation anyway (labelled as such).
 
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 import tempfile
 import time
 
@@ -50,6 +56,7 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int, *,
     from data.loaders import load_pairs, load_sft
     from data.pairs import prepare_pairs
     from data.schemas import pair_to_trl
+    from rlhf.weights import into_process_memory  # as the stages: trained weights out of the file mapping
 
     tok = AutoTokenizer.from_pretrained(model_path)
     out = tempfile.mkdtemp(prefix=f"bench-precision-{stage}-")
@@ -61,7 +68,7 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int, *,
         from sft.prepare import prepare_sft_rows
 
         prepared = prepare_sft_rows(load_sft("demo:hh_rlhf/sft.jsonl", limit=rows), tok, 256, file="demo")
-        trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_path),
+        trainer = SFTTrainer(model=into_process_memory(AutoModelForCausalLM.from_pretrained(model_path)),
                              args=_config(SFTStageConfig, out, steps, bf16, batch, seed, max_length=256,
                                           learning_rate=learning_rate),
                              train_dataset=Dataset.from_list(prepared.rows), processing_class=tok)
@@ -73,7 +80,7 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int, *,
             from dpo.config import DPOStageConfig
             from dpo.trainer import FP32LogProbDPOTrainer as DPOTrainer  # the stage's: fp32 LM head under bf16
 
-            trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_path),
+            trainer = DPOTrainer(model=into_process_memory(AutoModelForCausalLM.from_pretrained(model_path)),
                                  ref_model=AutoModelForCausalLM.from_pretrained(model_path),
                                  args=_config(DPOStageConfig, out, steps, bf16, batch, seed, max_length=256,
                                               learning_rate=learning_rate),
@@ -86,7 +93,7 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int, *,
 
             from rlhf.precision import keep_in_fp32
 
-            model, tok = load_reward_model(model_path, new_head=True)
+            model, tok = load_reward_model(model_path, new_head=True, trained=True)
             keep_in_fp32(model.score)  # as the stage: the score head in fp32 under bf16 autocast
             trainer = RewardTrainer(model=model,
                                     args=_config(RewardStageConfig, out, steps, bf16, batch, seed, max_length=256,
@@ -109,17 +116,24 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     ap.add_argument("--emulated-bf16", action="store_true", help="Time bf16 even where it is not native.")
+    ap.add_argument("--allocator", choices=["stage", "system"], default="stage",
+                    help="the stage processes' memory allocator (default) or this environment's")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    from rlhf.machine import native_bf16, threads_per_process
+    from rlhf.machine import allocator_env, allocator_in_use, native_bf16, threads_per_process
+
+    extra = allocator_env() if args.allocator == "stage" else {}
+    if extra:  # an allocator is chosen when a process starts: start again with it (then allocator_env is empty)
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **extra})
     from rlhf.models import resolve_base_model
     from rlhf.precision import resolve_precision
 
     torch.set_num_threads(threads_per_process(1))
     native, evidence = native_bf16()
     path = resolve_base_model(args.model)
-    print(f"model {args.model}, {args.steps} steps x batch 2, {torch.get_num_threads()} threads; bf16: {evidence}")
+    print(f"model {args.model}, {args.steps} steps x batch 2, {torch.get_num_threads()} threads, allocator "
+          f"{allocator_in_use()}; bf16: {evidence}")
     if not native and not args.emulated_bf16:
         print("no native bf16 on this device: precision auto stays fp32 for every stage; bf16 not measured "
               "(pass --emulated-bf16 to time the emulation)")

@@ -3,12 +3,17 @@
 Three variants per stage, each in its own process, interleaved ``--repeats`` times, median reported:
 
 - ``project``: the stage itself, launched as the round flow launches it (``flows.stages.launch_command``:
-  accelerate launch with threads per process), seconds per step from its manifest
+  accelerate launch with threads per process, in ``flows.stages.stage_env``'s environment: the stage's memory
+  allocator, ``rlhf.machine.allocator_env``), seconds per step from its manifest
   (``metrics.efficiency.train_seconds / train_steps``);
 - ``trl-same``: TRL's trainer (SFTTrainer / DPOTrainer / RewardTrainer) on the same prepared rows with the same settings (the
   stage config's own TRL fields: batch, lengths, precision, no activation checkpointing), as many threads;
 - ``trl-defaults``: the same, with TRL 1.16's own defaults for precision and activation checkpointing (bf16 and
   gradient checkpointing on; on a CPU without native bf16 the bf16 is emulated).
+
+Both TRL variants run with the allocator of the benchmark's own environment (plain TRL as its users run it);
+``--trl-allocator stage`` gives them the stage's, to separate what the allocator buys from the rest. Each line
+names the allocator its process ran with.
 
 Seconds per step = ``train_runtime / global_step`` of ``trainer.train()`` for both TRL variants (the project's
 ``train_seconds`` is the same figure), so start-up (imports, loading, data preparation, saving) is outside it.
@@ -82,7 +87,7 @@ def child(stage: str, variant: str, steps: int, sft_dir: str | None) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
-    from rlhf.machine import threads_per_process
+    from rlhf.machine import allocator_in_use, threads_per_process
 
     torch.set_num_threads(threads_per_process(1))
     out = tempfile.mkdtemp(prefix=f"steptime-{stage}-")
@@ -146,7 +151,7 @@ def child(stage: str, variant: str, steps: int, sft_dir: str | None) -> dict:
             "loss": result.training_loss, "precision": "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32",
             "checkpointing": bool(getattr(a, "gradient_checkpointing", False)
                                   or getattr(a, "activation_checkpointing", False)),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "allocator": allocator_in_use()}
 
 
 def run_project(stage: str, steps: int, out: Path, sft_dir: str | None, more: list[str] | None = None) -> dict:
@@ -155,19 +160,26 @@ def run_project(stage: str, steps: int, out: Path, sft_dir: str | None, more: li
     extra = ["--max_steps", str(steps), "--report_to", "none"] + (["--sft_dir", sft_dir] if sft_dir else [])
     extra += more or []
     cmd = launch_command(f"{stage}.train", RECIPES / f"{stage}.yaml", out, extra, None)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=stage_env())
     if proc.returncode:
         sys.exit(f"{stage} stage failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     m = json.loads((out / "manifest.json").read_text())["metrics"]
     return {"s_per_step": m["efficiency"]["train_seconds"] / m["train_steps"], "steps": m["train_steps"],
-            "loss": m["train_loss"], "threads": m["efficiency"]["threads"]}
+            "loss": m["train_loss"], "threads": m["efficiency"]["threads"],
+            "allocator": m["efficiency"].get("allocator")}
 
 
-def run_trl(stage: str, variant: str, steps: int, sft_dir: str | None) -> dict:
+def stage_env() -> dict:
+    from flows.stages import stage_env as env
+
+    return env()
+
+
+def run_trl(stage: str, variant: str, steps: int, sft_dir: str | None, allocator: str = "system") -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", stage, variant, "--steps", str(steps)]
     if sft_dir:
         cmd += ["--sft-dir", sft_dir]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+    env = {**(stage_env() if allocator == "stage" else os.environ), "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode:
         sys.exit(f"{stage} {variant} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -182,7 +194,10 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["project", "trl-same", "trl-defaults"],
                     help="project, trl-same, trl-defaults, project-every-4-steps: the stage with a Trainer "
                          "checkpoint every 4 steps (the demo recipes' setting before checkpoints by time), and "
-                         "project-checkpointing: the stage with activation checkpointing on (TRL's default).")
+                         "project-checkpointing / project-no-checkpointing: the stage with activation "
+                         "checkpointing on (TRL's default) / off.")
+    ap.add_argument("--trl-allocator", choices=["system", "stage"], default="system",
+                    help="the TRL variants' memory allocator: this environment's (default) or the stage's")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--sft-dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -203,13 +218,15 @@ def main() -> None:
                 dpo_dir = sft_dir if stage != "sft" else None
                 if v.startswith("project"):
                     more = {"project-every-4-steps": ["--save_strategy", "steps", "--save_steps", "4"],
-                            "project-checkpointing": ["--activation_checkpointing", "true"]}.get(v, [])
+                            "project-checkpointing": ["--activation_checkpointing", "true"],
+                            "project-no-checkpointing": ["--activation_checkpointing", "false"]}.get(v, [])
                     res = run_project(stage, a.steps, work / f"{stage}-{v}-{r}", dpo_dir, more)
                 else:
-                    res = run_trl(stage, v, a.steps, dpo_dir)
+                    res = run_trl(stage, v, a.steps, dpo_dir, a.trl_allocator)
                 times[v].append(res)
                 print(f"  {stage} {v:12s} repeat {r}: {res['s_per_step']:.2f} s/step, loss {res['loss']:.4f}, "
-                      f"{res.get('precision', '')} threads {res.get('threads')}", flush=True)
+                      f"{res.get('precision', '')} threads {res.get('threads')}, allocator {res.get('allocator')}",
+                      flush=True)
         med = {v: statistics.median(x["s_per_step"] for x in rs) for v, rs in times.items()}
         line = ", ".join(f"{v} {s:.2f} s/step" for v, s in med.items())
         print(f"{stage}: {line}")
@@ -219,7 +236,10 @@ def main() -> None:
             print(f"  {stage} checkpoint every 4 steps / by time = "
                   f"{med['project-every-4-steps'] / med['project']:.3f} (what the step-based checkpoints cost)")
         if "project" in med and "project-checkpointing" in med:
-            print(f"  {stage} activation checkpointing on / off = {med['project-checkpointing'] / med['project']:.3f}")
+            print(f"  {stage} activation checkpointing on / recipe = {med['project-checkpointing'] / med['project']:.3f}")
+        if "project" in med and "project-no-checkpointing" in med:
+            print(f"  {stage} activation checkpointing off / recipe = "
+                  f"{med['project-no-checkpointing'] / med['project']:.3f}")
         if "project" in med and "trl-defaults" in med:
             print(f"  {stage} project / trl-defaults = {med['project'] / med['trl-defaults']:.3f} (target <= 1.00)")
     print(f"load average at end: {os.getloadavg()}")

@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     # The policy starts as a copy of pi_ref (it is the SFT model); pi_ref itself is a separate frozen instance.
     # attach: fp32 master weights checked, W&B at the trainer's step (before the step-0 evaluation logs)
     trainer = stage.attach(FP32LogProbDPOTrainer(  # log-probs from an fp32 LM head, under bf16 autocast too
-        model=load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO policy (pi_ref)", dtype=stage.weights_dtype),
+        model=load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO policy (pi_ref)", dtype=stage.weights_dtype,
+                           trained=True),
         ref_model=load_checked(AutoModelForCausalLM, pi_ref_path, what="DPO reference (pi_ref)",
                                dtype=stage.weights_dtype),
         train_dataset=Dataset.from_list([pair_to_trl(p) for p in prepared.pairs]),

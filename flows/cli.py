@@ -133,12 +133,16 @@ def round_cmd(
         raise typer.BadParameter(validation_errors(err)) from None
     from flows.round import check_recipes, checked_stages
     from flows.stages import StageFailed
-    from rlhf.machine import NATIVE_BF16_ENV, native_bf16
+    from rlhf.machine import ALLOCATOR_ENV, NATIVE_BF16_ENV, allocator_env, native_bf16
 
     try:  # every stage resolves its precision through it: a bad value is the environment's, not a recipe's
         native_bf16()
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint=NATIVE_BF16_ENV) from None
+    try:  # every stage process starts with it (flows.stages.stage_env)
+        allocator_env()
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint=ALLOCATOR_ENV) from None
     try:  # a recipe typo or a mistyped --set key is a usage error (exit 2), said before Prefect starts
         check_recipes(params, checked_stages(params))
     except (ValueError, FileNotFoundError) as err:

@@ -357,6 +357,25 @@ def launch_command(
     return launch + ["-m", module, "--config", str(recipe), "--output_dir", str(output_dir), *extra_args]
 
 
+def stage_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a stage process starts with: ``environ`` (default ``os.environ``) without ``WANDB_SERVICE``,
+    with unbuffered output, tokenizers' own threads off, and the memory allocator of
+    :func:`rlhf.machine.allocator_env` (tcmalloc where installed, else glibc kept from returning freed blocks).
+
+    Each stage process starts its own wandb-core, which dies with it: a service the flow process started (its
+    address in WANDB_SERVICE) would outlive a killed stage and keep its run id registered, so the resumed attempt
+    would be refused with "run ID ... is in use" (wandb's own agent drops it from its children's environment too).
+
+    Raises:
+        ValueError: ``RLHF_ALLOCATOR`` names no allocator, or one this machine lacks.
+    """
+    from rlhf.machine import allocator_env
+
+    environ = dict(os.environ if environ is None else environ)
+    env = {key: value for key, value in environ.items() if key != "WANDB_SERVICE"}
+    return env | {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"} | allocator_env(environ)
+
+
 def run_stage(
     stage: str,
     module: str,
@@ -439,11 +458,7 @@ def run_stage(
     t0 = time.perf_counter()
     tail: list[str] = []
     relay = StageLogRelay(stage, log_at or (lambda level, message: log(message)))
-    # Each stage process starts its own wandb-core, which dies with it: a service the flow process started (its
-    # address in WANDB_SERVICE) would outlive a killed stage and keep its run id registered, so the resumed attempt
-    # would be refused with "run ID ... is in use" (wandb's own agent drops it from its children's environment too).
-    env = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
-    env |= {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = stage_env()
     with open(output_dir / "stage.log", "a" if keep else "w", buffering=1) as logf:
         if keep:
             logf.write(f"\n===== resumed from {resume} =====\n" if resume else "\n===== started over =====\n")

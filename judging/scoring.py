@@ -109,13 +109,14 @@ def score(
     return out
 
 
-def load_reward_model(path: str, new_head: bool = False, dtype=None):
+def load_reward_model(path: str, new_head: bool = False, dtype=None, trained: bool = False):
     """Load a reward model (sequence classifier, 1 label) with its pad token set (pad == eos on SmolLM2).
 
     ``new_head``: the checkpoint is a causal LM and the ``score`` head is created here (seed it first); any other
     missing weight is refused (``rlhf.weights.load_checked``), and so is a missing head when ``new_head`` is off.
     ``dtype``: the weights' dtype; default ``torch.float32`` whatever the checkpoint was saved in (scores decide
-    ties and agreement; the training stage passes its master-weight dtype).
+    ties and agreement; the training stage passes its master-weight dtype). ``trained``: the caller trains it
+    (``rlhf.weights.load_checked``'s ``trained``).
 
     Returns:
         (model, tokenizer).
@@ -136,6 +137,7 @@ def load_reward_model(path: str, new_head: bool = False, dtype=None):
         new_heads=["score"] if new_head else [],
         num_labels=1,
         dtype=torch.float32 if dtype is None else dtype,
+        trained=trained,
     )
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer

@@ -199,10 +199,11 @@ def load_prompt_source(script_args: PPOScriptArguments, output_dir: Path) -> tup
 # ---- models -----------------------------------------------------------------------------------------
 
 
-def _load(cls: Any, path: str, what: str) -> torch.nn.Module:
+def _load(cls: Any, path: str, what: str, trained: bool = False) -> torch.nn.Module:
     """Load a model in fp32 (autocast handles bf16 where the device has it) and refuse an incomplete one (weight
-    files checked against the config first: rlhf.weights.check_weight_files)."""
-    from rlhf.weights import IncompleteCheckpoint, check_weight_files
+    files checked against the config first: rlhf.weights.check_weight_files); a ``trained`` one is copied out of the
+    checkpoint's file mapping (rlhf.weights.into_process_memory)."""
+    from rlhf.weights import IncompleteCheckpoint, check_weight_files, into_process_memory
 
     if os.path.isdir(path):
         try:
@@ -216,7 +217,7 @@ def _load(cls: Any, path: str, what: str) -> torch.nn.Module:
     empty = [n for n, p in model.named_parameters() if p.numel() == 0]
     if empty:
         raise ValueError(f"{what} at {path}: empty tensors in the checkpoint: {empty[:5]}")
-    return model
+    return into_process_memory(model) if trained else model
 
 
 def tripwire_inputs(config: PPOConfig, reward_model_hash: str, device: Any = "cpu") -> dict[str, Any]:
@@ -261,10 +262,10 @@ def load_models(inputs: dict[str, Any]) -> dict[str, Any]:
     """Tokenizers (policy's; reward model's own), policy, pi_ref, reward and value models, as separate objects."""
     tokenizer = _tokenizer(inputs["policy"])
     reward_tokenizer = _tokenizer(inputs["reward_model"])
-    policy = _load(AutoModelForCausalLM, inputs["policy"], "policy")
+    policy = _load(AutoModelForCausalLM, inputs["policy"], "policy", trained=True)
     ref = _load(AutoModelForCausalLM, inputs["pi_ref"], "pi_ref")
     reward = _load(AutoModelForSequenceClassification, inputs["reward_model"], "reward model")
-    value = _load(AutoModelForSequenceClassification, inputs["value_model_init"], "value model")
+    value = _load(AutoModelForSequenceClassification, inputs["value_model_init"], "value model", trained=True)
     for name, m in (("reward model", reward), ("value model", value)):
         if m.config.num_labels != 1:
             raise ValueError(f"{name}: expected a 1-label sequence classifier, got num_labels={m.config.num_labels}")

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         rejects_path=stage.out / "rejects-agreement.jsonl", min_labels=2,
     )
     scored = held_out[: args.max_agreement_pairs] if args.max_agreement_pairs else held_out
-    model, tokenizer = load_reward_model(start, new_head=True, dtype=stage.weights_dtype)
+    model, tokenizer = load_reward_model(start, new_head=True, dtype=stage.weights_dtype, trained=True)
     keep_in_fp32(model.score)  # scores in fp32 under bf16 autocast too: they decide ties and agreement
     prepared = prepare_pairs(pairs, tokenizer, args.max_length, file=args.train_data, require_fit=True,
                              special_tokens=args.special_tokens_in_text)

@@ -186,13 +186,14 @@ def efficiency(n_params: int, tokens: int, seconds: float, dtype: str = "fp32", 
         flops_per_param: FLOPs per parameter per token: 6 for training (forward 2, backward 4), 2 for decoding.
 
     Returns:
-        ``{"threads", "tokens", "tokens_per_s", "mfu", "peak_flops", "peak_source"}``; ``mfu`` =
+        ``{"threads", "allocator", "tokens", "tokens_per_s", "mfu", "peak_flops", "peak_source"}``
+        (``allocator``: :func:`rlhf.machine.allocator_in_use`); ``mfu`` =
         flops_per_param·N·tokens/s / peak. An MFU above 1 after the peak was measured again is ``None`` with
         ``mfu_null_reason`` (and logged as an error): that count undercounts the FLOPs, so the peak is wrong.
     """
     import torch
 
-    from .machine import peak_flops
+    from .machine import allocator_in_use, peak_flops
 
     peak, source = peak_flops(dtype)
     tps = tokens / seconds if seconds > 0 else 0.0
@@ -202,6 +203,7 @@ def efficiency(n_params: int, tokens: int, seconds: float, dtype: str = "fp32", 
         mfu = flops_per_param * n_params * tps / peak
     out = {
         "threads": torch.get_num_threads(),
+        "allocator": allocator_in_use(),
         "tokens": int(tokens),
         "tokens_per_s": tps,
         "mfu": mfu,
@@ -234,9 +236,9 @@ def train_efficiency(trainer, result, counter: CountingCollator, dtype: str) -> 
         timer.step_tokens = steps[: len(timer.seconds)] if fresh else None
         out.update(timer.summary())
     logger.info(
-        "efficiency: %d threads, %.0f tokens/s, MFU %.1f%% of %.3g FLOP/s (%s), padding %.1f%%; first step %s s "
+        "efficiency: %d threads, %s allocator, %.0f tokens/s, MFU %.1f%% of %.3g FLOP/s (%s), padding %.1f%%; first step %s s "
         "(warm-up beyond its tokens %s s), steady %s s/step",
-        out["threads"], out["tokens_per_s"], 100 * (out["mfu"] or 0), out["peak_flops"], out["peak_source"],
+        out["threads"], out["allocator"], out["tokens_per_s"], 100 * (out["mfu"] or 0), out["peak_flops"], out["peak_source"],
         100 * (out["padding_share"] or 0), _fmt(out.get("first_step_seconds")), _fmt(out.get("warmup_seconds")),
         _fmt(out.get("steady_step_seconds")),
     )

@@ -497,7 +497,7 @@ def run_online_rl(
         if tok.pad_token_id is None:  # padding is masked by position in TRL's losses, so pad == eos is safe
             tok.pad_token = tok.eos_token
     policy = load_checked(AutoModelForCausalLM, inputs["policy"], what="online-RL policy (DPO candidate)",
-                          dtype=stage.weights_dtype)
+                          dtype=stage.weights_dtype, trained=True)
     reward_model = load_checked(AutoModelForSequenceClassification, inputs["reward_model"], what="reward model",
                                 dtype=stage.weights_dtype)
     if reward_model.config.num_labels != 1:

@@ -36,8 +36,31 @@ def _is_new_head(key: str, heads: Iterable[str]) -> bool:
     return any(key == h or key.startswith(f"{h}.") or f".{h}." in f".{key}" for h in heads)
 
 
+def into_process_memory(model: Any) -> Any:
+    """Copy ``model``'s CPU parameters and buffers out of the checkpoint's file mapping into the process's own
+    memory, unless an accelerator will hold them; returns ``model``.
+
+    transformers 5 maps a safetensors checkpoint into memory and trains on the mapping itself (private, copy-on-write):
+    the first optimizer step then faults in and copies every page of the weights one page at a time (measured on
+    SmolLM2-135M, 2 cores: the first in-place write of all weights 2.05 s, and the first fused AdamW step 2.3 s vs
+    0.09 s after; copying first 0.16 s, then writing 0.03 s). Tied weights stay tied: each parameter is one object,
+    whatever modules share it. On a machine with an accelerator the trainer moves the weights off the mapping anyway.
+    """
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and accelerator.is_available() or torch.cuda.is_available():
+        return model
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.device.type == "cpu":
+                tensor.data = tensor.data.clone()
+    return model
+
+
 def load_checked(
-    cls: Any, path: str | os.PathLike, *, what: str, dtype: Any, new_heads: Iterable[str] = (), **kwargs: Any
+    cls: Any, path: str | os.PathLike, *, what: str, dtype: Any, new_heads: Iterable[str] = (),
+    trained: bool = False, **kwargs: Any
 ):
     """``cls.from_pretrained(path, dtype=dtype, **kwargs)``, refusing weights that would be newly initialised.
 
@@ -50,6 +73,8 @@ def load_checked(
             (``rlhf.precision.weights_dtype`` gives a stage's).
         new_heads: module names the stage creates on purpose (``["score"]`` for a reward model built from a
             causal LM); their weights may be missing.
+        trained: the caller updates the weights in place (a stage's policy, not its frozen reference): they are
+            copied out of the checkpoint's file mapping (:func:`into_process_memory`).
 
     Returns:
         The loaded model.
@@ -74,7 +99,7 @@ def load_checked(
             f"{what} {_weight_files(path)}: {'; '.join(parts)}; they would be newly initialised (random). "
             "Refusing to train or evaluate on a partial checkpoint."
         )
-    return model
+    return into_process_memory(model) if trained else model
 
 
 def expected_shapes(cls: Any, path: str | os.PathLike, **kwargs: Any) -> tuple[dict[str, tuple[int, ...]], list[set[str]], str]:

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     trainer = stage.attach(SFTTrainer(  # attach: fp32 master weights checked, W&B at the trainer's step
-        model=load_checked(AutoModelForCausalLM, base, what="SFT base model", dtype=stage.weights_dtype),
+        model=load_checked(AutoModelForCausalLM, base, what="SFT base model", dtype=stage.weights_dtype,
+                           trained=True),
         train_dataset=Dataset.from_list(prepared.rows),
         **stage.trainer_kwargs(tokenizer),
     ))

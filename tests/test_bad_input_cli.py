@@ -200,19 +200,25 @@ def test_flywheel_ingest_refuses_an_events_file_given_as_the_store(tmp_path):
         opened.close()
 
 
-def test_a_bad_native_bf16_setting_is_named_as_the_environment_s(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, value, message", [
+    ("RLHF_NATIVE_BF16", "maybe", "RLHF_NATIVE_BF16 must be 0 or 1 (or unset to detect), got 'maybe'"),
+    ("RLHF_ALLOCATOR", "jemallocc",
+     "RLHF_ALLOCATOR must be one of auto, tcmalloc, glibc-tuned, system (or unset for auto), got 'jemallocc'"),
+], ids=["native-bf16", "allocator"])
+def test_a_bad_machine_setting_is_named_as_the_environment_s(tmp_path, monkeypatch, name, value, message):
     from typer.testing import CliRunner
 
     from flows.cli import app
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("RLHF_NATIVE_BF16", "maybe")
+    monkeypatch.setenv(name, value)
     result = CliRunner().invoke(app, ["round", "--preset", "smoke", "--runs-dir", str(tmp_path / "runs"),
                                       "--round-id", "r1"])
     assert result.exit_code == 2, result.output
     flat = _flat(result.output)
-    assert "RLHF_NATIVE_BF16 must be 0 or 1 (or unset to detect), got 'maybe'" in flat
+    assert message in flat
     assert "--preset" not in flat.split("Usage")[-1] and "recipes/smoke" not in flat  # not a recipe's error
+    assert not (tmp_path / "runs").exists()  # said before anything was made
 
 
 @pytest.mark.parametrize("args, field, message", [

@@ -14,7 +14,9 @@ import torch
 from rlhf.efficiency import CountingCollator, efficiency
 from rlhf.machine import (
     CPU_BF16_FLAGS,
+    GLIBC_TUNED,
     _machine_key,
+    allocator_env,
     auto_batch_size,
     cpu_flags,
     native_bf16,
@@ -95,6 +97,77 @@ def test_a_stage_run_through_the_flow_uses_every_core_and_reports_its_efficiency
     assert eff["first_step_token_seconds"] == pytest.approx(
         eff["steady_seconds_per_1k_tokens"] / 1000 * eff["first_step_tokens"])
     assert run.manifest["config"]["train_sampling_strategy"] == "group_by_length"
+    # the stage process ran with the flow's allocator (flows.stages.stage_env)
+    env = allocator_env()
+    assert eff["allocator"] == ("tcmalloc" if "LD_PRELOAD" in env else
+                                f"glibc (GLIBC_TUNABLES={env['GLIBC_TUNABLES']})" if env else eff["allocator"])
+
+
+def test_the_allocator_is_tcmalloc_where_installed_else_glibc_kept_from_unmapping_unless_the_user_chose(monkeypatch):
+    import platform
+
+    import rlhf.machine as machine
+
+    glibc = platform.libc_ver()[0] == "glibc"
+    monkeypatch.setattr(machine, "_find_tcmalloc", lambda: "libtcmalloc_minimal.so.4")
+    assert allocator_env({}) == allocator_env({"RLHF_ALLOCATOR": "tcmalloc"}) == {
+        "LD_PRELOAD": "libtcmalloc_minimal.so.4", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(2**40)}
+    assert allocator_env({"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "5"})["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"] == "5"
+    assert allocator_env({"RLHF_ALLOCATOR": "glibc-tuned"}) == ({"GLIBC_TUNABLES": GLIBC_TUNED} if glibc else {})
+    # the user's own preload or glibc settings, or "system": nothing is added
+    for mine in ({"LD_PRELOAD": "libjemalloc.so.2"}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+                 {"RLHF_ALLOCATOR": "system"}, {"RLHF_ALLOCATOR": " system "}):
+        assert allocator_env(mine) == {}
+    monkeypatch.setattr(machine, "_find_tcmalloc", lambda: None)
+    assert allocator_env({}) == ({"GLIBC_TUNABLES": GLIBC_TUNED} if glibc else {})
+    with pytest.raises(ValueError, match="RLHF_ALLOCATOR=tcmalloc but none of libtcmalloc_minimal.so.4"):
+        allocator_env({"RLHF_ALLOCATOR": "tcmalloc"})
+    with pytest.raises(ValueError, match="RLHF_ALLOCATOR must be one of auto, tcmalloc, glibc-tuned, system"):
+        allocator_env({"RLHF_ALLOCATOR": "tc-malloc"})
+    # the stage's environment: the allocator added, the flow's wandb service dropped
+    from flows.stages import stage_env
+
+    env = stage_env({"WANDB_SERVICE": "x", "PATH": "/bin"})
+    assert "WANDB_SERVICE" not in env and env["PATH"] == "/bin" and env["PYTHONUNBUFFERED"] == "1"
+    assert env.get("GLIBC_TUNABLES") == (GLIBC_TUNED if glibc else None)
+
+
+_MMAPPED_BLOCKS = """
+import ctypes
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+blocks = [bytearray(64 << 20) for _ in range(2)]  # over glibc's largest mmap threshold (32 MiB)
+print(libc.mallinfo2().hblks)
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="the glibc settings need glibc")
+def test_the_glibc_settings_serve_large_blocks_from_the_heap_not_fresh_mappings():
+    def mmapped(extra):
+        env = {**os.environ, **extra}
+        env.pop("LD_PRELOAD", None)
+        out = subprocess.run([sys.executable, "-c", _MMAPPED_BLOCKS], env=env, capture_output=True, text=True,
+                             check=True)
+        return int(out.stdout.strip())
+
+    assert mmapped({"GLIBC_TUNABLES": ""}) >= 2  # glibc's default: each 64 MiB block is its own mapping
+    assert mmapped(allocator_env({"RLHF_ALLOCATOR": "glibc-tuned"})) == 0
+
+
+def test_tcmalloc_where_installed_is_the_stage_processes_allocator():
+    import rlhf.machine as machine
+
+    if machine._find_tcmalloc() is None:
+        pytest.skip("tcmalloc is not installed (Debian/Ubuntu: libtcmalloc-minimal4; CI installs it)")
+    env = {**os.environ, **allocator_env({"RLHF_ALLOCATOR": "tcmalloc"})}
+    code = "from rlhf.machine import allocator_in_use; import torch; torch.ones(1 << 20); print(allocator_in_use())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "tcmalloc"
+    assert "large alloc" not in out.stderr
 
 
 def test_counting_collator_counts_real_and_padded_tokens():

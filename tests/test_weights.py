@@ -117,3 +117,34 @@ def test_report_to_none_writes_no_wandb_run_anywhere(tmp_path, monkeypatch):
     main(["--config", str(RECIPES / "sft.yaml"), "--report_to", "none", "--max_steps", "1", "--output_dir", str(out)])
     assert (out / "manifest.json").is_file()
     assert not (tmp_path / "wandb").exists() and not list(tmp_path.rglob("wandb"))
+
+
+def _file_mappings(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of ``path`` (/proc/self/maps)."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and Path(fields[5]) == path:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's mappings from /proc")
+def test_trained_weights_are_copied_out_of_the_checkpoint_file_mapping_and_stay_tied(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "ckpt")  # tied, safetensors
+    weights = (tmp_path / "ckpt" / "model.safetensors").resolve()
+
+    def in_mapping(model) -> int:
+        ranges = _file_mappings(weights)
+        return sum(any(a <= p.data_ptr() < b for a, b in ranges) for p in model.parameters())
+
+    mapped = load_checked(AutoModelForCausalLM, tmp_path / "ckpt", what="reference", dtype=torch.float32)
+    assert in_mapping(mapped) > 0  # transformers trains on the file mapping itself: what the copy is for
+    trained = load_checked(AutoModelForCausalLM, tmp_path / "ckpt", what="policy", dtype=torch.float32, trained=True)
+    assert in_mapping(trained) == 0
+    assert trained.lm_head.weight is trained.model.embed_tokens.weight  # still one tensor
+    for (name, a), b in zip(mapped.state_dict().items(), trained.state_dict().values()):
+        assert torch.equal(a, b), name
