@@ -407,13 +407,18 @@ def run_stage(
         rlhf.rundir.RoundError: ``output_dir`` exists but was not created by a stage, or lies outside ``runs_dir``.
         StageFailed: the process failed (non-zero exit) or wrote no manifest; the message leads with the stage's
             recorded failure, else the signal that killed it (:func:`killed_by`), else its own error line. Also,
-            with no process started, when the cache key cannot be computed (a dead endpoint judge, a hub id that does
-            not resolve): one line, and an earlier run's reports in ``output_dir`` are set aside
-            (:func:`set_aside_finished`), so the folder does not pass for this run's result.
+            with no process started, when ``RLHF_ALLOCATOR`` is refused (:func:`stage_env`; nothing touched) or the
+            cache key cannot be computed (a dead endpoint judge, a hub id that does not resolve): one line, and in
+            the second case an earlier run's reports in ``output_dir`` are set aside (:func:`set_aside_finished`),
+            so the folder does not pass for this run's result.
     """
     recipe, output_dir = Path(recipe), Path(output_dir)
     if not recipe.is_file():
         raise FileNotFoundError(f"{recipe}: no such recipe for stage {stage}")
+    try:  # a bad machine setting is refused before the stage's folder is touched
+        env = stage_env()
+    except ValueError as err:
+        raise StageFailed(stage, None, f"the environment's setting is refused: {err}", None) from None
     t_check = time.perf_counter()
     try:
         key = stage_cache_key(stage, recipe, list(extra_args), list(parents), launch_key(accelerate_config, launcher))
@@ -458,7 +463,6 @@ def run_stage(
     t0 = time.perf_counter()
     tail: list[str] = []
     relay = StageLogRelay(stage, log_at or (lambda level, message: log(message)))
-    env = stage_env()
     with open(output_dir / "stage.log", "a" if keep else "w", buffering=1) as logf:
         if keep:
             logf.write(f"\n===== resumed from {resume} =====\n" if resume else "\n===== started over =====\n")

@@ -161,16 +161,25 @@ GLIBC_TUNED = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 
 
 def _find_tcmalloc() -> str | None:
-    """The soname of an installed tcmalloc (:data:`TCMALLOC_SONAMES`), found as the dynamic loader would
-    (``ctypes.util.find_library``: the ldconfig cache), or None. Nothing is loaded: an allocator loaded after
-    start-up would free blocks the C library allocated."""
+    """An installed tcmalloc (:data:`TCMALLOC_SONAMES`): its soname where the dynamic loader finds it
+    (``ctypes.util.find_library``: the ldconfig cache), else its absolute path in this Python's own ``lib`` folder
+    (a conda environment's gperftools, which the loader does not search), or None. Nothing is loaded: an allocator
+    loaded after start-up would free blocks the C library allocated."""
+    import sys
     from ctypes.util import find_library
 
     for soname in TCMALLOC_SONAMES:
-        found = find_library(soname.removeprefix("lib").split(".so")[0])
-        if found == soname:
+        if find_library(soname.removeprefix("lib").split(".so")[0]) == soname:
             return soname
+    for soname in TCMALLOC_SONAMES:
+        path = Path(sys.prefix) / "lib" / soname
+        if path.is_file():
+            return str(path)
     return None
+
+
+#: Libraries that replace malloc: one already in the user's ``LD_PRELOAD`` is their choice of allocator.
+MALLOC_LIBRARIES = ("tcmalloc", "jemalloc", "mimalloc", "hoard", "tbbmalloc")
 
 
 def allocator_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -187,40 +196,56 @@ def allocator_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     - ``tcmalloc``: tcmalloc, which must be installed; ``glibc-tuned``: :data:`GLIBC_TUNED` (glibc only);
     - ``system``: nothing added.
 
-    An ``LD_PRELOAD`` or ``GLIBC_TUNABLES`` already in ``environ`` is the user's choice: nothing is added to it.
-    tcmalloc's report of allocations over 1 GiB (a line on stderr for each, routine for a model's weights) is
-    raised to 1 TiB unless set.
+    A malloc library already in ``environ``'s ``LD_PRELOAD`` (:data:`MALLOC_LIBRARIES`), or a ``glibc.malloc.*``
+    setting in its ``GLIBC_TUNABLES``, is the user's choice of allocator: with ``auto`` nothing is added; an explicit
+    other choice is a conflict (ValueError). Other preloads (a profiler, libgomp) and other tunables are kept, and
+    the allocator is added to them. tcmalloc's report of allocations over 1 GiB (a line on stderr for each, routine
+    for a model's weights) is raised to 1 TiB unless set.
 
     Returns:
-        ``{name: value}`` to add to the stage's environment (empty for none).
+        ``{name: value}`` to set in the stage's environment (empty for none); ``LD_PRELOAD`` and ``GLIBC_TUNABLES``
+        include what ``environ`` already held.
 
     Raises:
-        ValueError: :data:`ALLOCATOR_ENV` is not one of :data:`ALLOCATORS`, or names an allocator this machine
-            does not have.
+        ValueError: :data:`ALLOCATOR_ENV` is not one of :data:`ALLOCATORS`, names an allocator this machine does
+            not have, or contradicts an allocator already chosen in ``LD_PRELOAD`` / ``GLIBC_TUNABLES``.
     """
     environ = os.environ if environ is None else environ
     choice = environ.get(ALLOCATOR_ENV, "").strip() or "auto"
     if choice not in ALLOCATORS:
         raise ValueError(f"{ALLOCATOR_ENV} must be one of {', '.join(ALLOCATORS)} (or unset for auto), got {choice!r}")
-    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-    if choice == "system" or environ.get("LD_PRELOAD") or environ.get("GLIBC_TUNABLES"):
+    if choice == "system":
         return {}
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     tcmalloc = _find_tcmalloc() if choice in ("auto", "tcmalloc") else None
     if choice == "tcmalloc" and tcmalloc is None:
         raise ValueError(f"{ALLOCATOR_ENV}=tcmalloc but none of {', '.join(TCMALLOC_SONAMES)} loads here "
                          "(Debian/Ubuntu: apt-get install libtcmalloc-minimal4)")
     if choice == "glibc-tuned" and not glibc:
         raise ValueError(f"{ALLOCATOR_ENV}=glibc-tuned but this C library is not glibc")
+    preload = environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    tunables = [t for t in environ.get("GLIBC_TUNABLES", "").strip().split(":") if t]
+    chosen = [lib for lib in preload if any(name in Path(lib).name for name in MALLOC_LIBRARIES)]
+    chosen += [t for t in tunables if t.startswith("glibc.malloc.")]
+    if chosen:
+        if choice == "tcmalloc":
+            same = all("tcmalloc" in Path(c).name for c in chosen)
+        else:  # glibc-tuned: no malloc library preloaded, and the settings already there
+            same = not any(c in preload for c in chosen) and set(GLIBC_TUNED.split(":")) <= set(tunables)
+        if choice == "auto" or same:  # auto defers to the user; the same choice made again adds nothing
+            return {}
+        raise ValueError(f"{ALLOCATOR_ENV}={choice} but the environment already chooses the allocator "
+                         f"({', '.join(chosen)}): unset one of them")
     if tcmalloc:
-        return {"LD_PRELOAD": tcmalloc,
+        return {"LD_PRELOAD": " ".join([tcmalloc, *preload]),
                 "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": environ.get("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD",
                                                                      str(2**40))}
-    return {"GLIBC_TUNABLES": GLIBC_TUNED} if glibc else {}
+    return {"GLIBC_TUNABLES": ":".join([*tunables, GLIBC_TUNED])} if glibc else {}
 
 
 def allocator_in_use() -> str:
     """The memory allocator of this process, for its manifest: ``tcmalloc`` / ``jemalloc`` / ``mimalloc`` (a library
-    mapped into the process), ``glibc (GLIBC_TUNABLES=...)`` or ``system``."""
+    mapped into the process), ``glibc (GLIBC_TUNABLES=...)`` (its ``glibc.malloc.*`` settings) or ``system``."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
@@ -228,8 +253,8 @@ def allocator_in_use() -> str:
     for name in ("tcmalloc", "jemalloc", "mimalloc"):
         if f"lib{name}" in maps:
             return name
-    tunables = os.environ.get("GLIBC_TUNABLES")
-    return f"glibc (GLIBC_TUNABLES={tunables})" if tunables else "system"
+    malloc = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t.startswith("glibc.malloc.")]
+    return f"glibc (GLIBC_TUNABLES={':'.join(malloc)})" if malloc else "system"
 
 
 def _machine_key(dtype: str, threads: int) -> str:

@@ -114,14 +114,29 @@ def test_the_allocator_is_tcmalloc_where_installed_else_glibc_kept_from_unmappin
         "LD_PRELOAD": "libtcmalloc_minimal.so.4", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(2**40)}
     assert allocator_env({"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "5"})["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"] == "5"
     assert allocator_env({"RLHF_ALLOCATOR": "glibc-tuned"}) == ({"GLIBC_TUNABLES": GLIBC_TUNED} if glibc else {})
-    # the user's own preload or glibc settings, or "system": nothing is added
-    for mine in ({"LD_PRELOAD": "libjemalloc.so.2"}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+    # the user's own malloc library or glibc malloc settings, the same choice made again, or "system": nothing added
+    for mine in ({"LD_PRELOAD": "/opt/lib/libjemalloc.so.2"}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+                 {"RLHF_ALLOCATOR": "tcmalloc", "LD_PRELOAD": "libtcmalloc_minimal.so.4"},
                  {"RLHF_ALLOCATOR": "system"}, {"RLHF_ALLOCATOR": " system "}):
         assert allocator_env(mine) == {}
+    if glibc:
+        assert allocator_env({"RLHF_ALLOCATOR": "glibc-tuned", "GLIBC_TUNABLES": GLIBC_TUNED}) == {}
+    # other preloads and tunables are kept, and the allocator joins them
+    assert allocator_env({"LD_PRELOAD": "libfoo.so:libbar.so"})["LD_PRELOAD"] == \
+        "libtcmalloc_minimal.so.4 libfoo.so libbar.so"
+    assert allocator_env({"LD_PRELOAD": "  "})["LD_PRELOAD"] == "libtcmalloc_minimal.so.4"
+    if glibc:
+        assert allocator_env({"RLHF_ALLOCATOR": "glibc-tuned", "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}) == {
+            "GLIBC_TUNABLES": f"glibc.cpu.hwcaps=-AVX512F:{GLIBC_TUNED}"}
+    # an explicit choice that contradicts the environment's is refused, not dropped
+    with pytest.raises(ValueError, match=r"RLHF_ALLOCATOR=tcmalloc but the environment already chooses the "
+                                         r"allocator \(libjemalloc.so.2\)"):
+        allocator_env({"RLHF_ALLOCATOR": "tcmalloc", "LD_PRELOAD": "libjemalloc.so.2"})
     monkeypatch.setattr(machine, "_find_tcmalloc", lambda: None)
     assert allocator_env({}) == ({"GLIBC_TUNABLES": GLIBC_TUNED} if glibc else {})
-    with pytest.raises(ValueError, match="RLHF_ALLOCATOR=tcmalloc but none of libtcmalloc_minimal.so.4"):
-        allocator_env({"RLHF_ALLOCATOR": "tcmalloc"})
+    for mine in ({"RLHF_ALLOCATOR": "tcmalloc"}, {"RLHF_ALLOCATOR": "tcmalloc", "LD_PRELOAD": "libfoo.so"}):
+        with pytest.raises(ValueError, match="RLHF_ALLOCATOR=tcmalloc but none of libtcmalloc_minimal.so.4"):
+            allocator_env(mine)
     with pytest.raises(ValueError, match="RLHF_ALLOCATOR must be one of auto, tcmalloc, glibc-tuned, system"):
         allocator_env({"RLHF_ALLOCATOR": "tc-malloc"})
     # the stage's environment: the allocator added, the flow's wandb service dropped
@@ -168,6 +183,30 @@ def test_tcmalloc_where_installed_is_the_stage_processes_allocator():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "tcmalloc"
     assert "large alloc" not in out.stderr
+
+
+@pytest.mark.parametrize("tunables, recorded", [
+    ("glibc.malloc.arena_max=2:glibc.cpu.x86_rep_movsb_threshold=4096", "glibc (GLIBC_TUNABLES=glibc.malloc.arena_max=2)"),
+    ("glibc.cpu.x86_rep_movsb_threshold=4096", "system"),  # tunables that leave malloc alone are not an allocator
+])
+def test_the_recorded_allocator_names_only_what_changes_malloc(tunables, recorded):
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"} | {"GLIBC_TUNABLES": tunables}
+    code = "from rlhf.machine import allocator_in_use; print(allocator_in_use())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == recorded
+
+
+def test_a_refused_allocator_fails_the_stage_before_its_folder_is_touched(tmp_path, monkeypatch):
+    from flows.stages import StageFailed, run_stage
+
+    monkeypatch.setenv("RLHF_ALLOCATOR", "jemallocc")
+    out = tmp_path / "runs" / "sft"
+    out.mkdir(parents=True)
+    (out / "manifest.json").write_text("{}")  # an earlier run's: left exactly as it was
+    with pytest.raises(StageFailed, match=r"^stage sft failed: the environment's setting is refused: "
+                                          r"RLHF_ALLOCATOR must be one of auto, tcmalloc, glibc-tuned, system"):
+        run_stage("sft", "sft.train", RECIPES / "sft.yaml", out, runs_dir=tmp_path / "runs")
+    assert [p.name for p in out.iterdir()] == ["manifest.json"] and (out / "manifest.json").read_text() == "{}"
 
 
 def test_counting_collator_counts_real_and_padded_tokens():
