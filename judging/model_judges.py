@@ -16,6 +16,9 @@ from judging.scoring import check_score_head, load_reward_model, score
 
 from .judges import Judge, Judgment, check_lengths
 
+#: Scores a judge keeps across calls (about 1 KB each with its key) before it starts again.
+_MAX_KEPT_SCORES = 100_000
+
 
 class RewardModelJudge(Judge):
     """A Bradley-Terry reward model as a pairwise judge.
@@ -38,6 +41,7 @@ class RewardModelJudge(Judge):
         self.model, self.tokenizer, self.path = model, tokenizer, str(path)
         self.backend, self.batch_size, self.max_length = backend, batch_size, max_length
         self._content = content
+        self._scored: dict[str, float] = {}  # (prompt, response) key -> score, across calls
 
     @classmethod
     def from_checkpoint(cls, path: str, *, backend: str = "reward_model", batch_size: int = 8,
@@ -65,18 +69,23 @@ class RewardModelJudge(Judge):
         # Both sides in one call: one length sort over all 2n texts, full and evenly padded batches.
         # Each distinct (prompt, response) is scored once: two identical answers get the SAME score, an
         # exact draw, instead of two values that differ in the last float32 bits with their place in a padded batch
-        # (which decided such draws by rounding, and differently on 1 and 2 processes).
+        # (which decided such draws by rounding, and differently on 1 and 2 processes). Scores are kept across
+        # calls, for the same reason and because the canaries re-judge the baseline's answers once per canary.
         n = len(responses_a)
         pairs = list(zip(list(prompts) * 2, list(responses_a) + list(responses_b)))
         keys = [json.dumps(p, sort_keys=True, default=str) + "\x00" + r for p, r in pairs]
         first: dict[str, int] = {}
         for i, k in enumerate(keys):
-            first.setdefault(k, i)
+            if k not in self._scored:
+                first.setdefault(k, i)
         unique = list(first.values())
-        s = score(self.model, self.tokenizer, [pairs[i][0] for i in unique], [pairs[i][1] for i in unique],
-                  batch_size=self.batch_size, max_length=self.max_length, desc="judging", shard=self.shard)
-        at = {k: s[j] for j, k in enumerate(first)}
-        both = np.array([at[k] for k in keys], dtype=np.float64)
+        if unique:
+            s = score(self.model, self.tokenizer, [pairs[i][0] for i in unique], [pairs[i][1] for i in unique],
+                      batch_size=self.batch_size, max_length=self.max_length, desc="judging", shard=self.shard)
+            if len(self._scored) > _MAX_KEPT_SCORES:  # a long online-RL run judges new rollouts every step
+                self._scored.clear()
+            self._scored.update({k: float(s[j]) for j, k in enumerate(first)})
+        both = np.array([self._scored[k] for k in keys], dtype=np.float64)
         return both[:n], both[n:]
 
     def judge(self, prompts, responses_a, responses_b, ids=None) -> list[Judgment]:

@@ -68,3 +68,50 @@ def plan_batches(lengths: list[int], max_batch: int, forwards: int, overhead_tok
         plan.append((cut[end], end))
         end = cut[end]
     return plan[::-1]
+
+
+def attention_break_even_tokens(model) -> float:
+    """Context length at which one token's attention costs as much as its linear layers, for a decoder LM:
+    ``K = N_lin / (2 · layers · heads · head_dim)``, where ``N_lin`` is the parameters outside the embedding and
+    the LM head (a prefill scores only its last position). Per token, the linear layers cost ``2·N_lin`` FLOPs and
+    attention ``4 · layers · heads · head_dim`` per key it attends to (``QKᵀ`` and ``PV``, 2 FLOPs a multiply-add;
+    Kaplan et al. 2020, table 1). SmolLM2-135M: about 3,100 tokens.
+
+    Raises:
+        ValueError: the config names no layer count or hidden size (not a decoder LM).
+    """
+    cfg = model.config.get_text_config(decoder=True)
+    layers, hidden = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
+    if not layers or not hidden:
+        raise ValueError(f"{type(model).__name__}: config has no num_hidden_layers / hidden_size")
+    heads = getattr(cfg, "num_attention_heads", None)
+    width = heads * (getattr(cfg, "head_dim", None) or hidden // heads) if heads else hidden
+    skip = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings())
+            if m is not None and getattr(m, "weight", None) is not None}
+    n_lin = sum(p.numel() for p in model.parameters() if id(p) not in skip)
+    return n_lin / (2 * layers * width)
+
+
+def separate_prefill_pays(lengths: list[int], overhead_tokens: int, break_even: float) -> bool:
+    """Whether prefilling each prompt of a batch alone (no padding, causal attention) costs less than one padded
+    forward over all of them: ``Σ L_i · (1 + L_i / 2K) + n · overhead < (1 - margin) · n · W · (1 + W / K)``.
+
+    In prefill-token equivalents (module docstring): a padded batch of ``n`` rows and width ``W`` runs its linear
+    layers on ``n·W`` tokens and, with the padding masked, full ``W × W`` attention per row (a masked kernel cannot
+    skip the causal half); alone, each row runs ``L_i`` tokens and half of ``L_i × L_i``, but pays a forward's fixed
+    cost. ``K`` = :func:`attention_break_even_tokens`. The margin (10%) keeps batches whose saving is within the
+    model's error padded; the rule reads only token counts, so the same prompts always prefill the same way.
+    Measured on the demo's consistency probes (16 rows of 1,299-1,883 tokens, 135M model, 2 cores, fp32): padded
+    36 s, alone 22 s, answers identical.
+
+    Args:
+        lengths: the batch's prompt lengths in tokens (each row keeps its last token for the batched forward).
+        overhead_tokens: a forward's fixed cost in prefill tokens (:func:`forward_overhead_tokens`).
+        break_even: ``K``, in tokens (> 0).
+    """
+    if len(lengths) < 2:
+        return False
+    n, width = len(lengths), max(lengths)
+    padded = n * width * (1 + width / break_even)
+    alone = sum(L * (1 + L / (2 * break_even)) for L in lengths) + n * overhead_tokens
+    return alone < 0.9 * padded

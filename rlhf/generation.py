@@ -134,6 +134,10 @@ def generate_report(
         prompt_cache: a ``rlhf.prefix_cache.PromptCache`` of this model: prompts extending a stored one prefill
             only their new tokens, and this call's prompts are stored for later calls. None: each batch still
             prefills its shared prefix (the chat template's headers) once (``rlhf.prefix_cache.batch_inputs``).
+            Either way, a batch of long prompts whose padding and masked attention cost more than one forward a row
+            prefills each row alone (``rlhf.batching.separate_prefill_pays``; deterministic in the token counts),
+            and the KV cache keeps room for the answer instead of growing by concatenation
+            (``rlhf.prefix_cache.ReservedLayer``).
 
     Returns:
         ``(texts, n_tokens, truncated)``: decoded completions without special tokens, generated token counts
@@ -145,7 +149,7 @@ def generate_report(
     """
     import time
 
-    from .batching import forward_overhead_tokens, plan_batches
+    from .batching import attention_break_even_tokens, forward_overhead_tokens, plan_batches, separate_prefill_pays
     from .distributed import map_sharded
     from .machine import auto_batch_size
     from .prefix_cache import batch_inputs
@@ -166,6 +170,15 @@ def generate_report(
     if pad is None:
         raise ValueError("the tokenizer has neither a pad token nor an EOS token: set tokenizer.pad_token_id")
     t0, produced = time.perf_counter(), 0
+    overhead = forward_overhead_tokens(model.device)
+    try:
+        break_even = attention_break_even_tokens(model)
+    except ValueError:  # not a decoder config: batches prefill padded, as before
+        break_even = None
+
+    def alone(lengths: list[int]) -> bool:
+        """Prefill each row alone: ``lengths`` = tokens each row still prefills after a stored prefix."""
+        return break_even is not None and separate_prefill_pays(lengths, overhead, break_even)
 
     def run(idx_all: list[int]) -> list[tuple[str, int]]:
         """This process's prompts (indices into ``texts``, longest first), in batches; ``(text, n)`` per index."""
@@ -180,7 +193,8 @@ def generate_report(
         for start, end in bar:
             idx = idx_all[start:end]
             rows = [token_ids[i] for i in idx]
-            ids, mask, cache = batch_inputs(model, rows, pad, prompt_cache)
+            ids, mask, cache = batch_inputs(model, rows, pad, prompt_cache, prefill_alone=alone,
+                                            reserve=max_new_tokens + 1)
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,

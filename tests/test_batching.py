@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from rlhf.batching import FORWARD_OVERHEAD_TOKENS, forward_overhead_tokens, plan_batches
+from rlhf.batching import (FORWARD_OVERHEAD_TOKENS, attention_break_even_tokens, forward_overhead_tokens, plan_batches,
+                           separate_prefill_pays)
 
 
 def test_one_long_prompt_gets_its_own_batch_when_padding_costs_more_than_a_forward():
@@ -66,3 +67,28 @@ def test_auto_batches_split_by_the_plan_give_one_at_a_time_outputs(tiny_model_di
         alone, k, _ = generate_report(model, tokenizer, [p], max_new_tokens=2, batch_size=1)
         assert (alone[0], k[0]) == (texts[i], n[i])
 
+
+
+def test_attention_break_even_is_the_linear_parameters_over_the_attention_width(tiny_model_dir):
+    """The tiny Llama, by hand: per layer q, o 64x64, k, v 64x32 (2 KV heads of 16), MLP 3 x 64x128, two norms of 64:
+    36,992; two layers and the final norm 74,048 (the tied embedding / LM head excluded); attention width 4 heads x
+    16 = 64, so K = 74,048 / (2 x 2 x 64) = 289.25 tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert attention_break_even_tokens(model) == pytest.approx(289.25)
+
+
+def test_separate_prefill_pays_for_long_uneven_prompts_only():
+    K = 3000.0
+    # 16 rows of 1,883 and 1,299 tokens (the demo's deepest consistency batch): padded 16*1883*(1+1883/3000)
+    # = 49,038; alone 8*1883*(1+1883/6000) + 8*1299*(1+1299/6000) + 16*48 = 33,201: 0.68 of padded
+    assert separate_prefill_pays([1883] * 8 + [1299] * 8, 48, K)
+    # 64 short prompts of equal length: 64 forwards' fixed cost outweighs the attention saved (16,303 > 13,653)
+    assert not separate_prefill_pays([200] * 64, 48, K)
+    # equal long rows save only the masked half of attention: 4*2000*(1+2000/6000) + 4*48 = 10,859 against
+    # 4*2000*(1+2000/3000) = 13,333: 0.81 < 0.9 pays; at 600 tokens 0.98 does not
+    assert separate_prefill_pays([2000] * 4, 48, K) and not separate_prefill_pays([600] * 4, 48, K)
+    assert not separate_prefill_pays([5000], 48, K)  # one row is already alone
+    # a CUDA forward is worth thousands of tokens: batches stay padded
+    assert not separate_prefill_pays([1883] * 8 + [1299] * 8, FORWARD_OVERHEAD_TOKENS["cuda"], K)

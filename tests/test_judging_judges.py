@@ -231,6 +231,31 @@ def test_sequence_classifier_judge_prefers_the_higher_score(score_head_dir, tmp_
         int(j == e) for j, e in zip(q.judge_labels, _majorities(q.expert_labels)) if e in (1, 2))
 
 
+def test_a_reward_model_judge_scores_each_text_once_across_calls(score_head_dir, monkeypatch):
+    """The canaries re-judge the baseline's answers once per canary: a (prompt, answer) scored before is not scored
+    again, and keeps its first score (an identical answer is an exact draw whichever call it comes in)."""
+    import judging.model_judges as mj
+    from judging.factory import make_judge
+
+    judge = make_judge(JudgeConfig(backend="sequence_classifier", model=score_head_dir))
+    scored: list[str] = []
+    real = mj.score
+
+    def counting(model, tok, prompts, responses, **kw):
+        scored.extend(responses)
+        return real(model, tok, prompts, responses, **kw)
+
+    monkeypatch.setattr(mj, "score", counting)
+    prompts, base = ["Say hi.", "Add 2 and 2."], ["hi", "4"]
+    first = judge.judge(prompts, base, ["hello there", "four"])
+    assert sorted(scored) == ["4", "four", "hello there", "hi"]
+    scored.clear()
+    second = judge.judge(prompts, base, ["HELLO", "4"])
+    assert scored == ["HELLO"]  # the baseline's two answers and the repeated "4" come from the first call
+    assert [j.raw["score_a"] for j in second] == [j.raw["score_a"] for j in first]
+    assert second[1].preference == 1.5
+
+
 def _majorities(labels):
     from judging.agreement import expert_labels
 

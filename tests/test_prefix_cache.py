@@ -80,6 +80,16 @@ def test_answers_with_stored_prompts_equal_answers_without(model, tokenizer):
     with_store = generate_report(model, tokenizer, follow, max_new_tokens=3, batch_size="auto", prompt_cache=store)
     plain = generate_report(model, tokenizer, follow, max_new_tokens=3, batch_size="auto")
     assert with_store[:2] == plain[:2]
+    # each row's rest prefilled alone on top of its stored question, then decoded together: the same answers
+    _, _, cache = batch_inputs(model, [tokenizer(rendered, add_special_tokens=False)["input_ids"]] * 2, 0, store,
+                               prefill_alone=True)
+    assert cache.get_seq_length() == len(tokenizer(rendered, add_special_tokens=False)["input_ids"]) - 1
+    import rlhf.batching as batching
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(batching, "separate_prefill_pays", lambda *a: True)
+        alone = generate_report(model, tokenizer, follow, max_new_tokens=3, batch_size="auto", prompt_cache=store)
+    assert alone[:2] == plain[:2]
     for i, conv in enumerate(follow):
         alone = generate_report(model, tokenizer, [conv], max_new_tokens=3, batch_size=1)
         assert (alone[0][0], alone[1][0]) == (with_store[0][i], with_store[1][i])
@@ -100,3 +110,57 @@ def test_a_tokenizer_without_a_pad_token_pads_with_eos(model, tokenizer):
     for i, p in enumerate(prompts):
         alone, k, _ = generate_report(model, tok, [p], max_new_tokens=2, batch_size=1)
         assert (alone[0], k[0]) == (texts[i], n[i])
+
+
+def test_a_reserved_layer_holds_what_a_dynamic_layer_holds_and_regrows_when_replaced():
+    from transformers.cache_utils import DynamicLayer
+
+    from rlhf.prefix_cache import ReservedLayer
+
+    g = torch.Generator().manual_seed(0)
+    chunks = [(torch.randn(2, 3, n, 4, generator=g), torch.randn(2, 3, n, 4, generator=g)) for n in (5, 1, 1, 2)]
+    plain, reserved = DynamicLayer(), ReservedLayer(reserve=2)
+    for k, v in chunks:
+        want, got = plain.update(k, v), reserved.update(k, v)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert reserved.get_seq_length() == 9 and reserved._key_buffer.shape[2] == 11  # 5 + 2 room; at 9, 9 + 2
+    first = reserved._key_buffer
+    reserved.crop(-3)  # a view of the same buffer: the next update writes in place
+    plain.crop(-3)
+    k, v = chunks[1]
+    torch.testing.assert_close(reserved.update(k, v), plain.update(k, v), rtol=0, atol=0)
+    assert reserved._key_buffer is first
+    reserved.batch_select_indices(torch.tensor([1]))  # replaced by a copy: the next update takes a new buffer
+    plain.batch_select_indices(torch.tensor([1]))
+    k, v = chunks[2][0][:1], chunks[2][1][:1]
+    torch.testing.assert_close(reserved.update(k, v), plain.update(k, v), rtol=0, atol=0)
+    assert reserved._key_buffer is not first and reserved._key_buffer.shape[0] == 1
+
+
+def test_long_prompts_prefilled_alone_give_the_padded_and_the_one_at_a_time_answers(model, tokenizer, monkeypatch):
+    """Rows of very different lengths, each prefilled alone then decoded together (``prefill_alone``), with the
+    reserved cache: the layout puts every row's prompt right before its last token, and the answers equal a plain
+    padded batch's and each prompt's alone."""
+    import rlhf.batching as batching
+    from rlhf.generation import generate_report
+    from rlhf.prefix_cache import ReservedLayer
+
+    rows = [list(range(300, 340)), list(range(500, 510)), [7]]
+    ids, mask, cache = batch_inputs(model, rows, pad_token_id=0, prefill_alone=True, reserve=5)
+    assert ids.tolist() == [rows[0], [0] * 30 + rows[1], [0] * 39 + rows[2]]
+    assert mask.tolist() == [[1] * 40, [0] * 30 + [1] * 10, [0] * 39 + [1]]
+    assert cache.get_seq_length() == 39 and all(type(layer) is ReservedLayer for layer in cache.layers)
+    assert cache.layers[0]._key_buffer.shape[2] == 39 + 5
+    assert float(cache.layers[0].keys[2].abs().sum()) == 0.0  # a one-token row has nothing cached
+
+    prompts = ["Hi", "Write a long and careful story about a lighthouse keeper, a storm, a ship in trouble and the "
+               "rescue at dawn, with the names of every sailor and the colour of each boat. " * 3,
+               "Name three colours of the rainbow."]
+    monkeypatch.setattr(batching, "separate_prefill_pays", lambda *a: True)
+    alone_prefill = generate_report(model, tokenizer, prompts, max_new_tokens=6, batch_size=3)
+    monkeypatch.setattr(batching, "separate_prefill_pays", lambda *a: False)
+    padded = generate_report(model, tokenizer, prompts, max_new_tokens=6, batch_size=3)
+    assert alone_prefill[:2] == padded[:2]
+    for i, p in enumerate(prompts):
+        one = generate_report(model, tokenizer, [p], max_new_tokens=6, batch_size=1)
+        assert (one[0][0], one[1][0]) == (alone_prefill[0][i], alone_prefill[1][i])
