@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -51,15 +52,25 @@ def run_stage(stage: str, model_path: str, steps: int, bf16: bool, rows: int, *,
     ``seed`` (the models and the reward head start from the same weights whatever the seed); returns
     ``{"losses": [...], "step_s": float}``, plus ``"model"`` (the trained fp32 model, autocast wrapper removed)
     with ``keep_model``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    out = tempfile.mkdtemp(prefix=f"bench-precision-{stage}-")  # the Trainer's run files; removed at the end
+    try:
+        return _train(stage, model_path, steps, bf16, rows, batch, seed, learning_rate, keep_model, tok, out)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _train(stage: str, model_path: str, steps: int, bf16: bool, rows: int, batch: int, seed: int,
+           learning_rate: float, keep_model: bool, tok, out: str) -> dict:
+    from transformers import AutoModelForCausalLM
 
     from data.loaders import load_pairs, load_sft
     from data.pairs import prepare_pairs
     from data.schemas import pair_to_trl
     from rlhf.weights import into_process_memory  # as the stages: trained weights out of the file mapping
 
-    tok = AutoTokenizer.from_pretrained(model_path)
-    out = tempfile.mkdtemp(prefix=f"bench-precision-{stage}-")
     torch.manual_seed(0)
     if stage == "sft":
         from trl import SFTTrainer

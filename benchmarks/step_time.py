@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,15 +83,23 @@ def _cuda() -> bool:
 
 
 def child(stage: str, variant: str, steps: int, sft_dir: str | None) -> dict:
-    """One TRL run in this process: seconds per step and the precision it ran in."""
+    """One TRL run in this process: seconds per step and the precision it ran in (its output folder removed)."""
+    import torch
+
+    from rlhf.machine import threads_per_process
+
+    torch.set_num_threads(threads_per_process(1))
+    with tempfile.TemporaryDirectory(prefix=f"steptime-{stage}-") as out:  # TRL writes its run files there
+        return _child_run(stage, variant, steps, sft_dir, out)
+
+
+def _child_run(stage: str, variant: str, steps: int, sft_dir: str | None, out: str) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
-    from rlhf.machine import allocator_in_use, threads_per_process
+    from rlhf.machine import allocator_in_use
 
-    torch.set_num_threads(threads_per_process(1))
-    out = tempfile.mkdtemp(prefix=f"steptime-{stage}-")
     argv = ["--config", str(RECIPES / f"{stage}.yaml"), "--max_steps", str(steps), "--output_dir", out,
             "--report_to", "none"]
     if stage == "sft":
@@ -198,6 +207,7 @@ def main() -> None:
                          "checkpointing on (TRL's default) / off.")
     ap.add_argument("--trl-allocator", choices=["system", "stage"], default="system",
                     help="the TRL variants' memory allocator: this environment's (default) or the stage's")
+    ap.add_argument("--keep", action="store_true", help="Keep the project stages' output folders (printed).")
     ap.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--sft-dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -206,6 +216,17 @@ def main() -> None:
         return
     os.environ.setdefault("WANDB_MODE", "disabled")
     work = Path(tempfile.mkdtemp(prefix="steptime-"))
+    try:  # the stage runs' checkpoints (about 0.5 GB each) are this benchmark's own: removed unless --keep
+        _compare(a, work)
+    finally:
+        if a.keep:
+            print(f"stage outputs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _compare(a: argparse.Namespace, work: Path) -> None:
+    """Each variant of each stage in ``a.stages``, interleaved ``a.repeats`` times; prints medians and ratios."""
     sft_dir = None
     if {"dpo", "reward_model"} & set(a.stages):  # both start from an SFT stage's output: make one (not timed)
         sft_dir = str(work / "sft-for-dpo")

@@ -287,6 +287,31 @@ def test_step_timer_reports_the_first_step_apart_from_the_steady_state():
     assert timer.summary()["warmup_seconds"] == pytest.approx(2.8) and "first_step_tokens" not in timer.summary()
 
 
+def test_step_timer_counts_the_page_faults_of_each_step():
+    import mmap
+    from pathlib import Path
+
+    from rlhf.efficiency import StepTimer
+
+    size, page = 256 << 20, mmap.PAGESIZE
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    always_huge = thp.exists() and "[always]" in thp.read_text()
+    timer = StepTimer()
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # no page of it is mapped in yet
+    timer.on_step_begin(None, None, None)
+    for at in range(0, size, page):  # the first write to each page faults it in
+        buf[at] = 1
+    timer.on_step_end(None, None, None)
+    timer.on_step_begin(None, None, None)
+    for at in range(0, size, page):  # the same pages again: no fault
+        buf[at] = 2
+    timer.on_step_end(None, None, None)
+    buf.close()
+    out = timer.summary()
+    assert out["first_step_page_faults"] >= (size // (2 << 20) if always_huge else size // page)
+    assert out["later_steps_page_faults"] < out["first_step_page_faults"] // 10
+
+
 def test_native_bf16_follows_the_cpu_flags_unless_forced(monkeypatch):
     monkeypatch.delenv("RLHF_NATIVE_BF16", raising=False)
     native, evidence = native_bf16()
