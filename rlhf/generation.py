@@ -185,8 +185,7 @@ def generate_report(
         nonlocal produced
         done: list[tuple[str, int]] = []
         if planned:  # padding-aware split of the length-sorted prompts (rlhf.batching), capped at batch_size
-            spans = plan_batches([n_prompt[i] for i in idx_all], batch_size, max_new_tokens + 1,
-                                 forward_overhead_tokens(model.device))
+            spans = plan_batches([n_prompt[i] for i in idx_all], batch_size, max_new_tokens + 1, overhead)
         else:
             spans = [(s, min(s + batch_size, len(idx_all))) for s in range(0, len(idx_all), batch_size)]
         bar = tqdm(spans, desc=desc)

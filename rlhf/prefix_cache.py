@@ -257,7 +257,7 @@ def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptC
     p = common_prefix_length(rows)
     cache = None
     if p >= MIN_PREFIX_TOKENS:
-        cache = model(input_ids=torch.tensor([rows[0][:p]], device=device), use_cache=True).past_key_values
+        cache = _output_cache(model(input_ids=torch.tensor([rows[0][:p]], device=device), use_cache=True))
         if cache is None or not _full_attention_layers(cache):
             cache = None
         else:
