@@ -297,15 +297,18 @@ def stage_precision(stage: str, cfg: dict, overrides: dict) -> str | None:
     """The precision ``stage`` will train (or the gates generate) in on this machine, from its recipe ``cfg`` and
     command-line ``overrides`` (``{"--key": value}``): ``resolve_precision`` of the requested value (default
     ``auto``), not logged. None for a stage without one, or a value the stage itself will refuse."""
-    from rlhf.precision import generation_precision, resolve_precision
+    from rlhf.precision import generation_precision, prefill_precision, resolve_precision
 
     key = PRECISION_KEYS.get(stage)
     if key is None:
         return None
     requested = overrides.get(f"--{key}", cfg.get(key, "auto"))
     try:
-        if stage == "gates":
-            return generation_precision(str(requested), log=False)
+        if stage == "gates":  # the weights' dtype, and the long prompts' prefill dtype where it differs
+            weights = generation_precision(str(requested), log=False)
+            prefill = prefill_precision(str(overrides.get("--prefill_precision", cfg.get("prefill_precision", "auto"))),
+                                        weights, log=False)
+            return weights if prefill == weights else f"{weights}, prefill {prefill}"
         return resolve_precision(str(requested), stage, log=False)
     except ValueError:  # an unknown value: the stage's own config check names it
         return None

@@ -174,7 +174,7 @@ def _headline(result: GateResult, gate: str) -> tuple[str, float]:
 
 
 def run_canaries(args: Any, models: dict[str, Any], suites: Any, answers: dict[str, dict], *, intents: list[str],
-                 traffic: dict, previous: Any, names: Sequence[str] | None = None) -> CanaryRun:
+                 traffic: dict, previous: Any, names: Sequence[str] | None = None, judge: Any = None) -> CanaryRun:
     """Judge, measure and decide every configured canary as the real candidate is (``gates.evaluate``).
 
     Args:
@@ -183,6 +183,9 @@ def run_canaries(args: Any, models: dict[str, Any], suites: Any, answers: dict[s
         suites, answers: the round's suites and both models' answers (only the baseline's are used).
         intents, traffic, previous: as the real candidate's measurement got them.
         names: canaries to run (default ``args.canary_names``).
+        judge: the judge that judged the real candidate (``judge_and_measure``), asked again here: the baseline's
+            answers are not scored again (a reward-model judge keeps its scores), and a canary's pair gets the
+            baseline scores the candidate's did. Default: one judge built here for all the canaries.
 
     Returns:
         :class:`CanaryRun`. The refusal instrument of a canary that does not attack the refusal gate is the rule
@@ -199,7 +202,9 @@ def run_canaries(args: Any, models: dict[str, Any], suites: Any, answers: dict[s
     calls = pairs = 0
     agreement = None
     n_win = len(suites.winrate)
-    judge_model = None  # built once, on the first canary that is judged
+    judge_model = judge  # else built once, on the first canary that is judged
+    if judge_model is not None and getattr(judge_model, "shard", False):
+        judge_model.shard = False  # the canaries run on the main process alone: no other process scores a share
     for name in names:
         attacks = ATTACKS[name]
         pair = {"baseline": answers["baseline"], "candidate": canary_answers(name, answers["baseline"])}

@@ -182,6 +182,15 @@ class GateStageConfig:
                   "it; the report records it.",
                   "choices": ["auto", "fp32", "bf16"]},
     )
+    prefill_precision: str = field(
+        default="auto",
+        metadata={"help": "dtype that prefills each long prompt (rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS or more "
+                  "tokens) alone before the decode in generation_precision: auto (bf16 on a CPU with native bf16: a "
+                  "bf16 copy of the model prefills and the fp32 model decodes; answers still do not depend on the "
+                  "batch; fp32 elsewhere), "
+                  "fp32 or bf16 (rlhf.precision.prefill_precision). Shared by both models; the report records it.",
+                  "choices": ["auto", "fp32", "bf16"]},
+    )
     engine: str = field(
         default="transformers",
         metadata={"help": "Generation engine: transformers (batched generate, KV cache) or vllm (needs the vllm "
@@ -333,6 +342,8 @@ class GateStageConfig:
     def __post_init__(self) -> None:
         if self.generation_precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"generation_precision must be auto, fp32 or bf16, got {self.generation_precision!r}")
+        if self.prefill_precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"prefill_precision must be auto, fp32 or bf16, got {self.prefill_precision!r}")
         if self.engine not in ("transformers", "vllm"):
             raise ValueError(f"engine must be transformers or vllm, got {self.engine!r}")
         if self.judge_decision not in JUDGE_DECISIONS:

@@ -41,6 +41,7 @@ from typing import Any
 
 from data.decontamination import seen_in_training
 from data.fingerprint import data_fingerprint, local_path
+from judging.factory import make_judge
 from rlhf.distributed import actual_world_size, init_state, is_main_process
 from rlhf.efficiency import summary as efficiency_summary
 from rlhf.entrypoint import BLOCKED_EXIT_CODE, setup_stage, setup_tracking
@@ -112,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     # 3. judge and measure; 4. decide: each gate on its own numbers; one "block" or "inconclusive" blocks the release;
     # then the canaries (gates/canaries.py): one that passes a gate it attacks blocks the release (instrument failure)
     t_judge = time.perf_counter()
-    m, models, intent_classifier = judge_and_measure(args, models, suites, answers, traffic, previous)
+    m, models, intent_classifier, judge = judge_and_measure(args, models, suites, answers, traffic, previous)
     efficiency["judging_seconds"] = time.perf_counter() - t_judge  # judge scores, intents, refusal classifier
     results = decide(m, args)
     if args.canaries and args.canary_names:  # constructed must-lose candidates, judged and measured the same way
         canaries = run_canaries(args, {**models, "judge": models["reward_model"]}, suites, answers,
-                                intents=m.intents, traffic=traffic, previous=previous)
+                                intents=m.intents, traffic=traffic, previous=previous, judge=judge)
         efficiency["canary_seconds"] = canaries.seconds
         efficiency["canary_judge_calls"] = canaries.judge_calls
         results.append(canary_gate(canaries))
@@ -134,17 +135,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def judge_and_measure(args: GateStageConfig, models: dict[str, Any], suites: Any, answers: dict[str, dict],
-                      traffic: dict, previous: Any) -> tuple[Any, dict[str, Any], Any]:
+                      traffic: dict, previous: Any) -> tuple[Any, dict[str, Any], Any, Any]:
     """Label the win-rate prompts' intents, judge the pairs (``judgments.jsonl`` written) and grade every answer.
 
     Returns:
         (``gates.measure.Measurements``, the models with ``reward_model`` and the judge's name, the intent
-        classifier's description).
+        classifier's description, the judge that judged, for the canaries to ask again).
     """
     out = Path(args.output_dir)
     intents, intent_classifier = label_intents(suites.winrate, models["baseline"], args)
+    judge = make_judge(args.judge_config(), reward_model=models["judge"] or None)
     judged = run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir,
-                       shard=shardable_judge(args.judge_config()))
+                       shard=shardable_judge(args.judge_config()), judge=judge)
     write_judgments(out / "judgments.jsonl", judged.rows)
     models = {**models, "reward_model": models["judge"], "judge": judged.info["judge"]}
     m = measure(
@@ -153,7 +155,7 @@ def judge_and_measure(args: GateStageConfig, models: dict[str, Any], suites: Any
         judge_info=judged.info,
         refusal_judge=args.refusal_judge_config() if args.refusal_classifier == "openai" else None,
     )
-    return m, models, intent_classifier
+    return m, models, intent_classifier, judge
 
 
 def report(args: GateStageConfig, models: dict[str, Any], suites: Any, m: Any, answers: dict[str, dict],

@@ -3,6 +3,7 @@ win-rate prompts."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data.loaders import load_eval_prompts
 from rlhf.generation import generate_report
-from rlhf.precision import generation_precision
+from rlhf.precision import generation_precision, prefill_precision
 from rlhf.weights import load_checked
 from rlhf.manifest import dumps_strict
 
@@ -141,14 +142,15 @@ def chat_of(p) -> list[dict] | str:
 
 
 def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateStageConfig, desc: str,
-                   prompt_cache=None, max_prompt_length: int | None = None) -> dict:
+                   prompt_cache=None, max_prompt_length: int | None = None, prefill_model=None) -> dict:
     """One suite's answers: ``{"text", "n_tokens", "truncated"}`` (per item; truncated = prompt content was cut to fit
     ``args.max_prompt_length``, the chat template never is).
 
     ``model``: a transformers causal LM, or a ``rlhf.vllm_engine.VLLMGenerator`` (``engine: vllm``). In a
     multi-process launch the prompts are sharded over the processes and every process gets all answers in order.
     ``prompt_cache``: a ``rlhf.prefix_cache.PromptCache`` of this model (transformers only; vLLM caches prefixes
-    itself). ``max_prompt_length``: this suite's prompt budget (default ``args.max_prompt_length``)."""
+    itself). ``max_prompt_length``: this suite's prompt budget (default ``args.max_prompt_length``).
+    ``prefill_model``: the bf16 copy that prefills long prompts (``rlhf.generation.generate_report``), or None."""
     from rlhf.vllm_engine import VLLMGenerator
 
     budget = args.max_prompt_length if max_prompt_length is None else max_prompt_length
@@ -158,7 +160,7 @@ def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateSta
     else:
         text, n, cut = generate_report(
             model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=args.batch_size,
-            max_prompt_length=budget, desc=desc, shard=True, prompt_cache=prompt_cache,
+            max_prompt_length=budget, desc=desc, shard=True, prompt_cache=prompt_cache, prefill_model=prefill_model,
         )
     if any(cut):
         logger.warning("%s: %d of %d prompts longer than max_prompt_length=%d had their content cut (template kept)",
@@ -167,7 +169,7 @@ def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateSta
 
 
 def generate_suites(model, tok, suites: dict[str, list], caps: dict[str, int], args: GateStageConfig, who: str,
-                    prompt_cache=None) -> dict:
+                    prompt_cache=None, prefill_model=None) -> dict:
     """Every suite's answers, suites that share ``max_new_tokens`` generated in ONE call (full, length-sorted batches
     across suites instead of a part-empty last batch per suite); split back per suite, in each suite's order.
 
@@ -177,7 +179,8 @@ def generate_suites(model, tok, suites: dict[str, list], caps: dict[str, int], a
     for cap in sorted(set(caps.values())):
         names = [n for n in suites if caps[n] == cap]
         joined = [p for n in names for p in suites[n]]
-        both = generate_suite(model, tok, joined, cap, args, f"{who} {'+'.join(names)}", prompt_cache)
+        both = generate_suite(model, tok, joined, cap, args, f"{who} {'+'.join(names)}", prompt_cache,
+                              prefill_model=prefill_model)
         start = 0
         for n in names:
             end = start + len(suites[n])
@@ -190,7 +193,7 @@ def generation_efficiency(answers: dict[str, dict], seconds: float, model_path: 
     """Throughput of the gate generation: both models' generated tokens over its wall time, with the threads and the
     model FLOPs utilisation of greedy decoding (2·N FLOPs per generated token, N = the candidate's parameters;
     prompt prefill not counted), against the device's peak for ``precision`` (``rlhf.machine.peak_flops``), which
-    is recorded as ``precision``."""
+    is recorded as ``precision``; ``prefill_precision`` is the long prompts' prefill dtype (``answer_suites``)."""
     from transformers import AutoConfig
 
     from rlhf.efficiency import efficiency
@@ -203,6 +206,7 @@ def generation_efficiency(answers: dict[str, dict], seconds: float, model_path: 
     out = efficiency(n, tokens, seconds, precision, flops_per_param=2)  # decoding: 2·N per token
     out["generation_seconds"] = seconds
     out["precision"] = precision
+    out["prefill_precision"] = (answers["candidate"].get("_precision") or {}).get("prefill", precision)
     logger.info("generation: %d tokens in %.1f s = %.1f tok/s on %d threads", tokens, seconds, out["tokens_per_s"],
                 out["threads"])
     return out
@@ -223,25 +227,35 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
 
     The flip probe's second turn depends on the model's own first answer, so it runs after the capability suite;
     it repeats the first-turn question, whose KV cache is kept from the first turn (``rlhf.prefix_cache``) so only
-    the answer and the challenge are prefilled again.
+    the answer and the challenge are prefilled again. Where ``rlhf.precision.prefill_precision`` says bf16 and the
+    weights are fp32, a bf16 copy of the model prefills each long prompt alone and the fp32 model decodes.
+
+    Also ``"_length"`` (text -> tokens in this model's tokenizer) and ``"_precision"``
+    (``{"weights": fp32 | bf16 | vllm, "prefill": the long prompts' prefill dtype}``).
     """
     from rlhf.machine import available_memory_bytes
     from rlhf.prefix_cache import PromptCache
 
     tok = AutoTokenizer.from_pretrained(path)
+    prefill = None
     if args.engine == "vllm":
         from rlhf.vllm_engine import VLLMGenerator
 
         model = VLLMGenerator(path, tensor_parallel_size=args.vllm_tensor_parallel_size)
+        precision = {"weights": "vllm", "prefill": "vllm"}
     else:
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[generation_precision(args.generation_precision)]
+        weights = generation_precision(args.generation_precision)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[weights]
         model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=dtype)
+        precision = {"weights": weights, "prefill": prefill_precision(args.prefill_precision, weights)}
+        if precision["prefill"] != weights:  # a bf16 copy prefills the long prompts, the fp32 model decodes
+            prefill = copy.deepcopy(model).to(torch.bfloat16).eval()
     long = {k: v for k, v in suites.items() if k == CONSISTENCY}
     short = {k: v for k, v in suites.items() if k != CONSISTENCY}
     caps = {name: args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
             for name in short}
     store = PromptCache(max_bytes=available_memory_bytes() // 8) if args.engine != "vllm" else None
-    out = generate_suites(model, tok, short, caps, args, who, prompt_cache=store)
+    out = generate_suites(model, tok, short, caps, args, who, prompt_cache=store, prefill_model=prefill)
     if long and not long[CONSISTENCY]:  # every depth skipped: nothing to ask
         out[CONSISTENCY] = {"text": [], "n_tokens": [], "truncated": []}
     elif long:
@@ -249,11 +263,13 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
         # every conversation fits the models' context with max_new_tokens to spare (gates.consistency.build_suite).
         out[CONSISTENCY] = generate_suite(model, tok, long[CONSISTENCY], args.max_new_tokens, args,
                                           f"{who} consistency", prompt_cache=store,
-                                          max_prompt_length=max(args.max_prompt_length, _LONGEST_PROMPT))
+                                          max_prompt_length=max(args.max_prompt_length, _LONGEST_PROMPT),
+                                          prefill_model=prefill)
     challenged = [are_you_sure_messages(q, a) for q, a in zip(suites["capability"], out["capability"]["text"])]
     out["are_you_sure"] = generate_suite(model, tok, challenged, args.mc_max_new_tokens, args, f"{who} are-you-sure",
-                                         prompt_cache=store)
-    del store
+                                         prompt_cache=store, prefill_model=prefill)
+    del store, prefill
+    out["_precision"] = precision
     out["_length"] = lambda t, tok=tok: len(tok(t, add_special_tokens=False)["input_ids"])
     del model
     return out

@@ -118,6 +118,23 @@ def judge_decision_line(args: GateStageConfig) -> str:
             f"{args.judge_floor:.2f} on its interval; nothing judged decides at a <= {HARD_MIN_AGREEMENT:g})")
 
 
+def generation_line(answers: dict[str, dict]) -> list[str]:
+    """How both models generated: greedy, the weights' dtype and the long prompts' prefill dtype."""
+    from rlhf.prefix_cache import BF16_PREFILL_MIN_TOKENS
+
+    p = answers["candidate"].get("_precision")
+    if not p:
+        return []
+    if p["weights"] == "vllm":
+        return ["- generation: greedy, vLLM engine (its own precision)"]
+    line = f"- generation: greedy, both models in {p['weights']} weights"
+    if p["prefill"] != p["weights"]:
+        line += (f"; each prompt with at least {BF16_PREFILL_MIN_TOKENS} tokens to prefill was prefilled alone by "
+                 f"a {p['prefill']} copy, then decoded in {p['weights']} (a rule on the prompt's own length: answers "
+                 "do not depend on the batch)")
+    return [line]
+
+
 def compared_context(
     args: GateStageConfig,
     models: dict[str, Any],
@@ -156,6 +173,7 @@ def compared_context(
         "candidate per suite: "
         + ", ".join(f"{k} {c['candidate']}/{c['n']} (baseline {c['baseline']})" for k, c in cut.items()),
         *consistency_line(m),
+        *generation_line(answers),
         "- data: " + ", ".join(f"{k} = `{getattr(args, k)}`" for k in DATA_FIELDS),
         "",
         "",

@@ -111,6 +111,7 @@ def generate_report(
     desc: str = "generating",
     shard: bool = False,
     prompt_cache=None,
+    prefill_model=None,
 ) -> tuple[list[str], list[int], list[bool]]:
     """Greedy completions for chat prompts, and which prompts had to be shortened.
 
@@ -138,6 +139,10 @@ def generate_report(
             prefills each row alone (``rlhf.batching.separate_prefill_pays``; deterministic in the token counts),
             and the KV cache keeps room for the answer instead of growing by concatenation
             (``rlhf.prefix_cache.ReservedLayer``).
+        prefill_model: a bf16 copy of ``model`` (``rlhf.precision.prefill_precision``): each prompt with at least
+            ``rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS`` tokens to prefill is prefilled alone by it and decoded by
+            ``model`` (a rule on the prompt's own length: answers do not depend on the batch). None: ``model``
+            prefills everything.
 
     Returns:
         ``(texts, n_tokens, truncated)``: decoded completions without special tokens, generated token counts
@@ -193,7 +198,7 @@ def generate_report(
             idx = idx_all[start:end]
             rows = [token_ids[i] for i in idx]
             ids, mask, cache = batch_inputs(model, rows, pad, prompt_cache, prefill_alone=alone,
-                                            reserve=max_new_tokens + 1)
+                                            reserve=max_new_tokens + 1, prefill_model=prefill_model)
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,

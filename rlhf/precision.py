@@ -170,7 +170,8 @@ def generation_precision(requested: str = "auto", log: bool = True) -> Literal["
     against ``--precision fp32``), bf16 weights decode the gate's batches only 1.18x faster (232 vs 197 tok/s) and
     their greedy answers depend on the batch: 10 of 32 equal one-at-a-time decoding in bf16 and 56 of 128 equal
     batch 16, against 32 of 32 and 128 of 128 in fp32. A gate whose answers change with how the prompts were batched
-    cannot be re-measured, so a CPU generates in fp32 unless bf16 is asked for.
+    cannot be re-measured, so a CPU generates in fp32 unless bf16 is asked for. Long prompts may still be prefilled
+    by a bf16 copy there (:func:`prefill_precision`), which keeps the answers independent of the batch.
 
     Args:
         requested: ``auto``, ``fp32`` or ``bf16`` (fp32, with a warning, where bf16 is not native).
@@ -193,6 +194,55 @@ def generation_precision(requested: str = "auto", log: bool = True) -> Literal["
     if log:
         (logger.warning if requested == "bf16" and chosen != "bf16" else logger.info)(
             "generation precision: %s (requested %s; %s)", chosen, requested, evidence
+        )
+    return chosen
+
+
+def prefill_precision(requested: str = "auto", generation: str = "fp32", log: bool = True) -> Literal["fp32", "bf16"]:
+    """The weights' dtype that prefills a long prompt alone before greedy decoding in ``generation``'s weights.
+
+    On a CPU with native bf16, gate generation decodes in fp32 (:func:`generation_precision`), but prefilling a long
+    prompt is bound by arithmetic, where bf16 runs 1.4-1.8x faster (one prompt of 300-1,900 tokens, SmolLM2-135M,
+    2 cores with AVX-512 bf16). A row with at least ``rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS`` tokens to prefill
+    is then prefilled alone by a bf16 copy of the model and its keys/values are cast to fp32 for the batched fp32
+    decode (``rlhf.prefix_cache.batch_inputs``). The rule reads the row's own token count only, so a prompt's answer
+    does not depend on the prompts batched with it; it does differ from an all-fp32 prefill (the cached keys and
+    values carry bf16 rounding), so the baseline and the candidate always share it and the report records it.
+
+    Args:
+        requested: ``auto`` (bf16 on a CPU with native bf16 when ``generation`` is fp32; fp32 on a CUDA device,
+            where auto generates in bf16 and a copy would cost device memory), ``fp32`` (off) or ``bf16`` (fp32,
+            with a warning, where bf16 is not native).
+        generation: the resolved weights' dtype (``fp32`` | ``bf16``); under bf16 the model prefills in bf16
+            anyway and no copy is made.
+        log: log the choice (off for a stage's cache key).
+
+    Returns:
+        ``bf16`` when long prompts are prefilled by a bf16 copy (or the weights are bf16), else ``fp32``.
+
+    Raises:
+        ValueError: an unknown ``requested`` or ``generation`` value.
+    """
+    from .machine import native_bf16
+
+    if requested not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"prefill precision must be auto, fp32 or bf16, got {requested!r}")
+    if generation not in ("fp32", "bf16"):
+        raise ValueError(f"generation precision must be fp32 or bf16, got {generation!r}")
+    if generation == "bf16":
+        return "bf16"
+    import torch
+
+    ok, evidence = native_bf16()
+    if requested == "auto" and ok and torch.cuda.is_available():
+        # fp32 weights on a GPU were asked for explicitly (auto generates in bf16 there); a bf16 copy would cost
+        # half the weights' memory again on the device
+        chosen, evidence = "fp32", f"{evidence}; auto adds no bf16 copy on a CUDA device"
+    else:
+        chosen = "bf16" if requested != "fp32" and ok else "fp32"
+    if log:
+        (logger.warning if requested == "bf16" and chosen != "bf16" else logger.info)(
+            "long-prompt prefill precision: %s (requested %s; %s)", chosen, requested, evidence
         )
     return chosen
 

@@ -216,3 +216,50 @@ def test_the_config_names_exactly_the_canaries_that_are_built():
         GateStageConfig(canary_names=["nul"])
     with pytest.raises(ValueError, match="repeated canary"):
         GateStageConfig(canary_names=["null", "null"])
+
+
+def test_the_canaries_ask_the_candidates_reward_model_judge_again_without_rescoring_the_baseline(
+        gate_inputs, tiny_model_dir, tmp_path, monkeypatch):
+    """The gate stage hands its judge to the canaries: a reward-model judge keeps its scores, so the canaries score
+    only their own answers, and a canary's pair holds the very baseline scores the candidate's pair did."""
+    from dataclasses import replace
+
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    import judging.model_judges as MJ
+    from judging.factory import make_judge
+    from gates.measure import run_judge
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    rm.config.pad_token_id = tok.pad_token_id
+    rm.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    args, _, suites, answers, traffic, previous = gate_inputs
+    args = replace(args, judge={"backend": "reward_model"}, reward_model_dir=str(tmp_path / "rm"))
+    models = {"judge": str(tmp_path / "rm"), "judge_manifest": {}}
+    scored: list[str] = []
+    real_score = MJ.score
+
+    def counting_score(model, tokenizer, prompts, responses, **kw):
+        scored.extend(responses)
+        return real_score(model, tokenizer, prompts, responses, **kw)
+
+    monkeypatch.setattr(MJ, "score", counting_score)
+    judge = make_judge(args.judge_config(), reward_model=models["judge"])
+    judge.shard = True  # as the gate stage sets it; the canaries, on the main process alone, must not shard
+    first = run_judge(args.judge_config(), models, suites, answers, reward_model_dir=args.reward_model_dir,
+                      judge=judge)
+    baseline = answers["baseline"]["winrate"]["text"]
+    assert len(scored) == len(set(zip([json.dumps(p, default=str) for p in suites.prompts["winrate"]], baseline)))
+    scored.clear()
+    run = run_canaries(args, models, suites, answers, intents=[p.intent for p in suites.winrate], traffic=traffic,
+                       previous=previous, names=["null", "padded", "flattering"], judge=judge)
+    assert judge.shard is False
+    assert run.pairs_judged == 3 * N_WIN
+    # 20 answers of each judged canary, none of the baseline's 20 again
+    assert len(scored) == 3 * N_WIN and not set(scored) & set(baseline)
+    again = run_judge(args.judge_config(), models, suites,
+                      {"baseline": answers["baseline"], "candidate": canary_answers("null", answers["baseline"])},
+                      reward_model_dir=args.reward_model_dir, judge=judge)
+    assert [r["raw"]["score_a"] for r in again.rows] == [r["raw"]["score_a"] for r in first.rows]

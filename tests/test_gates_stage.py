@@ -69,6 +69,9 @@ def test_gate_stage_run_on_the_tiny_model(tmp_path, tiny_model_dir, judge_dir):
             "labels 0.6000 (n 50, n_eff 50.0 in 50 clusters, one per item: no cluster key) vs inter-annotator "
             "agreement 0.6250 (n 8, n_eff 5.0 in 4 clusters, one per item: no cluster key)") in report
     assert "## What was compared" in report and "## Plots" in report
+    # bf16 not native here (the suite's default): fp32 weights prefill and decode, and the report says so
+    assert "- generation: greedy, both models in fp32 weights\n" in report
+    assert manifest["metrics"]["efficiency"]["prefill_precision"] == "fp32"
     # grouped by the packaged rubric's axes: report.md, report.json, the manifest's outputs (the Prefect tables)
     assert "## Quality axes (rubric)" in report and "### consistency: NOT MEASURED" not in report
     # the consistency gate ran on the same model twice: identical replies, recall change 0 at the one depth that fits
@@ -120,3 +123,39 @@ def test_gate_stage_refuses_a_candidate_that_is_the_baseline(tmp_path, tiny_mode
               tiny_model_dir, "--reward_model_dir", str(judge_dir), "--report_to", "none"])
     assert not (tmp_path / "g" / "generations.jsonl").exists()
 
+
+
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_answer_suites_prefill_long_prompts_with_a_bf16_copy_where_bf16_is_native(native, tiny_model_dir,
+                                                                                    monkeypatch):
+    """Where bf16 is native the gate's fp32 models get a bf16 copy that prefills the long prompts, recorded in
+    ``_precision``; the answers are those of ``generate_report`` with such a copy, and without native bf16 none is
+    made."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gates.config import GateStageConfig
+    from gates.generation import answer_suites
+    from gates.render import generation_line
+    from rlhf.generation import generate_report
+
+    monkeypatch.setenv("RLHF_NATIVE_BF16", native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    long = "Tell me everything about lighthouses, storms, ships, rescues and the sea at dawn. " * 12
+    suites = {"winrate": [long, "Hi"], "capability": ["Which is warmer, (A) ice or (B) fire?"], "sycophancy": []}
+    args = GateStageConfig(max_new_tokens=4, mc_max_new_tokens=3, report_to=["none"])
+    out = answer_suites(tiny_model_dir, suites, args, "candidate")
+    want = "bf16" if native == "1" else "fp32"
+    assert out["_precision"] == {"weights": "fp32", "prefill": want}
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    half = copy.deepcopy(model).to(torch.bfloat16).eval() if native == "1" else None
+    ref = generate_report(model, AutoTokenizer.from_pretrained(tiny_model_dir), suites["winrate"], max_new_tokens=4,
+                          batch_size="auto", prefill_model=half)
+    assert out["winrate"]["text"] == ref[0]
+    line = generation_line({"candidate": out})[0]
+    assert line.startswith("- generation: greedy, both models in fp32 weights")
+    assert ("prefilled alone by a bf16 copy, then decoded in fp32" in line) == (native == "1")
+    with pytest.raises(ValueError, match="prefill_precision must be auto, fp32 or bf16, got 'fp16'"):
+        GateStageConfig(prefill_precision="fp16")

@@ -164,3 +164,22 @@ def test_bf16_generation_at_auto_batch_equals_one_at_a_time_in_bf16(tiny_model_d
     batched, n_batched = generate(model, tokenizer, prompts, max_new_tokens=12, batch_size="auto")
     alone = [generate(model, tokenizer, [p], max_new_tokens=12, batch_size=1) for p in prompts]
     assert batched == [t[0][0] for t in alone] and n_batched == [t[1][0] for t in alone]
+
+
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_long_prompt_prefill_is_bf16_where_bf16_is_native_and_the_weights_are_fp32(native, monkeypatch):
+    """auto prefills long prompts in bf16 on a CPU with native bf16 (then decodes in fp32); never without it."""
+    from rlhf.precision import prefill_precision
+
+    monkeypatch.setenv("RLHF_NATIVE_BF16", native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert prefill_precision("auto", "fp32") == "fp32"  # fp32 asked for on a GPU: no bf16 copy in device memory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert prefill_precision("auto", "fp32") == ("bf16" if native == "1" else "fp32")
+    assert prefill_precision("bf16", "fp32") == ("bf16" if native == "1" else "fp32")
+    assert prefill_precision("fp32", "fp32") == "fp32"
+    assert prefill_precision("auto", "bf16") == "bf16"  # bf16 weights prefill in bf16: no copy
+    with pytest.raises(ValueError, match="prefill precision must be auto, fp32 or bf16"):
+        prefill_precision("fp16")
+    with pytest.raises(ValueError, match="generation precision must be fp32 or bf16"):
+        prefill_precision("auto", "auto")

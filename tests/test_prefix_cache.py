@@ -164,3 +164,41 @@ def test_long_prompts_prefilled_alone_give_the_padded_and_the_one_at_a_time_answ
     for i, p in enumerate(prompts):
         one = generate_report(model, tokenizer, [p], max_new_tokens=6, batch_size=1)
         assert (one[0][0], one[1][0]) == (alone_prefill[0][i], alone_prefill[1][i])
+
+
+def test_long_rows_are_prefilled_by_the_bf16_copy_and_answers_do_not_depend_on_the_batch(model, tokenizer):
+    """A row with BF16_PREFILL_MIN_TOKENS or more tokens to prefill is prefilled alone by the bf16 copy (its cache
+    holds the copy's keys cast to fp32), a shorter row by the fp32 model in the batched forward; the rule reads the
+    row's own length, so every answer equals the one-at-a-time answer with the same copy."""
+    import copy
+
+    from rlhf.generation import generate_report
+    from rlhf.prefix_cache import BF16_PREFILL_MIN_TOKENS
+
+    half = copy.deepcopy(model).to(torch.bfloat16).eval()
+    long_row, short_row = list(range(300, 300 + BF16_PREFILL_MIN_TOKENS + 1)), list(range(500, 520))
+    ids, mask, cache = batch_inputs(model, [long_row, short_row], pad_token_id=0, reserve=4, prefill_model=half)
+    n = BF16_PREFILL_MIN_TOKENS
+    # the long row's n cached positions, then the batched forward's 20 columns: its last token, the short row whole
+    assert ids.tolist() == [long_row[:n] + [0] * 19 + long_row[-1:], [0] * n + short_row]
+    assert mask.tolist() == [[1] * n + [0] * 19 + [1], [0] * n + [1] * 20]
+    assert cache.get_seq_length() == n
+    with torch.no_grad():
+        ref = half(input_ids=torch.tensor([long_row[:-1]]), use_cache=True)
+    assert cache.layers[0].keys.dtype == torch.float32
+    torch.testing.assert_close(cache.layers[0].keys[0], ref.past_key_values.layers[0].keys[0].float(), rtol=0, atol=0)
+    assert float(cache.layers[0].keys[1].abs().sum()) == 0.0  # the short row is prefilled with the batch
+    # one row of its own: the same rule (a batch of one is not exempt)
+    _, _, alone = batch_inputs(model, [long_row], pad_token_id=0, prefill_model=half)
+    torch.testing.assert_close(alone.layers[0].keys[0], cache.layers[0].keys[0], rtol=0, atol=0)
+
+    story = ("Write a long and careful story about a lighthouse keeper, a storm, a ship in trouble and the rescue "
+             "at dawn, with the names of every sailor and the colour of each boat. ")
+    prompts = [story * 4, "Hi", story * 2, "Name three colours of the rainbow.", story * 3]
+    lengths = [len(tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                           add_generation_prompt=True))["input_ids"]) for p in prompts]
+    assert sum(L > BF16_PREFILL_MIN_TOKENS for L in lengths) >= 2 and min(lengths) < BF16_PREFILL_MIN_TOKENS
+    batched = generate_report(model, tokenizer, prompts, max_new_tokens=6, batch_size="auto", prefill_model=half)
+    for i, p in enumerate(prompts):
+        one = generate_report(model, tokenizer, [p], max_new_tokens=6, batch_size=1, prefill_model=half)
+        assert (one[0][0], one[1][0]) == (batched[0][i], batched[1][i])
