@@ -149,9 +149,10 @@ class CanaryRun:
 
     Fields:
         rows: one per (canary, attacked gate): canary, gate, verdict, metric, value, passed.
-        judge_calls: requests the canaries sent to the judge: their pairs (both orders) and, for an API judge, the
-            identity probe of the one judge they share (``judging.identity``); 0 for a local reward model (it
-            scores, with no requests).
+        judge_calls: requests the canaries sent to the judge: their pairs (both orders) and, for an API judge built
+            here (no ``judge`` given), the identity probe of the one judge they share (``judging.identity``); the
+            candidate's judge, passed in, was probed already. 0 for a local reward model (it scores, with no
+            requests).
         pairs_judged: win-rate pairs the judge judged for the canaries.
         seconds: wall time of judging and measuring the canaries.
         judge_agreement: the judge agreement the canaries' win-rate gates were decided with (None: unmeasured).

@@ -37,12 +37,12 @@ def test_gate_run_with_an_openai_judge_end_to_end(openai_server, tiny_model_dir,
     rc = run(tmp_path / "g1")
     sent = _posts(openai_server["log"]) - posts
     # 2 win-rate and 2 agreement pairs in both orders; the identity probe (4 x 2); then the canaries (null, padded,
-    # flattering: 2 pairs each, both orders) and their judge's own identity probe
-    assert sent == 2 * 2 + 2 * 2 + 8 + 3 * 2 * 2 + 8
+    # flattering: 2 pairs each, both orders), asked of the same judge: no second identity probe
+    assert sent == 2 * 2 + 2 * 2 + 8 + 3 * 2 * 2
 
     manifest = json.loads((tmp_path / "g1" / "manifest.json").read_text())
     canaries = manifest["metrics"]["canaries"]["metrics"]
-    assert canaries["canary_judge_calls"]["value"] == 3 * 2 * 2 + 9  # + 9: the probe's 8 chats and GET /v1/models
+    assert canaries["canary_judge_calls"]["value"] == 3 * 2 * 2  # the candidate's judge: probed once, before
     assert canaries["canary_pairs_judged"]["value"] == 6
     gates, row = manifest["metrics"], manifest["outputs"]["judge"]
     assert row["backend"] == "openai" and row["judge"] == f"openai:{openai_server['model']}"
@@ -81,8 +81,8 @@ def test_gate_run_with_an_openai_judge_end_to_end(openai_server, tiny_model_dir,
     posts = _posts(openai_server["log"])
     run(tmp_path / "g2")
     again = json.loads((tmp_path / "g2" / "manifest.json").read_text())["outputs"]["judge"]
-    assert _posts(openai_server["log"]) == posts + 8 + 8 and again["requests_sent"] == 0  # the probes alone
+    assert _posts(openai_server["log"]) == posts + 8 and again["requests_sent"] == 0  # the one probe alone
     again_canaries = json.loads((tmp_path / "g2" / "manifest.json").read_text())["metrics"]["canaries"]["metrics"]
-    assert again_canaries["canary_judge_calls"]["value"] == 9  # the canaries' pairs are cached too
+    assert again_canaries["canary_judge_calls"]["value"] == 0  # the canaries' pairs are cached too
     assert again["identity_status"] == "unchanged" and again["identity"] == ident
     assert again["agreement"] == row["agreement"] and again["identity_hash"] == row["identity_hash"]

@@ -202,7 +202,15 @@ def test_the_precision_a_stage_resolves_to_is_in_its_cache_key(tmp_path, monkeyp
                         stage_cache_key("gates", gates, [], [parent]))
     assert keys["0"][0] != keys["1"][0]  # auto: fp32, then bf16
     assert keys["0"][1] == keys["1"][1] and keys["0"][2] == keys["1"][2]  # fp32 either way: pinned, overridden
-    assert keys["0"][3] == keys["1"][3]  # the gates generate in fp32 on any CPU under auto
+    # the gates decode in fp32 on any CPU under auto, but where bf16 is native a bf16 copy prefills long prompts
+    assert keys["0"][3] != keys["1"][3]
+    gates_fp32 = tmp_path / "gates-fp32.yaml"
+    gates_fp32.write_text("n_winrate: 4\nprefill_precision: fp32\n")
+    pinned_gates = []
+    for native in ("0", "1"):
+        monkeypatch.setenv("RLHF_NATIVE_BF16", native)
+        pinned_gates.append(stage_cache_key("gates", gates_fp32, [], [parent]))
+    assert pinned_gates[0] == pinned_gates[1]  # prefill pinned to fp32: all fp32 either way
 
 
 def _hub_snapshot(cache: Path, repo_type: str, repo_id: str, commit: str) -> None:
