@@ -184,8 +184,8 @@ class GateStageConfig:
     )
     prefill_precision: str = field(
         default="auto",
-        metadata={"help": "dtype that prefills each long prompt (rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS or more "
-                  "tokens) alone before the decode in generation_precision: auto (bf16 on a CPU with native bf16: a "
+        metadata={"help": "dtype that prefills each long prompt (rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS = 128 or "
+                  "more tokens) alone before the decode in generation_precision: auto (bf16 on a CPU with native bf16: a "
                   "bf16 copy of the model prefills and the fp32 model decodes; answers still do not depend on the "
                   "batch; fp32 elsewhere), "
                   "fp32 or bf16 (rlhf.precision.prefill_precision). Shared by both models; the report records it.",

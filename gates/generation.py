@@ -3,7 +3,6 @@ win-rate prompts."""
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,9 +246,14 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
         weights = generation_precision(args.generation_precision)
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[weights]
         model = load_checked(AutoModelForCausalLM, path, what="gate model", dtype=dtype)
-        precision = {"weights": weights, "prefill": prefill_precision(args.prefill_precision, weights)}
-        if precision["prefill"] != weights:  # a bf16 copy prefills the long prompts, the fp32 model decodes
-            prefill = copy.deepcopy(model).to(torch.bfloat16).eval()
+        from rlhf.prefix_cache import plain_layers
+
+        # only a full-attention cache can take the copy's keys (rlhf.prefix_cache); else the weights' dtype prefills
+        prefill_dtype = prefill_precision(args.prefill_precision, weights) if plain_layers(model) else weights
+        precision = {"weights": weights, "prefill": prefill_dtype}
+        if prefill_dtype != weights:  # a bf16 copy prefills the long prompts, the fp32 model decodes
+            # loaded again in bf16, not copied and cast: a copy would first hold a second fp32 model
+            prefill = load_checked(AutoModelForCausalLM, path, what="gate prefill model", dtype=torch.bfloat16).eval()
     long = {k: v for k, v in suites.items() if k == CONSISTENCY}
     short = {k: v for k, v in suites.items() if k != CONSISTENCY}
     caps = {name: args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens

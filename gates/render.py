@@ -129,8 +129,8 @@ def generation_line(answers: dict[str, dict]) -> list[str]:
         return ["- generation: greedy, vLLM engine (its own precision)"]
     line = f"- generation: greedy, both models in {p['weights']} weights"
     if p["prefill"] != p["weights"]:
-        line += (f"; each prompt with at least {BF16_PREFILL_MIN_TOKENS} tokens to prefill was prefilled alone by "
-                 f"a {p['prefill']} copy, then decoded in {p['weights']} (a rule on the prompt's own length: answers "
+        line += (f"; each prompt with at least {BF16_PREFILL_MIN_TOKENS} tokens before its last was prefilled alone "
+                 f"by a {p['prefill']} copy, then decoded in {p['weights']} (a rule on the prompt's own length: answers "
                  "do not depend on the batch)")
     return [line]
 

@@ -140,9 +140,9 @@ def generate_report(
             and the KV cache keeps room for the answer instead of growing by concatenation
             (``rlhf.prefix_cache.ReservedLayer``).
         prefill_model: a bf16 copy of ``model`` (``rlhf.precision.prefill_precision``): each prompt with at least
-            ``rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS`` tokens to prefill is prefilled alone by it and decoded by
-            ``model`` (a rule on the prompt's own length: answers do not depend on the batch). None: ``model``
-            prefills everything.
+            ``rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS`` tokens before its last is prefilled alone by it, from
+            scratch and never stored in ``prompt_cache``, and decoded by ``model`` (a rule on the prompt's own
+            length: its answer depends neither on the batch nor on what was stored). None: ``model`` prefills all.
 
     Returns:
         ``(texts, n_tokens, truncated)``: decoded completions without special tokens, generated token counts
@@ -157,7 +157,7 @@ def generate_report(
     from .batching import attention_break_even_tokens, forward_overhead_tokens, plan_batches, separate_prefill_pays
     from .distributed import map_sharded
     from .machine import auto_batch_size
-    from .prefix_cache import batch_inputs
+    from .prefix_cache import batch_inputs, prefilled_by_copy
 
     model.eval()
     fitted = [fit_prompt(tokenizer, p, max_prompt_length) for p in prompts]
@@ -213,8 +213,9 @@ def generate_report(
                 top_k=None,
                 return_dict_in_generate=True,
             )
-            if prompt_cache is not None:
-                prompt_cache.store_batch(rows, mask, out.past_key_values)
+            if prompt_cache is not None:  # a prompt the bf16 copy prefilled is not stored (prefix_cache, case 0)
+                skip = [prefilled_by_copy(r) for r in rows] if prefill_model is not None else None
+                prompt_cache.store_batch(rows, mask, out.past_key_values, skip=skip)
             new = out.sequences[:, ids.shape[1] :]
             for row in new.tolist():
                 n = row.index(eos) + 1 if eos in row else len(row)

@@ -203,8 +203,8 @@ def prefill_precision(requested: str = "auto", generation: str = "fp32", log: bo
 
     On a CPU with native bf16, gate generation decodes in fp32 (:func:`generation_precision`), but prefilling a long
     prompt is bound by arithmetic, where bf16 runs 1.4-1.8x faster (one prompt of 300-1,900 tokens, SmolLM2-135M,
-    2 cores with AVX-512 bf16). A row with at least ``rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS`` tokens to prefill
-    is then prefilled alone by a bf16 copy of the model and its keys/values are cast to fp32 for the batched fp32
+    2 cores with AVX-512 bf16). A row with at least ``rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS`` tokens before its
+    last is then prefilled alone, from scratch, by a bf16 copy of the model and its keys/values are cast to fp32 for the batched fp32
     decode (``rlhf.prefix_cache.batch_inputs``). The rule reads the row's own token count only, so a prompt's answer
     does not depend on the prompts batched with it; it does differ from an all-fp32 prefill (the cached keys and
     values carry bf16 rounding), so the baseline and the candidate always share it and the report records it.

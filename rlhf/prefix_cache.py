@@ -27,7 +27,7 @@ logger = logging.getLogger("rlhf.prefix_cache")
 #: The chat template's system and user headers are 24 tokens for SmolLM2, a third of a short win-rate prompt.
 MIN_PREFIX_TOKENS = 8
 
-#: A row with at least this many tokens to prefill (after its stored prefix) is prefilled alone by the bf16 copy of
+#: A row with at least this many tokens before its last is prefilled alone, from scratch, by the bf16 copy of
 #: the model where one is given (``batch_inputs``'s ``prefill_model``). Below it the batched fp32 forward is cheaper
 #: than a forward of its own: on the demo gate suites (2 cores, AVX-512 bf16, SmolLM2-135M) prefilling every row
 #: alone in bf16 took the multiple-choice suites (89-301 tokens) from 45.7 to 35.8 s but the win-rate suites (most
@@ -164,17 +164,27 @@ class PromptCache:
                 best, best_layers = n, layers
         return (best, best_layers) if best >= MIN_PREFIX_TOKENS else (0, None)
 
-    def store_batch(self, rows: list[list[int]], mask: torch.Tensor, cache) -> None:
+    def store_batch(self, rows: list[list[int]], mask: torch.Tensor, cache, skip: list[bool] | None = None) -> None:
         """Store every row's prompt KV from a finished batch: ``mask`` is the batch's input attention mask
-        ``(rows, width)``; the first ``width`` positions of ``cache`` hold the prompts (generated tokens follow)."""
+        ``(rows, width)``; the first ``width`` positions of ``cache`` hold the prompts (generated tokens follow).
+        ``skip``: rows not to store (those a bf16 copy prefilled: the store holds the model's own keys only)."""
         if cache is None or not _full_attention_layers(cache):
             return
         for r, ids in enumerate(rows):
+            if skip is not None and skip[r]:
+                continue
             pos = torch.nonzero(mask[r], as_tuple=True)[0]
             if len(pos) != len(ids):
                 return
             self.add(ids, [(layer.keys[r, :, pos, :].clone(), layer.values[r, :, pos, :].clone())
                            for layer in cache.layers])
+
+
+def prefilled_by_copy(ids: list[int], min_tokens: int = BF16_PREFILL_MIN_TOKENS) -> bool:
+    """Whether ``batch_inputs`` with a ``prefill_model`` prefills this prompt by the copy: all but its last token
+    number at least ``min_tokens``. Such a prompt is prefilled from scratch and never stored, so its keys and values
+    are a function of its own tokens only."""
+    return len(ids) - 1 >= min_tokens
 
 
 def _output_cache(out):
@@ -215,10 +225,10 @@ def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptC
     """One generation batch: ``(input_ids, attention_mask, cache)``, prefilling as little as possible.
 
     0. With ``prefill_model`` (a bf16 copy of ``model``; ``rlhf.precision.prefill_precision``), every row with at
-       least ``prefill_min_tokens`` tokens to prefill after its stored prefix is prefilled alone by it, its last
-       token excepted, and its keys/values cast to ``model``'s dtype; then laid out as in 1. The rule reads the
-       row's own length only, also for a batch of one, so a row is prefilled the same way whatever it is batched
-       with.
+       least ``prefill_min_tokens`` tokens before its last (:func:`prefilled_by_copy`) is prefilled alone by it,
+       from scratch (the store is not read for it), and its keys/values cast to ``model``'s dtype; then laid out
+       as in 1. The rule reads the row's own length only, also for a batch of one, so a row is prefilled the same
+       way whatever it is batched with or whatever was stored before.
     1. Rows with a prefix in ``store`` (:meth:`PromptCache.longest_prefix`) or from 0: each row is laid out as
        ``pads + its stored prefix + pads + rest`` and the cache holds every row's stored keys/values.
     2. With ``prefill_alone`` (True, or a rule given the tokens each row still has to prefill after its stored
@@ -238,7 +248,7 @@ def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptC
         reserve: > 0: the cache is a :func:`reserved_cache` with room for ``reserve`` more positions, and is
             returned (empty) even when nothing was prefilled; 0: a plain ``DynamicCache`` or None.
         prefill_model: the model that prefills long rows alone (case 0; only for :func:`plain_layers` models), or
-            None. prefill_min_tokens: case 0's threshold, tokens still to prefill.
+            None. prefill_min_tokens: case 0's threshold, a row's tokens before its last.
 
     Returns:
         ``input_ids`` and ``attention_mask``: int64 tensors ``(len(rows), width)`` on the model's device; ``cache``:
@@ -259,8 +269,9 @@ def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptC
     if plain and prefill_model is not None:
         known = found or [(0, None)] * len(rows)
         dtype = next(model.parameters()).dtype
-        found = [_prefill_alone(prefill_model, r, n, layers, out_dtype=dtype)
-                 if len(r) - 1 - n >= prefill_min_tokens else (n, layers) for r, (n, layers) in zip(rows, known)]
+        # from scratch, never on a stored prefix: what the store holds depends on the batches before this one
+        found = [_prefill_alone(prefill_model, r, 0, None, out_dtype=dtype)
+                 if prefilled_by_copy(r, prefill_min_tokens) else (n, layers) for r, (n, layers) in zip(rows, known)]
     if plain and len(rows) > 1 and prefill_alone:
         known = found or [(0, None)] * len(rows)
         if prefill_alone is True or prefill_alone([len(r) - n for r, (n, _) in zip(rows, known)]):

@@ -167,9 +167,10 @@ def test_long_prompts_prefilled_alone_give_the_padded_and_the_one_at_a_time_answ
 
 
 def test_long_rows_are_prefilled_by_the_bf16_copy_and_answers_do_not_depend_on_the_batch(model, tokenizer):
-    """A row with BF16_PREFILL_MIN_TOKENS or more tokens to prefill is prefilled alone by the bf16 copy (its cache
-    holds the copy's keys cast to fp32), a shorter row by the fp32 model in the batched forward; the rule reads the
-    row's own length, so every answer equals the one-at-a-time answer with the same copy."""
+    """A row with BF16_PREFILL_MIN_TOKENS or more tokens before its last is prefilled alone, from scratch, by the bf16
+    copy (its cache holds the copy's keys cast to fp32), a shorter row by the fp32 model in the batched forward; the
+    rule reads the row's own length, so every answer equals the one-at-a-time answer with the same copy, also with a
+    prompt store."""
     import copy
 
     from rlhf.generation import generate_report
@@ -202,3 +203,17 @@ def test_long_rows_are_prefilled_by_the_bf16_copy_and_answers_do_not_depend_on_t
     for i, p in enumerate(prompts):
         one = generate_report(model, tokenizer, [p], max_new_tokens=6, batch_size=1, prefill_model=half)
         assert (one[0][0], one[1][0]) == (batched[0][i], batched[1][i])
+    # with a store, as the gate runs: a long prompt is prefilled from scratch whatever the store holds (here the
+    # chat header and a shorter prompt it extends), and is never stored itself
+    store = PromptCache(max_bytes=2**30)
+    generate_report(model, tokenizer, [story * 4, "Hi", story], max_new_tokens=2, batch_size="auto",
+                    prompt_cache=store, prefill_model=half)
+    assert len(store.entries) == 2  # "Hi" and the one-story prompt: the long one went through the copy
+    stored = generate_report(model, tokenizer, prompts, max_new_tokens=6, batch_size="auto", prompt_cache=store,
+                             prefill_model=half)
+    assert stored[:2] == batched[:2]
+    _, _, fresh = batch_inputs(model, [ids_of := tokenizer(tokenizer.apply_chat_template(
+        [{"role": "user", "content": story * 4}], tokenize=False, add_generation_prompt=True))["input_ids"]],
+        pad_token_id=0, store=store, prefill_model=half)
+    _, _, alone = batch_inputs(model, [ids_of], pad_token_id=0, prefill_model=half)
+    torch.testing.assert_close(fresh.layers[-1].values, alone.layers[-1].values, rtol=0, atol=0)
