@@ -198,17 +198,15 @@ def _prefill_alone(model, ids: list[int], n: int, layers,
     """Prefill ``ids`` but its last token alone (batch 1), on top of its first ``n`` tokens' stored ``layers`` (per
     layer ``(keys, values)`` of shape ``(kv_heads, >= n, head_dim)``) when given. Returns ``(len(ids) - 1, layers)``
     in :meth:`PromptCache.longest_prefix`'s form; ``(n, layers)`` unchanged when nothing is left to prefill.
-    The stored prefix is cast to ``model``'s dtype; the returned keys/values to ``out_dtype`` (default: as computed),
-    so a bf16 copy of the model can prefill for an fp32 decode."""
+    The returned keys/values are cast to ``out_dtype`` (default: as computed), so a bf16 copy of the model can
+    prefill for an fp32 decode."""
     from transformers import DynamicCache
 
     if len(ids) - 1 <= n:
         return n, layers
-    dtype = next(model.parameters()).dtype
     past = None
     if layers is not None and n > 0:
-        past = DynamicCache(ddp_cache_data=[(k[None, :, :n].to(dtype), v[None, :, :n].to(dtype)) for k, v in layers],
-                            config=model.config)
+        past = DynamicCache(ddp_cache_data=[(k[None, :, :n], v[None, :, :n]) for k, v in layers], config=model.config)
     x = torch.tensor([ids[n:-1]], device=model.device)
     try:
         out = model(input_ids=x, cache=past, use_cache=True, logits_to_keep=1)
@@ -221,12 +219,12 @@ def _prefill_alone(model, ids: list[int], n: int, layers,
 @torch.no_grad()
 def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptCache | None = None, *,
                  prefill_alone: Callable[[list[int]], bool] | bool = False, reserve: int = 0,
-                 prefill_model=None, prefill_min_tokens: int = BF16_PREFILL_MIN_TOKENS):
+                 prefill_model=None):
     """One generation batch: ``(input_ids, attention_mask, cache)``, prefilling as little as possible.
 
     0. With ``prefill_model`` (a bf16 copy of ``model``; ``rlhf.precision.prefill_precision``), every row with at
-       least ``prefill_min_tokens`` tokens before its last (:func:`prefilled_by_copy`) is prefilled alone by it,
-       from scratch (the store is not read for it), and its keys/values cast to ``model``'s dtype; then laid out
+       least :data:`BF16_PREFILL_MIN_TOKENS` tokens before its last (:func:`prefilled_by_copy`) is prefilled alone
+       by it, from scratch (the store is not read for it), and its keys/values cast to ``model``'s dtype; then laid out
        as in 1. The rule reads the row's own length only, also for a batch of one, so a row is prefilled the same
        way whatever it is batched with or whatever was stored before.
     1. Rows with a prefix in ``store`` (:meth:`PromptCache.longest_prefix`) or from 0: each row is laid out as
@@ -248,7 +246,7 @@ def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptC
         reserve: > 0: the cache is a :func:`reserved_cache` with room for ``reserve`` more positions, and is
             returned (empty) even when nothing was prefilled; 0: a plain ``DynamicCache`` or None.
         prefill_model: the model that prefills long rows alone (case 0; only for :func:`plain_layers` models), or
-            None. prefill_min_tokens: case 0's threshold, a row's tokens before its last.
+            None.
 
     Returns:
         ``input_ids`` and ``attention_mask``: int64 tensors ``(len(rows), width)`` on the model's device; ``cache``:
@@ -265,13 +263,17 @@ def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptC
         return reserved_cache(model, reserve, data) if reserve else DynamicCache(ddp_cache_data=data,
                                                                                  config=model.config)
 
-    found = [store.longest_prefix(r) for r in rows] if store is not None and store.entries else []
-    if plain and prefill_model is not None:
-        known = found or [(0, None)] * len(rows)
+    by_copy = [plain and prefill_model is not None and prefilled_by_copy(r) for r in rows]
+    lookup = store is not None and bool(store.entries)
+    # a row the copy prefills does so from scratch, never on a stored prefix: what the store holds depends on the
+    # batches before this one
+    found = [(0, None) if c or not lookup else store.longest_prefix(r) for r, c in zip(rows, by_copy)]
+    if any(by_copy):
         dtype = next(model.parameters()).dtype
-        # from scratch, never on a stored prefix: what the store holds depends on the batches before this one
-        found = [_prefill_alone(prefill_model, r, 0, None, out_dtype=dtype)
-                 if prefilled_by_copy(r, prefill_min_tokens) else (n, layers) for r, (n, layers) in zip(rows, known)]
+        found = [_prefill_alone(prefill_model, r, 0, None, out_dtype=dtype) if c else f
+                 for r, c, f in zip(rows, by_copy, found)]
+    elif not lookup:
+        found = []
     if plain and len(rows) > 1 and prefill_alone:
         known = found or [(0, None)] * len(rows)
         if prefill_alone is True or prefill_alone([len(r) - n for r, (n, _) in zip(rows, known)]):
