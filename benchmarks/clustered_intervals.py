@@ -20,22 +20,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from data.loaders import load_pairs
-from judging.agreement import (
+# the repository root first: run from a clone that is not installed, the script's folder (with its own ``data/``
+# of labels) would otherwise shadow the project's ``data`` package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from data.loaders import load_pairs  # noqa: E402
+from judging.agreement import (  # noqa: E402
     expert_labels,
     inter_annotator_agreement,
     judge_agreement,
     pair_clusters,
     preference_pair_clusters,
 )
-from judging.intervals import cluster_bootstrap_ratio
-from judging.scoring import parse_judge_verdict
+from judging.intervals import cluster_bootstrap_ratio  # noqa: E402
+from judging.scoring import parse_judge_verdict  # noqa: E402
 
 INSTRUMENT = "clustered intervals"
 N_RESAMPLES = 2000

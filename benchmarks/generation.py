@@ -14,6 +14,7 @@ tokens/s, with identical greedy outputs.
     python benchmarks/generation.py --n 128 --n-baseline 0   # skip the one-at-a-time run
     python benchmarks/generation.py --n 64 --n-baseline 0 --skip-heldout --max-new-tokens 32
     python benchmarks/generation.py --precision bf16    # the weights' dtype; default auto (fp32 on a CPU)
+    python benchmarks/generation.py --prefill-precision fp32  # no bf16 copy for long prompts (default: as the gate)
 
 The weights are loaded as the gate stage loads them (``generation_precision``: bf16 on a CUDA device with native
 bf16, fp32 on a CPU). The memory bound is printed too: decoding reads every weight once per step, so batch-1
@@ -24,14 +25,21 @@ Target (gate generation at the memory bound): auto >= 12x one at a time, identic
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from data.loaders import load_eval_prompts
-from rlhf.generation import generate
-from rlhf.models import resolve_base_model
+# the repository root first: run from a clone that is not installed, the script's folder (with its own ``data/``
+# of labels) would otherwise shadow the project's ``data`` package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from data.loaders import load_eval_prompts  # noqa: E402
+from rlhf.generation import generate  # noqa: E402
+from rlhf.models import resolve_base_model  # noqa: E402
+from rlhf.prefix_cache import BF16_PREFILL_MIN_TOKENS  # noqa: E402
 
 
 SOURCES = ("demo:hh_rlhf/pairs_heldout.jsonl", "demo:xstest/xstest_prompts.csv",
@@ -60,6 +68,9 @@ def main() -> None:
     ap.add_argument("--old-batch-size", type=int, default=16, help="The old fixed gate batch.")
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
                     help="The weights' dtype (rlhf.precision.generation_precision).")
+    ap.add_argument("--prefill-precision", default="auto", choices=["auto", "fp32", "bf16"],
+                    help="Long prompts' prefill dtype, as the gate config's prefill_precision "
+                         "(rlhf.precision.prefill_precision): bf16 on a CPU with native bf16 and fp32 weights.")
     ap.add_argument("--skip-heldout", action="store_true",
                     help="Leave out the long HH-RLHF conversations (prefill-bound): the refusal suites' short prompts.")
     args = ap.parse_args()
@@ -67,10 +78,15 @@ def main() -> None:
     path = resolve_base_model(args.model)
     tok = AutoTokenizer.from_pretrained(path)
     from rlhf.machine import measure_copy_bandwidth
-    from rlhf.precision import generation_precision
+    from rlhf.precision import generation_precision, prefill_precision
 
     precision = generation_precision(args.precision)
     model = AutoModelForCausalLM.from_pretrained(path, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[precision])
+    prefill = prefill_precision(args.prefill_precision, precision)
+    # the gate stage's rule (gates.generation.answer_suites): a bf16 copy prefills each long prompt alone
+    prefill_model = (AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+                     if prefill != precision else None)
+    run = dict(max_new_tokens=args.max_new_tokens, prefill_model=prefill_model)
     ps = prompts(args.n, args.skip_heldout)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth = measure_copy_bandwidth()
@@ -82,16 +98,17 @@ def main() -> None:
                                                   add_generation_prompt=True))["input_ids"]) for p in ps)
     new_bs = auto_batch_size(args.batch_size, model.config, min(longest, 512) + args.max_new_tokens)
     t0 = time.perf_counter()
-    batched, batched_len = generate(model, tok, ps, max_new_tokens=args.max_new_tokens, batch_size=new_bs,
+    batched, batched_len = generate(model, tok, ps, **run, batch_size=new_bs,
                                     desc=f"batch {new_bs}")
     t_batched = time.perf_counter() - t0
     t0 = time.perf_counter()
-    old, old_len = generate(model, tok, ps, max_new_tokens=args.max_new_tokens, batch_size=args.old_batch_size,
+    old, old_len = generate(model, tok, ps, **run, batch_size=args.old_batch_size,
                             desc=f"batch {args.old_batch_size}")
     t_old = time.perf_counter() - t0
     tps_batched = sum(batched_len) / t_batched
     tps_old = sum(old_len) / t_old
-    print(f"model {args.model} in {precision}: {args.n} prompts, {args.max_new_tokens} new tokens max, "
+    print(f"model {args.model} in {precision}, long prompts (>= {BF16_PREFILL_MIN_TOKENS} tokens) prefilled in "
+          f"{prefill}: {args.n} prompts, {args.max_new_tokens} new tokens max, "
           f"{torch.get_num_threads()} threads; weights {weight_bytes / 2**20:.0f} MiB, copy bandwidth "
           f"{bandwidth / 1e9:.1f} GB/s -> memory bound {bound_1:.1f} tok/s at batch 1, {new_bs * bound_1:.0f} at "
           f"batch {new_bs}")
@@ -102,7 +119,7 @@ def main() -> None:
     print(f"identical greedy outputs vs batch {args.old_batch_size}: {sum(a == b for a, b in zip(batched, old))}/{args.n}")
     if args.n_baseline:
         t0 = time.perf_counter()
-        single, single_len = generate(model, tok, ps[: args.n_baseline], max_new_tokens=args.max_new_tokens,
+        single, single_len = generate(model, tok, ps[: args.n_baseline], **run,
                                       batch_size=1, desc="one at a time")
         t_single = time.perf_counter() - t0
         tps_single = sum(single_len) / t_single

@@ -28,9 +28,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
+
+# the repository root first: run from a clone that is not installed, the script's folder (with its own ``data/``
+# of labels) would otherwise shadow the project's ``data`` package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 MODES = ("fp32", "bf16", "bf16+fp32-head")
 

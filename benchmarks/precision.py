@@ -30,9 +30,14 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from datasets import Dataset
+
+# the repository root first: run from a clone that is not installed, the script's folder (with its own ``data/``
+# of labels) would otherwise shadow the project's ``data`` package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 STAGES = ("sft", "dpo", "reward_model")
 

@@ -38,6 +38,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the repository root first: run as ``python benchmarks/step_time.py`` from a clone that is not installed, the
+# script's folder (with its own ``data/`` of labels) would otherwise shadow the project's ``data`` package
+sys.path.insert(0, str(ROOT))
 RECIPES = ROOT / "recipes" / "demo"
 
 

@@ -86,15 +86,18 @@ def generate(
     batch_size: int | str = 16,
     max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH,
     desc: str = "generating",
+    prefill_model=None,
 ) -> tuple[list[str], list[int]]:
     """Greedy completions for chat prompts: :func:`generate_report` without the truncation flags.
+
+    ``prefill_model``: a bf16 copy that prefills long prompts alone (as in :func:`generate_report`), or None.
 
     Returns:
         ``(texts, n_tokens)``, each of length ``len(prompts)``.
     """
     texts, n, _ = generate_report(
         model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-        max_prompt_length=max_prompt_length, desc=desc,
+        max_prompt_length=max_prompt_length, desc=desc, prefill_model=prefill_model,
     )
     return texts, n
 
