@@ -5,7 +5,7 @@ one-prompt-at-a-time generation, with identical greedy outputs. Baseline: one-at
 through the same function (batch_size=1), measured in the same run on the first ``--n-baseline`` prompts (at
 ~8 tok/s, 500 prompts one at a time would take over an hour on 2 cores); the batched run covers all ``--n``.
 
-Second comparison: the gate stage's settings (``batch_size: auto``: 64 on CPU unless memory says otherwise, prompts
+Second comparison: the gate stage's settings (``batch_size: auto``: 128 on CPU unless memory says otherwise, prompts
 sorted by token length) against its former fixed batch 16, on the same prompts in the same run: target >= 1.6x the
 tokens/s, with identical greedy outputs.
 

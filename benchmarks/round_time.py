@@ -18,7 +18,13 @@ before them (about 950 s quiet, 1,410 s under load).
 
 ``--baseline-ref``: after this tree's round, the same round at a git commit (checked out into a temporary detached
 worktree, run with that tree's code), so the ratio against the code before a change is measured in the same run;
-for the 0.65x target the baseline is 651575e (the last commit before those changes).
+for the 0.65x target the baseline is 651575e (the last commit before those changes); for the 0.7x target of bf16
+where native and checkpoints by time, 6012cb5. Gates added since a baseline make this tree's round do more work
+than the baseline's; ``--set`` leaves them out of this tree's round (``SAME_GATES_AS_6012CB5``), so the ratio
+compares the same work:
+
+    python benchmarks/round_time.py --preset demo --baseline-ref 6012cb5 --target-ratio 0.7 \
+        --set gates.consistency=false --set gates.canaries=false --set gates.redteam_rotate=false
 """
 
 from __future__ import annotations
@@ -34,18 +40,25 @@ import time
 from pathlib import Path
 
 TARGETS = {"demo": 25 * 60, "smoke": 3 * 60}
+#: Overrides that leave out the gates added after 6012cb5 (the consistency suite, the canaries, red-team rotation:
+#: the red-team suite is then the first n_redteam prompts of redteam_data, as at 6012cb5), so this tree's round does
+#: the baseline's work and the ratio measures the speed changes alone.
+SAME_GATES_AS_6012CB5 = ("gates.consistency=false", "gates.canaries=false", "gates.redteam_rotate=false")
 
 
-def run_round(preset: str, runs_dir: Path, round_id: str, tree: Path | None = None) -> float:
-    """Wall seconds of one ``rlhf round`` (``tree``: run with that source tree's code instead of this one's)."""
+def run_round(preset: str, runs_dir: Path, round_id: str, tree: Path | None = None,
+              overrides: list[str] | None = None) -> float:
+    """Wall seconds of one ``rlhf round`` (``tree``: run with that source tree's code instead of this one's;
+    ``overrides``: ``STAGE.KEY=VALUE`` strings passed as ``--set``)."""
     env = None
     if tree is not None:
         import os
 
         env = {**os.environ, "PYTHONPATH": str(tree)}
+    sets = [arg for o in overrides or [] for arg in ("--set", o)]
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "round", "--preset", preset, "--runs-dir", str(runs_dir),
-                           "--round-id", round_id], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           "--round-id", round_id, *sets], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           cwd=tree, env=env, check=False)
     seconds = time.perf_counter() - t0
     if proc.returncode not in (0, 3):  # 3 = release blocked, a valid outcome
@@ -78,14 +91,19 @@ def main() -> None:
     ap.add_argument("--target-ratio", type=float, default=0.65,
                     help="Target of this tree / baseline (0.65 against 651575e; 0.7 against 6012cb5, the commit "
                     "before bf16 where native and checkpoints by time).")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.KEY=VALUE",
+                    help="Override for this tree's round (repeatable; the baseline's round runs its own recipe), e.g. "
+                    "the gates the baseline had not: " + " ".join(f"--set {o}" for o in SAME_GATES_AS_6012CB5) + ".")
     args = ap.parse_args()
     runs = Path(tempfile.mkdtemp(prefix="bench-runs-"))
-    first = run_round(args.preset, runs, "bench")
+    if args.overrides:
+        print("this tree's round with --set " + " --set ".join(args.overrides))
+    first = run_round(args.preset, runs, "bench", overrides=args.overrides)
     print(f"{args.preset} round split (first run, {first:.1f} s):")
     for part, sec in split(runs / "bench", first).items():
         print(f"  {part:15s} {sec:7.1f} s  {100 * sec / first:5.1f}%")
     peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB (Linux)
-    rerun = run_round(args.preset, runs, "bench")
+    rerun = run_round(args.preset, runs, "bench", overrides=args.overrides)
     target = TARGETS[args.preset]
     print(f"{args.preset} round: first run {first:.1f} s (target < {target} s: {'OK' if first < target else 'MISSED'})")
     print(f"peak RSS of a stage process: {peak_gb:.2f} GiB" + (" (target < 8 GB: %s)" % ("OK" if peak_gb < 8 else "MISSED")

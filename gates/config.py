@@ -171,7 +171,7 @@ class GateStageConfig:
     batch_size: str = field(
         default="auto",
         metadata={"help": "Generation batch size (left padding, KV cache): an int (fixed batches), or auto (at most "
-                  "64 on CPU unless memory says otherwise, rlhf.machine.auto_batch_size; length-sorted prompts split "
+                  "128 on CPU unless memory says otherwise, rlhf.machine.auto_batch_size; length-sorted prompts split "
                   "where padding costs more than a forward pass, rlhf.batching.plan_batches)."},
     )
     generation_precision: str = field(

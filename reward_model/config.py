@@ -48,6 +48,6 @@ class RewardStageConfig(PipelineArguments, TrainerDefaults, RewardConfig):
     )
     scoring_batch_size: str = field(
         default="auto",
-        metadata={"help": "Batch size when scoring held-out pairs: an int, or auto (64 on CPU unless memory says "
+        metadata={"help": "Batch size when scoring held-out pairs: an int, or auto (128 on CPU unless memory says "
                   "otherwise, rlhf.machine.auto_batch_size)."},
     )

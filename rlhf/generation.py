@@ -126,7 +126,7 @@ def generate_report(
         prompts: chat messages or user strings.
         max_new_tokens: cap on generated tokens per prompt.
         batch_size: prompts per ``generate`` call, or ``"auto"``: batches of at most
-            ``rlhf.machine.auto_batch_size`` (64 on CPU unless memory says otherwise), split where padding would
+            ``rlhf.machine.auto_batch_size`` (128 on CPU unless memory says otherwise), split where padding would
             cost more than another forward pass (``rlhf.batching.plan_batches``). The progress bar shows generated
             tokens/s.
         max_prompt_length: budget per rendered prompt; longer ones have their content cut by :func:`fit_prompt`

@@ -337,12 +337,12 @@ def test_auto_precision_follows_the_bf16_detection(forced, monkeypatch):
         assert resolve_precision("bf16", "sft") == "fp32"
 
 
-def test_auto_batch_size_is_64_on_cpu_unless_memory_says_otherwise(tiny_model_dir):
+def test_auto_batch_size_is_128_on_cpu_unless_memory_says_otherwise(tiny_model_dir):
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(tiny_model_dir)
     if not torch.cuda.is_available():
-        assert auto_batch_size("auto", cfg, 256) == 64
+        assert auto_batch_size("auto", cfg, 256) == 128
     assert auto_batch_size(16, cfg, 256) == 16 and auto_batch_size("16", cfg, 256) == 16
     # 10^6-token rows: heads·seq² attention scores alone are terabytes, so auto halves down to 1
     assert auto_batch_size("auto", cfg, 1_000_000) == 1
