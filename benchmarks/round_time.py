@@ -46,6 +46,13 @@ TARGETS = {"demo": 25 * 60, "smoke": 3 * 60}
 SAME_GATES_AS_6012CB5 = ("gates.consistency=false", "gates.canaries=false", "gates.redteam_rotate=false")
 
 
+def round_command(preset: str, runs_dir: Path, round_id: str, overrides: list[str] | None = None) -> list[str]:
+    """The ``rlhf round`` command line (this interpreter, ``python -m flows.cli``), each override as ``--set``."""
+    sets = [arg for o in overrides or [] for arg in ("--set", o)]
+    return [sys.executable, "-m", "flows.cli", "round", "--preset", preset, "--runs-dir", str(runs_dir),
+            "--round-id", round_id, *sets]
+
+
 def run_round(preset: str, runs_dir: Path, round_id: str, tree: Path | None = None,
               overrides: list[str] | None = None) -> float:
     """Wall seconds of one ``rlhf round`` (``tree``: run with that source tree's code instead of this one's;
@@ -55,11 +62,9 @@ def run_round(preset: str, runs_dir: Path, round_id: str, tree: Path | None = No
         import os
 
         env = {**os.environ, "PYTHONPATH": str(tree)}
-    sets = [arg for o in overrides or [] for arg in ("--set", o)]
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "round", "--preset", preset, "--runs-dir", str(runs_dir),
-                           "--round-id", round_id, *sets], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          cwd=tree, env=env, check=False)
+    proc = subprocess.run(round_command(preset, runs_dir, round_id, overrides), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, cwd=tree, env=env, check=False)
     seconds = time.perf_counter() - t0
     if proc.returncode not in (0, 3):  # 3 = release blocked, a valid outcome
         sys.exit(f"round failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
