@@ -84,13 +84,7 @@ def round_cmd(
             raise typer.BadParameter(str(err), param_hint="--round-id") from None
     from flows.interrupt import INTERRUPTED_EXIT_CODE, install_signal_handlers
     from flows.round import RoundParameters, run_round
-    overrides: dict[str, list[str]] = {}
-    for item in set_ or []:
-        key, sep, value = item.partition("=")
-        stage, dot, name = key.partition(".")
-        if not sep or not dot:
-            raise typer.BadParameter(f"--set {item!r}: expected stage.key=value, e.g. dpo.beta=0.2")
-        overrides.setdefault(stage, []).extend([f"--{name}", *_set_values(value)])
+    overrides = parse_set(set_ or [])
     from pydantic import ValidationError
 
     from rlhf.credentials import check_args
@@ -194,6 +188,23 @@ def round_cmd(
     if release != "pass":
         typer.echo(f"release BLOCKED (exit {BLOCKED_EXIT_CODE}); see {manifest['gate_report']}", err=True)
     raise typer.Exit(0 if release == "pass" else BLOCKED_EXIT_CODE)
+
+
+def parse_set(items: list[str]) -> dict[str, list[str]]:
+    """``--set STAGE.KEY=VALUE`` items as each stage's command-line words: ``{stage: ["--key", value words...]}``
+    (:func:`_set_values`), in the order given.
+
+    Raises:
+        typer.BadParameter: an item is not ``stage.key=value``, or a list value is malformed.
+    """
+    overrides: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        stage, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise typer.BadParameter(f"--set {item!r}: expected stage.key=value, e.g. dpo.beta=0.2")
+        overrides.setdefault(stage, []).extend([f"--{name}", *_set_values(value)])
+    return overrides
 
 
 def _set_values(value: str) -> list[str]:

@@ -385,9 +385,9 @@ def _store_peak(cache: dict, key: str, flops: float) -> None:
 #: Largest batch ``auto`` picks: 128 on CPU, 256 on a GPU. On a CPU a decode step costs a fixed ~120 ms plus ~3 ms a
 #: row (``rlhf.batching``), so the fixed part is shared by more rows the bigger the batch: measured with
 #: ``benchmarks/generation.py`` (135M, 128 gate prompts, 64 new tokens, AVX-512 2-core EPYC), batch 128 generated
-#: 1.12x faster than 64 and 1.68x faster than 16, outputs identical. The gate joins suites that share
-#: ``max_new_tokens`` into one call, so its batches do fill; the padding-aware plan (``rlhf.batching``) splits
-#: where padding would cost more than a forward, and memory lowers the cap (:func:`auto_batch_size`).
+#: 1.12x faster than 64 and 1.68x faster than 16, outputs identical. It is a cap, not a size: the padding-aware plan
+#: (``rlhf.batching``) splits where padding would cost more than a forward (the demo gate suites' batches stayed at
+#: <= 64), and memory lowers it (:func:`auto_batch_size`).
 AUTO_BATCH_CAP = {"cpu": 128, "cuda": 256}
 
 

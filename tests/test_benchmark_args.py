@@ -108,6 +108,7 @@ def test_round_time_passes_overrides_and_its_same_gates_set_parses_against_the_d
     """``benchmarks/round_time.py --set`` reaches ``rlhf round`` as ``--set`` pairs, and the overrides that leave out
     the gates added since 6012cb5 are keys the demo gates recipe accepts with those values (a renamed key fails
     here, not 15 minutes into a benchmark)."""
+    from flows.cli import parse_set
     from flows.stages import check_stage_config
 
     bench = _load("round_time")
@@ -116,12 +117,8 @@ def test_round_time_passes_overrides_and_its_same_gates_set_parses_against_the_d
     sets = cmd[cmd.index("--round-id") + 2:]
     assert sets[::2] == ["--set"] * 3 and sets[1::2] == list(bench.SAME_GATES_AS_6012CB5)
     assert bench.round_command("demo", tmp_path, "r") == cmd[: cmd.index("--round-id") + 2]
-    args = []
-    for item in bench.SAME_GATES_AS_6012CB5:
-        key, _, value = item.partition("=")
-        stage, _, name = key.partition(".")
-        assert stage == "gates"
-        args += [f"--{name}", value]
-    check_stage_config("gates", ROOT / "recipes" / "demo" / "gates.yaml", args)
+    overrides = parse_set(list(bench.SAME_GATES_AS_6012CB5))  # as `rlhf round --set` reads them
+    assert list(overrides) == ["gates"]
+    check_stage_config("gates", ROOT / "recipes" / "demo" / "gates.yaml", overrides["gates"])
     with pytest.raises(ValueError, match="unknown key"):
         check_stage_config("gates", ROOT / "recipes" / "demo" / "gates.yaml", ["--consistensy", "false"])
