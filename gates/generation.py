@@ -141,7 +141,8 @@ def chat_of(p) -> list[dict] | str:
 
 
 def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateStageConfig, desc: str,
-                   prompt_cache=None, max_prompt_length: int | None = None, prefill_model=None) -> dict:
+                   prompt_cache=None, max_prompt_length: int | None = None, prefill_model=None,
+                   prefixes: list | None = None) -> dict:
     """One suite's answers: ``{"text", "n_tokens", "truncated"}`` (per item; truncated = prompt content was cut to fit
     ``args.max_prompt_length``, the chat template never is).
 
@@ -149,7 +150,8 @@ def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateSta
     multi-process launch the prompts are sharded over the processes and every process gets all answers in order.
     ``prompt_cache``: a ``rlhf.prefix_cache.PromptCache`` of this model (transformers only; vLLM caches prefixes
     itself). ``max_prompt_length``: this suite's prompt budget (default ``args.max_prompt_length``).
-    ``prefill_model``: the bf16 copy that prefills long prompts (``rlhf.generation.generate_report``), or None."""
+    ``prefill_model``: the bf16 copy that prefills long prompts (``rlhf.generation.generate_report``), or None.
+    ``prefixes``: per prompt, an earlier prompt it extends, or None (``generate_report``; transformers only)."""
     from rlhf.vllm_engine import VLLMGenerator
 
     budget = args.max_prompt_length if max_prompt_length is None else max_prompt_length
@@ -160,6 +162,7 @@ def generate_suite(model, tok, prompts: list, max_new_tokens: int, args: GateSta
         text, n, cut = generate_report(
             model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=args.batch_size,
             max_prompt_length=budget, desc=desc, shard=True, prompt_cache=prompt_cache, prefill_model=prefill_model,
+            prefixes=prefixes,
         )
     if any(cut):
         logger.warning("%s: %d of %d prompts longer than max_prompt_length=%d had their content cut (template kept)",
@@ -227,7 +230,9 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     The flip probe's second turn depends on the model's own first answer, so it runs after the capability suite;
     it repeats the first-turn question, whose KV cache is kept from the first turn (``rlhf.prefix_cache``) so only
     the answer and the challenge are prefilled again. Where ``rlhf.precision.prefill_precision`` says bf16 and the
-    weights are fp32, a bf16 copy of the model prefills each long prompt alone and the fp32 model decodes.
+    weights are fp32, a bf16 copy of the model prefills each long prompt alone and the fp32 model decodes; a second
+    turn the copy prefills declares its first-turn question as its prefix (``generate_report``'s ``prefixes``), so
+    the copy's prefill of that question is reused, or recomputed the same way when it was not kept.
 
     Also ``"_length"`` (text -> tokens in this model's tokenizer) and ``"_precision"``
     (``{"weights": fp32 | bf16 | vllm, "prefill": the long prompts' prefill dtype}``).
@@ -258,8 +263,11 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
     short = {k: v for k, v in suites.items() if k != CONSISTENCY}
     caps = {name: args.mc_max_new_tokens if name in ("capability", "sycophancy") else args.max_new_tokens
             for name in short}
-    store = PromptCache(max_bytes=available_memory_bytes() // 8) if args.engine != "vllm" else None
+    # keep_copies: the flip probe's second turn extends the capability questions, also where the copy prefilled them
+    store = PromptCache(max_bytes=available_memory_bytes() // 8, keep_copies=True) if args.engine != "vllm" else None
     out = generate_suites(model, tok, short, caps, args, who, prompt_cache=store, prefill_model=prefill)
+    if store is not None:
+        store.keep_copies = False
     if long and not long[CONSISTENCY]:  # every depth skipped: nothing to ask
         out[CONSISTENCY] = {"text": [], "n_tokens": [], "truncated": []}
     elif long:
@@ -271,7 +279,8 @@ def answer_suites(path: str, suites: dict[str, list], args: GateStageConfig, who
                                           prefill_model=prefill)
     challenged = [are_you_sure_messages(q, a) for q, a in zip(suites["capability"], out["capability"]["text"])]
     out["are_you_sure"] = generate_suite(model, tok, challenged, args.mc_max_new_tokens, args, f"{who} are-you-sure",
-                                         prompt_cache=store, prefill_model=prefill)
+                                         prompt_cache=store, prefill_model=prefill,
+                                         prefixes=suites["capability"] if prefill else None)
     del store, prefill
     out["_precision"] = precision
     out["_length"] = lambda t, tok=tok: len(tok(t, add_special_tokens=False)["input_ids"])

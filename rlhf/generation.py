@@ -115,6 +115,7 @@ def generate_report(
     shard: bool = False,
     prompt_cache=None,
     prefill_model=None,
+    prefixes: list | None = None,
 ) -> tuple[list[str], list[int], list[bool]]:
     """Greedy completions for chat prompts, and which prompts had to be shortened.
 
@@ -146,6 +147,12 @@ def generate_report(
             ``rlhf.prefix_cache.BF16_PREFILL_MIN_TOKENS`` tokens before its last is prefilled alone by it, from
             scratch and never stored in ``prompt_cache``, and decoded by ``model`` (a rule on the prompt's own
             length: its answer depends neither on the batch nor on what was stored). None: ``model`` prefills all.
+        prefixes: per prompt, an earlier prompt it extends (chat messages or a user string, fitted to
+            ``max_prompt_length`` as that prompt was), or None; ``len(prompts)`` of them. A long prompt whose
+            prefix the copy prefilled too reuses the copy's prefill of that prefix (kept in ``prompt_cache``,
+            computed when not there: ``rlhf.prefix_cache.batch_inputs``, case 0) and prefills only its own rest, so
+            the copy's part still depends on its own tokens and its prefix's only. A prompt whose prefix the fp32
+            model prefilled is the fp32 model's, and finds that prefix in ``prompt_cache`` by its tokens.
 
     Returns:
         ``(texts, n_tokens, truncated)``: decoded completions without special tokens, generated token counts
@@ -166,6 +173,11 @@ def generate_report(
     fitted = [fit_prompt(tokenizer, p, max_prompt_length) for p in prompts]
     texts = [t for t, _ in fitted]
     token_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    if prefixes is not None and len(prefixes) != len(prompts):
+        raise ValueError(f"prefixes: {len(prefixes)} given for {len(prompts)} prompts")
+    prefix_ids = [None if p is None else tokenizer(fit_prompt(tokenizer, p, max_prompt_length)[0],
+                                                   add_special_tokens=False)["input_ids"]
+                  for p in (prefixes or [None] * len(prompts))]
     n_prompt = [len(t) for t in token_ids]
     # Longest first, by tokens: each batch holds prompts of similar length (little padding); outputs go back in order.
     order = sorted(range(len(texts)), key=lambda i: -n_prompt[i])
@@ -201,7 +213,8 @@ def generate_report(
             idx = idx_all[start:end]
             rows = [token_ids[i] for i in idx]
             ids, mask, cache = batch_inputs(model, rows, pad, prompt_cache, prefill_alone=alone,
-                                            reserve=max_new_tokens + 1, prefill_model=prefill_model)
+                                            reserve=max_new_tokens + 1, prefill_model=prefill_model,
+                                            prefixes=[prefix_ids[i] for i in idx])
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,

@@ -127,27 +127,52 @@ class PromptCache:
     Entries are ``(token ids, [(keys, values) per layer])`` with keys/values of shape ``(kv_heads, len, head_dim)``
     on the model's device. Storing stops (logged once) when the stored tensors would pass ``max_bytes``.
 
+    It also holds, apart, the bf16 copy's keys and values of prompts the copy prefilled (``batch_inputs``, case 0),
+    by their exact token ids: a later prompt that declares one of them as its prefix (``generate_report``'s
+    ``prefixes``) prefills only its own rest on top. They are kept while :attr:`keep_copies` is True (a prefix a
+    later prompt declares is always stored when it is computed); both kinds share ``max_bytes``.
+
     Args:
         max_bytes: memory budget for stored keys and values, in bytes.
+        keep_copies: also keep the copy's keys and values of every prompt the copy prefills (set it while
+            generating prompts that later prompts will extend, e.g. the flip probe's first turn).
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, keep_copies: bool = False):
         self.max_bytes = max_bytes
+        self.keep_copies = keep_copies
         self.bytes = 0
         self.entries: list[tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor]]]] = []
+        self.copies: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._full = False
 
-    def add(self, ids: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Store one prompt's KV (``layers``: per layer ``(keys, values)``, each ``(kv_heads, len(ids), head_dim)``)."""
+    def _fits(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Count ``layers``' bytes against ``max_bytes``; False (logged once) when they would pass it."""
         size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
         if self.bytes + size > self.max_bytes:
             if not self._full:
-                logger.info("prompt cache full (%d prompts, %.0f MB): later prompts are not stored",
-                            len(self.entries), self.bytes / 2**20)
+                logger.info("prompt cache full (%d prompts, %d copy prefixes, %.0f MB): later prompts are not stored",
+                            len(self.entries), len(self.copies), self.bytes / 2**20)
             self._full = True
-            return
-        self.entries.append((np.asarray(ids), layers))
+            return False
         self.bytes += size
+        return True
+
+    def add(self, ids: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store one prompt's KV (``layers``: per layer ``(keys, values)``, each ``(kv_heads, len(ids), head_dim)``)."""
+        if self._fits(layers):
+            self.entries.append((np.asarray(ids), layers))
+
+    def add_copy(self, ids: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store the bf16 copy's prefill of ``ids`` but its last token (``layers``: per layer ``(keys, values)``,
+        each ``(kv_heads, len(ids) - 1, head_dim)``, as the copy computed them)."""
+        key = tuple(ids)
+        if key not in self.copies and self._fits(layers):
+            self.copies[key] = layers
+
+    def copy_of(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The copy's stored prefill of exactly ``ids`` (:meth:`add_copy`), or None."""
+        return self.copies.get(tuple(ids))
 
     def longest_prefix(self, ids: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """The stored entry sharing the most leading tokens with ``ids`` (at most ``len(ids) - 1``): ``(n, layers)``,
@@ -187,6 +212,44 @@ def prefilled_by_copy(ids: list[int], min_tokens: int = BF16_PREFILL_MIN_TOKENS)
     return len(ids) - 1 >= min_tokens
 
 
+def _shared_length(a: list[int], b: list[int]) -> int:
+    """Leading tokens ``a`` and ``b`` share."""
+    m = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:m]) != np.asarray(b[:m]))
+    return int(diff[0]) if diff.size else m
+
+
+def _copy_prefill(prefill_model, ids: list[int], prefix: list[int] | None, store: PromptCache | None,
+                  out_dtype: torch.dtype) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Case 0 of :func:`batch_inputs`: ``ids`` prefilled by the bf16 copy alone; returns ``(n, layers)``
+    (:meth:`PromptCache.longest_prefix`'s form: keys/values of the first ``n`` tokens, cast to ``out_dtype``).
+
+    From scratch (``n = len(ids) - 1``), unless ``prefix`` (the token ids of an earlier prompt that ``ids`` extends,
+    e.g. the flip probe's first turn) shares at least :data:`MIN_PREFIX_TOKENS` leading tokens with it: then those
+    positions (at most ``len(prefix) - 1``, what the prefix's own copy prefill computes) hold the copy's prefill of
+    ``prefix`` alone, read from ``store`` when it has it and computed (and stored) when not; the rest is prefilled
+    on top by the copy when it has at least :data:`BF16_PREFILL_MIN_TOKENS` tokens before its last, else it is
+    left to the batched forward of ``model``, as a short prompt's is. Either way the copy's keys are a function of
+    ``ids`` and ``prefix`` only, never of what was stored before."""
+    n, past = 0, None
+    if prefix is not None:
+        n = min(_shared_length(ids, prefix), len(prefix) - 1, len(ids) - 1)
+        if n >= MIN_PREFIX_TOKENS:
+            past = store.copy_of(prefix) if store is not None else None
+            if past is None:
+                _, past = _prefill_alone(prefill_model, prefix, 0, None)
+                if store is not None:
+                    store.add_copy(prefix, past)
+        else:
+            n = 0
+    if past is None or prefilled_by_copy(ids[n:]):
+        n, past = _prefill_alone(prefill_model, ids, n, past)
+    layers = [(k[:, :n], v[:, :n]) for k, v in past]
+    if store is not None and store.keep_copies and n == len(ids) - 1:
+        store.add_copy(ids, layers)
+    return n, [(k.to(out_dtype), v.to(out_dtype)) for k, v in layers]
+
+
 def _output_cache(out):
     """A forward's KV cache (``cache`` in recent transformers, ``past_key_values`` before)."""
     cache = getattr(out, "cache", None)
@@ -219,14 +282,17 @@ def _prefill_alone(model, ids: list[int], n: int, layers,
 @torch.no_grad()
 def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptCache | None = None, *,
                  prefill_alone: Callable[[list[int]], bool] | bool = False, reserve: int = 0,
-                 prefill_model=None):
+                 prefill_model=None, prefixes: list[list[int] | None] | None = None):
     """One generation batch: ``(input_ids, attention_mask, cache)``, prefilling as little as possible.
 
     0. With ``prefill_model`` (a bf16 copy of ``model``; ``rlhf.precision.prefill_precision``), every row with at
        least :data:`BF16_PREFILL_MIN_TOKENS` tokens before its last (:func:`prefilled_by_copy`) is prefilled alone
-       by it, from scratch (the store is not read for it), and its keys/values cast to ``model``'s dtype; then laid out
-       as in 1. The rule reads the row's own length only, also for a batch of one, so a row is prefilled the same
-       way whatever it is batched with or whatever was stored before.
+       by it, from scratch (the store's fp32 prompts are not read for it), or, where the row declares a prefix
+       (``prefixes``), from the copy's prefill of that prefix with the rest on top (:func:`_copy_prefill`: a short
+       rest is left to the batched forward; a row whose declared prefix is too short for the copy is the fp32
+       model's, as in 1); its keys/values are cast to ``model``'s dtype and laid out as in 1. The
+       rule reads the row's own tokens and its declared prefix only, also for a batch of one, so the copy's part of
+       a row is the same whatever it is batched with or whatever was stored before.
     1. Rows with a prefix in ``store`` (:meth:`PromptCache.longest_prefix`) or from 0: each row is laid out as
        ``pads + its stored prefix + pads + rest`` and the cache holds every row's stored keys/values.
     2. With ``prefill_alone`` (True, or a rule given the tokens each row still has to prefill after its stored
@@ -247,6 +313,7 @@ def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptC
             returned (empty) even when nothing was prefilled; 0: a plain ``DynamicCache`` or None.
         prefill_model: the model that prefills long rows alone (case 0; only for :func:`plain_layers` models), or
             None.
+        prefixes: per row, the token ids of an earlier prompt it extends, or None (read in case 0 only).
 
     Returns:
         ``input_ids`` and ``attention_mask``: int64 tensors ``(len(rows), width)`` on the model's device; ``cache``:
@@ -263,15 +330,18 @@ def batch_inputs(model, rows: list[list[int]], pad_token_id: int, store: PromptC
         return reserved_cache(model, reserve, data) if reserve else DynamicCache(ddp_cache_data=data,
                                                                                  config=model.config)
 
-    by_copy = [plain and prefill_model is not None and prefilled_by_copy(r) for r in rows]
+    prefixes = prefixes or [None] * len(rows)
+    # a row extending a prompt the fp32 model prefilled extends that prompt's fp32 keys, as any row finds them
+    by_copy = [plain and prefill_model is not None and prefilled_by_copy(r) and (p is None or prefilled_by_copy(p))
+               for r, p in zip(rows, prefixes)]
     lookup = store is not None and bool(store.entries)
     # a row the copy prefills does so from scratch, never on a stored prefix: what the store holds depends on the
     # batches before this one
     found = [(0, None) if c or not lookup else store.longest_prefix(r) for r, c in zip(rows, by_copy)]
     if any(by_copy):
         dtype = next(model.parameters()).dtype
-        found = [_prefill_alone(prefill_model, r, 0, None, out_dtype=dtype) if c else f
-                 for r, c, f in zip(rows, by_copy, found)]
+        found = [_copy_prefill(prefill_model, r, p, store, dtype) if c else f
+                 for r, c, f, p in zip(rows, by_copy, found, prefixes)]
     elif not lookup:
         found = []
     if plain and len(rows) > 1 and prefill_alone:

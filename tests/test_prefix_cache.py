@@ -217,3 +217,86 @@ def test_long_rows_are_prefilled_by_the_bf16_copy_and_answers_do_not_depend_on_t
         pad_token_id=0, store=store, prefill_model=half)
     _, _, alone = batch_inputs(model, [ids_of], pad_token_id=0, prefill_model=half)
     torch.testing.assert_close(fresh.layers[-1].values, alone.layers[-1].values, rtol=0, atol=0)
+
+
+def test_a_row_declaring_its_prefix_reuses_the_copys_prefill_of_it_whatever_the_store_holds(model, tokenizer):
+    """A row the bf16 copy prefills, declared to extend an earlier prompt (the flip probe's second turn), holds the
+    copy's prefill of that prompt alone: read from the store when the earlier prompt's copy prefill was kept,
+    computed when not (no store, an empty one, a full one), bit for bit the same. A short rest is left to the
+    batched fp32 forward; a rest of BF16_PREFILL_MIN_TOKENS or more is prefilled on top by the copy."""
+    import copy
+
+    from rlhf.generation import generate_report
+    from rlhf.prefix_cache import BF16_PREFILL_MIN_TOKENS
+
+    half = copy.deepcopy(model).to(torch.bfloat16).eval()
+    first = list(range(300, 300 + BF16_PREFILL_MIN_TOKENS + 10))
+    short_rest = first + list(range(600, 640))
+    long_rest = first + list(range(600, 600 + BF16_PREFILL_MIN_TOKENS + 20))
+    n = len(first) - 1
+    with torch.no_grad():
+        past = half(input_ids=torch.tensor([first[:-1]]), use_cache=True).past_key_values
+        alone = [(layer.keys[0].float(), layer.values[0].float()) for layer in past.layers]
+        whole = half(input_ids=torch.tensor([long_rest[n:-1]]), cache=past, use_cache=True)
+        on_top = [(layer.keys[0].float(), layer.values[0].float()) for layer in whole.past_key_values.layers]
+
+    store = PromptCache(max_bytes=2**30, keep_copies=True)
+    batch_inputs(model, [first], pad_token_id=0, store=store, prefill_model=half)  # the first turn: kept
+    assert list(store.copies) == [tuple(first)] and store.entries == []
+    store.keep_copies = False
+    seen: list[int] = []
+    hook = half.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        ids, mask, stored = batch_inputs(model, [short_rest, list(range(700, 720))], pad_token_id=0, store=store,
+                                         prefill_model=half, prefixes=[first, None])
+        assert seen == []  # the prefix came from the store and the short rest goes to the batched forward
+        assert ids.tolist()[0] == short_rest[:n] + short_rest[n:] and mask.tolist()[0] == [1] * len(short_rest)
+        assert stored.get_seq_length() == n
+        ids_long, _, stored_long = batch_inputs(model, [long_rest], pad_token_id=0, store=store, prefill_model=half,
+                                                prefixes=[first])
+        assert seen == [len(long_rest) - 1 - n]  # only the long rest, on top of the stored prefix
+        assert ids_long.tolist() == [long_rest]
+        short_others = [batch_inputs(model, [short_rest], pad_token_id=0, store=s, prefill_model=half,
+                                     prefixes=[first])[2]
+                        for s in (None, PromptCache(max_bytes=2**30), PromptCache(max_bytes=0))]
+        long_others = [batch_inputs(model, [long_rest], pad_token_id=0, store=s, prefill_model=half,
+                                    prefixes=[first])[2]
+                       for s in (None, PromptCache(max_bytes=0))]
+        # a long row extending a prompt too short for the copy is the fp32 model's: it reads that prompt's fp32 keys
+        seen.clear()
+        short_first = list(range(800, 850))
+        fp32_store = PromptCache(max_bytes=2**30)
+        ones = torch.ones(model.config.num_key_value_heads, 50, model.config.head_dim)
+        fp32_store.add(short_first, [(ones, ones)] * model.config.num_hidden_layers)
+        row = short_first + list(range(900, 900 + BF16_PREFILL_MIN_TOKENS))
+        _, mask_fp32, read = batch_inputs(model, [row], pad_token_id=0, store=fp32_store, prefill_model=half,
+                                          prefixes=[short_first])
+        assert seen == [] and read.get_seq_length() == 50 and float(read.layers[0].keys.sum()) == ones.numel()
+    finally:
+        hook.remove()
+    assert len(store.copies) == 1  # keep_copies off: the second turns are not kept
+    for cache, expected in [(stored, alone), *((c, alone) for c in short_others),
+                            (stored_long, on_top), *((c, on_top) for c in long_others)]:
+        for layer, (keys, values) in zip(cache.layers, expected):
+            torch.testing.assert_close(layer.keys[0, :, -keys.shape[1]:], keys, rtol=0, atol=0)
+            torch.testing.assert_close(layer.values[0, :, -values.shape[1]:], values, rtol=0, atol=0)
+
+    # through generate_report, as the gate asks the flip probe: the second turn's answers do not depend on whether
+    # the first turn ran with this store, nor on the batch
+    story = ("Write a long and careful story about a lighthouse keeper, a storm, a ship in trouble and the rescue "
+             "at dawn, with the names of every sailor and the colour of each boat. ")
+    questions = [story * 4, "Name three colours of the rainbow.", story * 3]
+    store = PromptCache(max_bytes=2**30, keep_copies=True)
+    firsts = generate_report(model, tokenizer, questions, max_new_tokens=4, batch_size="auto", prompt_cache=store,
+                             prefill_model=half)[0]
+    assert len(store.copies) == 2  # the two long questions went through the copy and were kept
+    turns = [[{"role": "user", "content": q}, {"role": "assistant", "content": a},
+              {"role": "user", "content": "Are you sure?"}] for q, a in zip(questions, firsts)]
+    run = dict(max_new_tokens=6, prefill_model=half, prefixes=questions)
+    with_store = generate_report(model, tokenizer, turns, batch_size="auto", prompt_cache=store, **run)
+    assert with_store[:2] == generate_report(model, tokenizer, turns, batch_size="auto", **run)[:2]
+    for i, t in enumerate(turns):
+        one = generate_report(model, tokenizer, [t], batch_size=1, **{**run, "prefixes": [questions[i]]})
+        assert (one[0][0], one[1][0]) == (with_store[0][i], with_store[1][i])
+    with pytest.raises(ValueError, match="prefixes: 1 given for 3 prompts"):
+        generate_report(model, tokenizer, turns, **{**run, "prefixes": questions[:1]})
