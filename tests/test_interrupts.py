@@ -122,12 +122,13 @@ KILLED_TRAINER = ('import os, signal\nprint(" 10%|#         | 1/10 [00:00<00:01,
                   "os.kill(os.getpid(), signal.SIGKILL)\n")
 
 
-@pytest.mark.parametrize("how", ["launcher", "accelerate", "torchrun"])
+@pytest.mark.parametrize("how", ["launcher", "local", "accelerate", "torchrun"])
 def test_a_stage_killed_by_a_signal_says_which(tmp_path, monkeypatch, how):
     """Through the flow's stage runner (flows.stages.run_stage): the failure names the signal, not the last log
-    line. launcher: the launched process itself is killed (return code -9); accelerate: the trainer under
-    ``accelerate launch`` (one process; the launcher exits 1 and reports the child's death); torchrun: two
-    processes under torch elastic (the root cause is the killed rank; the other is stopped with SIGTERM)."""
+    line. launcher: the launched process itself is killed (return code -9); local: the flow's own launch of one
+    process (started directly, so also -9); accelerate: the trainer under ``accelerate launch`` (the launcher exits
+    1 and reports the child's death); torchrun: two processes under torch elastic (the root cause is the killed
+    rank; the other is stopped with SIGTERM)."""
     from flows.stages import StageFailed, launch_command, run_stage
 
     (tmp_path / "killed_trainer.py").write_text(KILLED_TRAINER)
@@ -140,14 +141,18 @@ def test_a_stage_killed_by_a_signal_says_which(tmp_path, monkeypatch, how):
             return [sys.executable, "-m", module]
         if how == "torchrun":
             return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", module]
-        return launch_command(module, recipe, output_dir, extra_args, accelerate_config)  # the local launch
+        cmd = launch_command(module, recipe, output_dir, extra_args, accelerate_config)  # the local launch
+        if how == "accelerate":  # the same stage under accelerate's launcher, as with an accelerate config
+            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", *cmd[cmd.index(sys.executable) + 1:]]
+        return cmd
 
     out = tmp_path / "runs" / "sft"
     with pytest.raises(StageFailed) as err:
         run_stage("sft", "killed_trainer", recipe, out, runs_dir=tmp_path / "runs", launcher=launcher,
                   log=lambda *_: None)
     assert err.value.cause == "killed by signal 9 (SIGKILL)"
-    assert err.value.returncode == (-signal.SIGKILL if how == "launcher" else 1)
+    assert err.value.returncode == (-signal.SIGKILL if how in ("launcher", "local") else 1)
     assert str(err.value).startswith("stage sft failed (exit ") and "killed by signal 9 (SIGKILL)" in str(err.value)
     assert "1/10 [00:00<00:01" in (out / "stage.log").read_text()  # the progress bar was there, and is not the reason
 

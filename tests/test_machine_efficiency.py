@@ -62,13 +62,37 @@ def test_a_cgroup_cpu_quota_caps_the_cores(tmp_path):
 def test_the_launch_command_passes_threads_per_process_from_the_accelerate_config():
     from flows.stages import launch_command, processes_per_node
 
-    cmd = launch_command("sft.train", RECIPES / "sft.yaml", Path("/tmp/x"), [], None)
-    assert cmd[cmd.index("--num_cpu_threads_per_process") + 1] == str(physical_cores())
+    cmd = launch_command("sft.train", RECIPES / "sft.yaml", Path("/tmp/x"), [], None)  # one process: started directly
+    assert f"OMP_NUM_THREADS={physical_cores()}" in cmd[:cmd.index(sys.executable)]
     multi = ROOT / "recipes" / "accelerate_configs" / "multi_gpu.yaml"  # 8 processes on 1 machine
     assert processes_per_node(str(multi)) == 8
     cmd = launch_command("sft.train", RECIPES / "sft.yaml", Path("/tmp/x"), [], str(multi))
     assert cmd[cmd.index("--num_cpu_threads_per_process") + 1] == str(max(1, physical_cores() // 8))
     assert processes_per_node(str(ROOT / "recipes" / "accelerate_configs" / "zero3.yaml")) == 8  # 16 on 2 nodes
+
+
+def test_one_stage_process_starts_directly_with_the_environment_accelerate_launch_gives_it(tmp_path):
+    """One process, no accelerate config: the stage runs without the launcher process, with exactly the variables
+    ``accelerate launch`` gives its child (threads, precision, dynamo, CPU), and its own exit code."""
+    from flows.stages import launch_command
+
+    (tmp_path / "print_env.py").write_text(
+        "import json, os, sys\n"
+        "json.dump({k: v for k, v in os.environ.items() if k.startswith(('ACCELERATE_', 'OMP_', 'KMP_', 'MASTER_'))},"
+        " sys.stdout)\nsys.exit(3)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    cmd = launch_command("print_env", Path("r.yaml"), Path("o"), ["--x", "1"], None)
+    assert cmd[0] == "env" and "accelerate.commands.launch" not in cmd
+    stage = cmd[cmd.index(sys.executable) + 1:]
+    assert stage == ["-m", "print_env", "--config", "r.yaml", "--output_dir", "o", "--x", "1"]
+    direct = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert direct.returncode == 3  # accelerate's launcher would have turned it into 1
+    via = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                          "--num_cpu_threads_per_process", str(physical_cores()), *stage],
+                         env=env, capture_output=True, text=True)
+    launched = json.loads(via.stdout)
+    assert json.loads(direct.stdout) == launched and launched["OMP_NUM_THREADS"] == str(physical_cores())
 
 
 def test_a_stage_run_through_the_flow_uses_every_core_and_reports_its_efficiency(tmp_path, monkeypatch):
