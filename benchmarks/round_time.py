@@ -126,7 +126,7 @@ def main() -> None:
         print(f"{args.preset} round split at {args.baseline_ref} ({base:.1f} s):")
         for part, sec in split(runs / "baseline" / "bench", base).items():  # per stage too: the gates may differ
             print(f"  {part:15s} {sec:7.1f} s  {100 * sec / base:5.1f}%")
-        print(f"baseline {args.baseline_ref}: {base:.1f} s; this tree / baseline = {first / base:.2f}x"
+        print(f"baseline {args.baseline_ref}: {base:.1f} s; this tree / baseline = {first / base:.3f}x"
               + (f" (target <= {args.target_ratio}x: %s)" % ("OK" if first / base <= args.target_ratio else "MISSED")))
     if not args.keep:
         shutil.rmtree(runs, ignore_errors=True)

@@ -29,6 +29,7 @@ class RewardModelJudge(Judge):
             id's resolved commit, ``rlhf.lineage.source_key``).
         backend: ``reward_model`` or ``sequence_classifier`` (reported only).
         batch_size, max_length: scoring batch and token cap (``judging.scoring.score``).
+        planned: batches of at most ``batch_size`` split by padding cost (``judging.scoring.score(planned=True)``).
 
     Attribute ``shard`` (default False): score data-parallel over the processes of a multi-process launch
     (``judging.scoring.score(shard=True)``); the gate stage sets it, every process then judges the same pairs.
@@ -37,9 +38,10 @@ class RewardModelJudge(Judge):
     shard: bool = False
 
     def __init__(self, model, tokenizer, *, path: str, backend: str = "reward_model", batch_size: int = 8,
-                 max_length: int = 512, content: str | None = None):
+                 max_length: int = 512, content: str | None = None, planned: bool = False):
         self.model, self.tokenizer, self.path = model, tokenizer, str(path)
         self.backend, self.batch_size, self.max_length = backend, batch_size, max_length
+        self.planned = planned
         self._content = content
         self._scored: dict[str, float] = {}  # (prompt, response) key -> score, across calls
 
@@ -81,7 +83,8 @@ class RewardModelJudge(Judge):
         unique = list(first.values())
         if unique:
             s = score(self.model, self.tokenizer, [pairs[i][0] for i in unique], [pairs[i][1] for i in unique],
-                      batch_size=self.batch_size, max_length=self.max_length, desc="judging", shard=self.shard)
+                      batch_size=self.batch_size, max_length=self.max_length, desc="judging", shard=self.shard,
+                      planned=self.planned)
             if len(self._scored) > _MAX_KEPT_SCORES:  # a long online-RL run judges new rollouts every step
                 self._scored.clear()
             self._scored.update({k: float(s[j]) for j, k in enumerate(first)})

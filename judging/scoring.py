@@ -55,6 +55,7 @@ def score(
     max_length: int = 512,
     desc: str = "scoring",
     shard: bool = False,
+    planned: bool = False,
 ) -> np.ndarray:
     """Reward of each (prompt, response).
 
@@ -65,6 +66,10 @@ def score(
         shard: in a multi-process launch, each process scores a contiguous share of the (length-sorted) texts and
             every process gets all scores in input order (``rlhf.distributed.map_sharded``); every process must call
             with the same inputs. False: this process scores everything (PPO, where each rank has its own).
+        planned: batches of at most ``batch_size`` texts sorted by token count, split where padding would cost
+            more than another forward pass (``rlhf.batching.plan_batches``, one forward a batch): a single batch of
+            texts from 62 to 256 tokens pads a third of its tokens. The plan reads token counts only, so the same
+            texts always share the same batches. False: every ``batch_size`` texts, sorted by characters.
 
     Returns:
         float64 array of shape ``(len(responses),)``: the score head's output at the last non-pad token.
@@ -75,20 +80,30 @@ def score(
     import torch
     from tqdm.auto import tqdm
 
+    from rlhf.batching import forward_overhead_tokens, plan_batches
     from rlhf.distributed import map_sharded
 
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     model.eval()
     texts = [render(tokenizer, p, r) for p, r in zip(prompts, responses)]
-    # Longest first keeps padding small; the original order is restored below.
-    order = np.argsort([-len(t) for t in texts], kind="stable")
     tokenizer.padding_side = "right"
+    n_tokens = None
+    if planned:  # the plan needs each text's tokens after the same truncation as its batch's
+        tokenizer.truncation_side = "left"
+        n_tokens = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_length,
+                                                  add_special_tokens=False)["input_ids"]]
+    # Longest first keeps padding small; the original order is restored below.
+    order = np.argsort([-n for n in n_tokens] if planned else [-len(t) for t in texts], kind="stable")
 
     def run(idx_all: list[int]) -> list[float]:
         done: list[float] = []
-        for start in tqdm(range(0, len(idx_all), batch_size), desc=desc, disable=len(idx_all) <= batch_size):
-            idx = idx_all[start : start + batch_size]
+        if n_tokens is not None:
+            spans = plan_batches([n_tokens[i] for i in idx_all], batch_size, 1, forward_overhead_tokens(model.device))
+        else:
+            spans = [(s, min(s + batch_size, len(idx_all))) for s in range(0, len(idx_all), batch_size)]
+        for start, end in tqdm(spans, desc=desc, disable=len(spans) <= 1):
+            idx = idx_all[start:end]
             # Truncate from the left so the response end (where the score is read) is always kept.
             tokenizer.truncation_side = "left"
             enc = tokenizer(
@@ -143,16 +158,17 @@ def load_reward_model(path: str, new_head: bool = False, dtype=None, trained: bo
     return model, tokenizer
 
 
-def score_pairs(model, tokenizer, pairs, batch_size: int, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+def score_pairs(model, tokenizer, pairs, batch_size: int, max_length: int,
+                planned: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Scores of (first, second) responses of each pair: two float arrays of shape ``(len(pairs),)``.
 
     ``pairs``: ``data.schemas.PreferencePair``-like objects (``prompt`` messages, ``chosen`` first, ``rejected``
-    second).
+    second). ``planned``: :func:`score`'s padding-aware batches.
     """
     prompts = [[m.model_dump() for m in p.prompt] for p in pairs]
     # Both sides in one call: one length sort over all 2n texts, so every batch is full and evenly padded.
     both = score(model, tokenizer, prompts + prompts, [p.chosen for p in pairs] + [p.rejected for p in pairs],
-                 batch_size=batch_size, max_length=max_length, desc="scoring pairs")
+                 batch_size=batch_size, max_length=max_length, desc="scoring pairs", planned=planned)
     return both[: len(pairs)], both[len(pairs):]
 
 
@@ -167,6 +183,7 @@ def check_reload_scores(
     *,
     n: int = 8,
     tolerance: float = 1e-3,
+    planned: bool = False,
 ) -> float:
     """Reload ``checkpoint`` and check that it reproduces the live model's scores on the first ``n`` pairs (the
     "random score head after a LoRA reload" pitfall).
@@ -175,7 +192,9 @@ def check_reload_scores(
         checkpoint: saved reward-model directory.
         tokenizer: the live model's tokenizer (the reload is scored with it).
         first, second: the live model's scores of ``pairs`` (``score_pairs``), shape (len(pairs),).
-        tolerance: largest allowed absolute score difference.
+        tolerance: largest allowed absolute score difference (batches other than the live scoring's move a
+            score in its last float32 bits only).
+        planned: :func:`score`'s padding-aware batches.
 
     Returns:
         the largest absolute difference (score units).
@@ -184,7 +203,7 @@ def check_reload_scores(
         RuntimeError: the difference exceeds ``tolerance`` (names the checkpoint).
     """
     reloaded, _ = load_reward_model(str(checkpoint))
-    r_first, r_second = score_pairs(reloaded, tokenizer, pairs[:n], batch_size, max_length)
+    r_first, r_second = score_pairs(reloaded, tokenizer, pairs[:n], batch_size, max_length, planned=planned)
     dev = float(np.max(np.abs(np.concatenate([r_first - first[: len(r_first)], r_second - second[: len(r_second)]]))))
     if dev > tolerance:
         raise RuntimeError(

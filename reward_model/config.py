@@ -48,6 +48,7 @@ class RewardStageConfig(PipelineArguments, TrainerDefaults, RewardConfig):
     )
     scoring_batch_size: str = field(
         default="auto",
-        metadata={"help": "Batch size when scoring held-out pairs: an int, or auto (128 on CPU unless memory says "
-                  "otherwise, rlhf.machine.auto_batch_size)."},
+        metadata={"help": "Batch size when scoring held-out pairs: an int, or auto (batches of at most 128 on CPU "
+                  "unless memory says otherwise, rlhf.machine.auto_batch_size, split where padding costs more than a "
+                  "forward pass, rlhf.batching.plan_batches)."},
     )

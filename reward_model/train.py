@@ -47,16 +47,20 @@ def held_out_agreement(model, tokenizer, checkpoint: Path, held_out, scored, arg
     """The saved reward model's agreement with the expert (majority) label on the held-out pairs ``scored``, and
     the inter-annotator agreement on all of ``held_out``; the reloaded checkpoint must reproduce the live scores.
 
-    Scored once, at full batch; the reload check re-scores only its 8 pairs, and the gates reuse these scores
-    (``agreement_scores.jsonl``, per pair: the judge's agreement with the humans item by item) instead of scoring
-    again. The reward model judges through the one judge interface (``judging.judges``), as the gates' judge does.
+    Scored once (``scoring_batch_size: auto``: padding-aware batches, ``judging.scoring.score(planned=True)``); the
+    reload check re-scores only its 8 pairs, and the gates reuse these scores (``agreement_scores.jsonl``, per pair:
+    the judge's agreement with the humans item by item) instead of scoring again. The reward model judges through
+    the one judge interface (``judging.judges``), as the gates' judge does.
     """
     max_len = args.max_length or 512
     batch = auto_batch_size(args.scoring_batch_size, model.config, max_len)
+    planned = str(args.scoring_batch_size) == "auto"  # auto: padding-aware batches of at most `batch`
     t_score = time.perf_counter()
-    rm_judge = RewardModelJudge(model, tokenizer, path=str(checkpoint), batch_size=batch, max_length=max_len)
+    rm_judge = RewardModelJudge(model, tokenizer, path=str(checkpoint), batch_size=batch, max_length=max_len,
+                                planned=planned)
     first, second = judgment_scores(judge_pairs(rm_judge, scored))
-    reload_dev = check_reload_scores(str(checkpoint), tokenizer, first, second, scored, batch, max_len)
+    reload_dev = check_reload_scores(str(checkpoint), tokenizer, first, second, scored, batch, max_len,
+                                     planned=planned)
     judging_seconds = time.perf_counter() - t_score  # held-out scoring + the reload check
 
     labels = [[lab.preference for lab in p.labels] for p in held_out]  # ragged: annotators per pair may differ

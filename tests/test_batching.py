@@ -1,4 +1,4 @@
-"""rlhf/batching.py: the padding-aware batch plan (hand-worked costs) and generation through it."""
+"""rlhf/batching.py: the padding-aware batch plan (hand-worked costs), and generation and scoring through it."""
 
 from __future__ import annotations
 
@@ -66,6 +66,39 @@ def test_auto_batches_split_by_the_plan_give_one_at_a_time_outputs(tiny_model_di
     for i, p in enumerate(prompts):
         alone, k, _ = generate_report(model, tokenizer, [p], max_new_tokens=2, batch_size=1)
         assert (alone[0], k[0]) == (texts[i], n[i])
+
+
+def test_planned_scoring_splits_by_padding_cost_and_keeps_each_texts_score(tiny_model_dir, tmp_path):
+    """Reward-model scoring under the plan (one forward a batch): a long text among short ones is scored apart,
+    the batches are the plan's over token counts (longest first), and every score equals the text scored alone up to
+    float32 rounding, in the input order."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from judging.scoring import render, score
+
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    model.config.pad_token_id = tok.pad_token_id
+    prompts = ["Hi", "Summarise: " + " ".join(f"fact{i}" for i in range(120)), "What is 2 + 2?", "Name a colour."]
+    answers = ["Hello.", "Facts.", "4", "Blue."]
+    lengths = [len(tok(render(tok, p, a), add_special_tokens=False)["input_ids"]) for p, a in zip(prompts, answers)]
+    sorted_lengths = sorted(lengths, reverse=True)
+    plan = plan_batches(sorted_lengths, 4, 1, forward_overhead_tokens(model.device))
+    assert plan == [(0, 1), (1, 4)] and sorted_lengths[0] == lengths[1]  # the long text alone, the rest together
+
+    widths: list[int] = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: widths.append(kw["input_ids"].shape) or forward(*a, **kw)
+    planned = score(model, tok, prompts, answers, batch_size=4, planned=True)
+    assert [w[0] for w in widths] == [1, 3] and widths[0][1] == lengths[1]
+    model.forward = forward
+    alone = np.array([score(model, tok, [p], [a], batch_size=1)[0] for p, a in zip(prompts, answers)])
+    np.testing.assert_allclose(planned, alone, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(score(model, tok, prompts, answers, batch_size=4), alone, rtol=0, atol=1e-5)
 
 
 
