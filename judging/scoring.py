@@ -92,7 +92,7 @@ def score(
     if planned:  # the plan needs each text's tokens after the same truncation as its batch's
         tokenizer.truncation_side = "left"
         n_tokens = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_length,
-                                                  add_special_tokens=False)["input_ids"]]
+                                                  add_special_tokens=False)["input_ids"]] if texts else []
     # Longest first keeps padding small; the original order is restored below.
     order = np.argsort([-n for n in n_tokens] if planned else [-len(t) for t in texts], kind="stable")
 

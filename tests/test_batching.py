@@ -99,6 +99,7 @@ def test_planned_scoring_splits_by_padding_cost_and_keeps_each_texts_score(tiny_
     alone = np.array([score(model, tok, [p], [a], batch_size=1)[0] for p, a in zip(prompts, answers)])
     np.testing.assert_allclose(planned, alone, rtol=0, atol=1e-5)
     np.testing.assert_allclose(score(model, tok, prompts, answers, batch_size=4), alone, rtol=0, atol=1e-5)
+    assert score(model, tok, [], [], planned=True).shape == (0,)
 
 
 
