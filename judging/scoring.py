@@ -88,32 +88,23 @@ def score(
     model.eval()
     texts = [render(tokenizer, p, r) for p, r in zip(prompts, responses)]
     tokenizer.padding_side = "right"
-    n_tokens = None
-    if planned:  # the plan needs each text's tokens after the same truncation as its batch's
-        tokenizer.truncation_side = "left"
-        n_tokens = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_length,
-                                                  add_special_tokens=False)["input_ids"]] if texts else []
+    # Truncate from the left so the response end (where the score is read) is always kept. Tokenized once: the plan
+    # reads these counts and each batch pads these ids.
+    tokenizer.truncation_side = "left"
+    ids = (tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=False)["input_ids"]
+           if texts else [])
     # Longest first keeps padding small; the original order is restored below.
-    order = np.argsort([-n for n in n_tokens] if planned else [-len(t) for t in texts], kind="stable")
+    order = np.argsort([-len(i) for i in ids] if planned else [-len(t) for t in texts], kind="stable")
 
     def run(idx_all: list[int]) -> list[float]:
         done: list[float] = []
-        if n_tokens is not None:
-            spans = plan_batches([n_tokens[i] for i in idx_all], batch_size, 1, forward_overhead_tokens(model.device))
+        if planned:
+            spans = plan_batches([len(ids[i]) for i in idx_all], batch_size, 1, forward_overhead_tokens(model.device))
         else:
             spans = [(s, min(s + batch_size, len(idx_all))) for s in range(0, len(idx_all), batch_size)]
         for start, end in tqdm(spans, desc=desc, disable=len(spans) <= 1):
-            idx = idx_all[start:end]
-            # Truncate from the left so the response end (where the score is read) is always kept.
-            tokenizer.truncation_side = "left"
-            enc = tokenizer(
-                [texts[i] for i in idx],
-                return_tensors="pt",
-                padding=True,
-                truncation=True,
-                max_length=max_length,
-                add_special_tokens=False,
-            ).to(model.device)
+            enc = tokenizer.pad({"input_ids": [ids[i] for i in idx_all[start:end]]}, return_tensors="pt")
+            enc = enc.to(model.device)
             with torch.no_grad():
                 done.extend(model(**enc).logits[:, 0].float().cpu().tolist())
         return done

@@ -90,7 +90,7 @@ def test_planned_scoring_splits_by_padding_cost_and_keeps_each_texts_score(tiny_
     plan = plan_batches(sorted_lengths, 4, 1, forward_overhead_tokens(model.device))
     assert plan == [(0, 1), (1, 4)] and sorted_lengths[0] == lengths[1]  # the long text alone, the rest together
 
-    widths: list[int] = []
+    widths: list[tuple[int, int]] = []  # (rows, width) of each forward
     forward = model.forward
     model.forward = lambda *a, **kw: widths.append(kw["input_ids"].shape) or forward(*a, **kw)
     planned = score(model, tok, prompts, answers, batch_size=4, planned=True)
@@ -100,7 +100,6 @@ def test_planned_scoring_splits_by_padding_cost_and_keeps_each_texts_score(tiny_
     np.testing.assert_allclose(planned, alone, rtol=0, atol=1e-5)
     np.testing.assert_allclose(score(model, tok, prompts, answers, batch_size=4), alone, rtol=0, atol=1e-5)
     assert score(model, tok, [], [], planned=True).shape == (0,)
-
 
 
 def test_attention_break_even_is_the_linear_parameters_over_the_attention_width(tiny_model_dir):
