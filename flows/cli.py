@@ -137,6 +137,9 @@ def round_cmd(
         allocator_env()
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint=ALLOCATOR_ENV) from None
+    from flows.stages import prestart_local_stages
+
+    prestart_local_stages(accelerate_config, launcher)  # its imports run beside the checks below
     try:  # a recipe typo or a mistyped --set key is a usage error (exit 2), said before Prefect starts
         check_recipes(params, checked_stages(params))
     except (ValueError, FileNotFoundError) as err:

@@ -63,10 +63,15 @@ def stop_group(proc: subprocess.Popen, sig: int = signal.SIGINT, grace_s: float 
 def run_process_group(cmd: list[str], *, env: dict, on_line: Callable[[str], None], grace_s: float = 10.0) -> int:
     """Run ``cmd`` in a new session, feed each output line to ``on_line``, return the launcher's exit code.
 
+    A local stage of one process (``env K=V ... python -m module ...``) is forked from the warm interpreter where
+    that is possible (flows/warm_start.py), in a new session all the same; any other command is started as given.
+
     Raises:
         KeyboardInterrupt / SystemExit: re-raised after the whole group was stopped (see module docstring).
     """
-    proc = subprocess.Popen(
+    from .warm_start import spawn
+
+    proc = spawn(cmd, env) or subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, start_new_session=True
     )
 

@@ -40,7 +40,7 @@ from .approval import BYPASS_ENV, DEFAULT_TIMEOUT_S, previous_round_json, previo
 from .approval import release_state, write_to_report
 from .artifacts import add_flow_run_tags, embed_images, error_state, ordered_rows, round_result
 from .launch.slurm import SlurmJob, slurm_launcher
-from .stages import StageFailed, StageRun, check_stage_config, dump, run_stage, summarize
+from .stages import StageFailed, StageRun, check_stage_config, dump, prestart_local_stages, run_stage, summarize
 
 UNLOCK_FILE = "ppo_unlock.json"
 #: The stages a round may run as its online-RL step after DPO (one per round: RoundParameters.online_rl).
@@ -515,6 +515,8 @@ def _locked_round(params: RoundParameters) -> tuple[dict, dict]:
         raise ValueError("ppo_override needs a ppo_override_reason (who/why); it is recorded with the decision")
     if params.ppo_override_reason and not params.ppo_override:
         raise ValueError("ppo_override_reason given without ppo_override; set ppo_override to run PPO anyway")
+    # the stages' warm interpreter imports beside the recipe checks (started already where the CLI runs the round)
+    prestart_local_stages(params.accelerate_config, params.launcher)
     # the online-RL stage's recipe is checked up front only when the override makes it run for sure
     check_recipes_task(params, checked_stages(params))
     # One round per folder: the lock is held until this process exits (a second round fails at once, naming us).

@@ -351,6 +351,17 @@ def launch_command(
     whose own imports took 2.1-2.5 s a stage (2 cores), and its exit code reaches the flow unchanged (accelerate's
     launcher turns every non-zero code into 1).
     """
+    launch = accelerate_launch_args(accelerate_config)
+    stage = ["-m", module, "--config", str(recipe), "--output_dir", str(output_dir), *extra_args]
+    env = None if accelerate_config else simple_launch_env(launch)
+    if env is None:
+        return [sys.executable, "-m", "accelerate.commands.launch", *launch, *stage]
+    return ["env", *(f"{key}={value}" for key, value in sorted(env.items())), sys.executable, *stage]
+
+
+def accelerate_launch_args(accelerate_config: str | None) -> list[str]:
+    """The ``accelerate launch`` options of a local stage (:func:`launch_command`): the config file, or one process
+    without one; and ``--num_cpu_threads_per_process`` (rlhf.machine.threads_per_process)."""
     from rlhf.machine import threads_per_process
 
     launch = (
@@ -358,12 +369,20 @@ def launch_command(
         if accelerate_config
         else ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     )
-    launch += ["--num_cpu_threads_per_process", str(threads_per_process(processes_per_node(accelerate_config)))]
-    stage = ["-m", module, "--config", str(recipe), "--output_dir", str(output_dir), *extra_args]
-    env = None if accelerate_config else simple_launch_env(launch)
-    if env is None:
-        return [sys.executable, "-m", "accelerate.commands.launch", *launch, *stage]
-    return ["env", *(f"{key}={value}" for key, value in sorted(env.items())), sys.executable, *stage]
+    return launch + ["--num_cpu_threads_per_process", str(threads_per_process(processes_per_node(accelerate_config)))]
+
+
+def prestart_local_stages(accelerate_config: str | None, launcher: str = "local") -> None:
+    """Start the warm interpreter that local stages of one process fork from (flows/warm_start.py) now, with the
+    environment such a stage gets (:func:`stage_env` and :func:`simple_launch_env`), so that its imports overlap
+    the caller's own work; nothing for Slurm, an accelerate config, or a machine where warm starts are off."""
+    from . import warm_start
+
+    if launcher != "local" or accelerate_config or not warm_start.enabled():
+        return
+    variables = simple_launch_env(accelerate_launch_args(None))
+    if variables is not None:
+        warm_start.prestart({**stage_env(), **variables})
 
 
 def simple_launch_env(launch_args: list[str]) -> dict[str, str] | None:
