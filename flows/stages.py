@@ -380,9 +380,13 @@ def prestart_local_stages(accelerate_config: str | None, launcher: str = "local"
 
     if launcher != "local" or accelerate_config or not warm_start.enabled():
         return
+    try:
+        env = stage_env()
+    except ValueError:  # a refused RLHF_ALLOCATOR: the stage says so (run_stage), not this head start
+        return
     variables = simple_launch_env(accelerate_launch_args(None))
     if variables is not None:
-        warm_start.prestart({**stage_env(), **variables})
+        warm_start.prestart({**env, **variables})
 
 
 def simple_launch_env(launch_args: list[str]) -> dict[str, str] | None:

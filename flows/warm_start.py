@@ -41,6 +41,8 @@ import threading
 import time
 from pathlib import Path
 
+from .interrupt import _group_alive
+
 PRELOAD = ("torch", "transformers", "datasets", "accelerate", "trl", "wandb", "setproctitle")
 # Names that pull in the heavy submodules (transformers loads models and trainers lazily on first access).
 PRELOAD_ATTRS = {
@@ -95,8 +97,8 @@ class WarmProcess:
         status.close()
         if data:
             self.returncode = int(data.decode())
-        else:  # the server died first: the child is not ours to reap; wait until it is gone, report a failure
-            while _pid_alive(self.pid):
+        else:  # the server died first: the child is not ours to reap; wait until its group is gone, report a failure
+            while _group_alive(self.pid):
                 threading.Event().wait(0.1)
             self.returncode = 1
         self._done.set()
@@ -108,14 +110,6 @@ class WarmProcess:
         if not self._done.wait(timeout):
             raise subprocess.TimeoutExpired(f"warm stage {self.pid}", timeout)
         return self.returncode
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 class WarmServer:
@@ -234,8 +228,6 @@ def spawn(cmd: list[str], env: dict[str, str]) -> WarmProcess | None:
         return None
     variables, argv = parsed
     full_env = {**env, **variables}
-    if not enabled(full_env):
-        return None
     server = _server_for(full_env)
     return server.spawn(argv, full_env) if server is not None else None
 
@@ -255,14 +247,13 @@ def _preload() -> None:
             continue
 
 
-def _serve(control: socket.socket, start_env: dict[str, str]) -> dict | None:
+def _serve(control: socket.socket, start_env: dict[str, str], imported_env: dict[str, str]) -> dict | None:
     """Serve fork requests until the control socket closes (returns None: exit), or, in a forked child, return the
     request the child is to run. A request whose environment is neither ``start_env`` (the server's own before its
     imports) nor the environment those imports left (they may add variables, as they would in a cold stage) is
     refused."""
     import selectors
 
-    imported_env = dict(os.environ)
     children: dict[int, socket.socket] = {}
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
@@ -289,17 +280,9 @@ def _serve(control: socket.socket, start_env: dict[str, str]) -> dict | None:
             pid = os.fork()
             if pid == 0:
                 selector.close()
-                control.close()
-                for other in children.values():
-                    other.close()
-                status.close()
-                os.setsid()
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(out_fd, 1)
-                os.dup2(out_fd, 2)
-                os.close(null)
-                os.close(out_fd)
+                for held in (control, status, *children.values()):
+                    held.close()
+                _become_session(out_fd)
                 return request
             os.close(out_fd)
             status.sendall(f"pid {pid}".encode())
@@ -321,13 +304,26 @@ def _serve(control: socket.socket, start_env: dict[str, str]) -> dict | None:
     return None
 
 
+def _become_session(out_fd: int) -> None:
+    """In the forked child: a new session (as ``start_new_session``), stdin on /dev/null, stdout and stderr on
+    ``out_fd`` (the flow's pipe)."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(null)
+    os.close(out_fd)
+
+
 def _leave_the_servers_resources() -> None:
     """In the forked child: what the server's imports created for the life of a process stays the server's.
 
     ``weakref.finalize`` objects made before the fork would run again at each stage's exit: wandb makes its media
-    folder at import (``tempfile.TemporaryDirectory("wandb-media")``, its cleanup also registered with atexit), and the first stage to exit deleted it under
-    every later one (the gates stage's table upload failed with FileNotFoundError). The child detaches them and
-    leaves them to the server, which runs them once at its own exit; what the stage itself creates is finalized as usual.
+    folder at import (``tempfile.TemporaryDirectory("wandb-media")``, its cleanup also registered with atexit), and
+    the first stage to exit deleted it under every later one (the gates stage's table upload failed with
+    FileNotFoundError). The child detaches them and leaves them to the server, which runs them once at its own exit;
+    what the stage itself creates is finalized as usual.
     """
     import tempfile
     import weakref
@@ -377,11 +373,12 @@ def main() -> None:
     _preload()
     importing.clear()
     watcher.join()  # the fork below copies this thread only: no other may hold a lock then
+    imported_env = dict(os.environ)
     try:
-        control.sendall(b"ready " + json.dumps(dict(os.environ)).encode())
+        control.sendall(b"ready " + json.dumps(imported_env).encode())
     except OSError:
         return
-    request = _serve(control, start_env)
+    request = _serve(control, start_env, imported_env)
     if request is None:
         return
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from flows import warm_start
-from flows.interrupt import run_process_group
+from flows.interrupt import _group_alive, run_process_group
 
 pytestmark = pytest.mark.skipif(not warm_start.enabled(dict(os.environ, RLHF_WARM_START="1")),
                                 reason="warm starts need Linux without a GPU")
@@ -92,7 +92,7 @@ def test_an_interrupt_stops_the_forked_stage(stage_env):
     with pytest.raises(KeyboardInterrupt):
         run_process_group(_cmd("sleep"), env=stage_env, on_line=on_line, grace_s=5)
     assert time.monotonic() - t0 < 30
-    assert pids and not warm_start._pid_alive(pids[0])
+    assert pids and not _group_alive(pids[0])  # the stage and all of its group
 
 
 def test_any_other_command_environment_or_setting_starts_cold(stage_env):
