@@ -41,8 +41,6 @@ import threading
 import time
 from pathlib import Path
 
-from .interrupt import _group_alive
-
 PRELOAD = ("torch", "transformers", "datasets", "accelerate", "trl", "wandb", "setproctitle")
 # Names that pull in the heavy submodules (transformers loads models and trainers lazily on first access).
 PRELOAD_ATTRS = {
@@ -98,7 +96,7 @@ class WarmProcess:
         if data:
             self.returncode = int(data.decode())
         else:  # the server died first: the child is not ours to reap; wait until its group is gone, report a failure
-            while _group_alive(self.pid):
+            while _group_alive(self.pid):  # flows.interrupt imports this module: no import back
                 threading.Event().wait(0.1)
             self.returncode = 1
         self._done.set()
@@ -110,6 +108,16 @@ class WarmProcess:
         if not self._done.wait(timeout):
             raise subprocess.TimeoutExpired(f"warm stage {self.pid}", timeout)
         return self.returncode
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a member we cannot signal still exists
+        return True
+    return True
 
 
 class WarmServer:

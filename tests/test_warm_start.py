@@ -12,7 +12,8 @@ import time
 import pytest
 
 from flows import warm_start
-from flows.interrupt import _group_alive, run_process_group
+from flows.interrupt import run_process_group
+from flows.warm_start import _group_alive
 
 pytestmark = pytest.mark.skipif(not warm_start.enabled(dict(os.environ, RLHF_WARM_START="1")),
                                 reason="warm starts need Linux without a GPU")
