@@ -74,8 +74,11 @@ def round_cmd(
     """Run one round as a Prefect flow. Exit code 0: release passes; 3: the gates block it; 1: a stage failed;
     2: a bad argument (said before anything runs); 130: interrupted (Ctrl-C / SIGTERM: the running stage is
     stopped, nothing is left that looks finished)."""
+    from rlhf.entrypoint import skip_collection_at_exit
     from rlhf.round_id import check_round_id
     from rlhf.rundir import RoundError
+
+    skip_collection_at_exit()  # torch, TRL and Prefect are imported below: their objects need no last collection
 
     if round_id is not None:
         try:  # before anything trains (and before Prefect is imported): a bad id is a usage error (exit 2)

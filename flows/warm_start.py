@@ -379,6 +379,9 @@ def main() -> None:
     watcher = threading.Thread(target=exit_if_abandoned, daemon=True)
     watcher.start()
     _preload()
+    from rlhf.entrypoint import skip_collection_at_exit
+
+    skip_collection_at_exit()  # the server's exit and every forked stage's, after the handlers they add
     importing.clear()
     watcher.join()  # the fork below copies this thread only: no other may hold a lock then
     imported_env = dict(os.environ)
