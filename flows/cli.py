@@ -85,6 +85,10 @@ def round_cmd(
             check_round_id(round_id)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--round-id") from None
+    from flows.stages import prestart_local_stages
+
+    # The warm interpreter the stages fork from imports torch, TRL, ... on the other core while the checks below run
+    prestart_local_stages(accelerate_config, launcher)
     from flows.interrupt import INTERRUPTED_EXIT_CODE, install_signal_handlers
     from flows.round import RoundParameters, run_round
     overrides = parse_set(set_ or [])
@@ -140,9 +144,6 @@ def round_cmd(
         allocator_env()
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint=ALLOCATOR_ENV) from None
-    from flows.stages import prestart_local_stages
-
-    prestart_local_stages(accelerate_config, launcher)  # its imports run beside the checks below
     try:  # a recipe typo or a mistyped --set key is a usage error (exit 2), said before Prefect starts
         check_recipes(params, checked_stages(params))
     except (ValueError, FileNotFoundError) as err:

@@ -14,10 +14,11 @@ What a forked stage keeps of a process started by ``python -m <module>``:
 - its exit code: the server reaps the child and reports ``os.waitstatus_to_exitcode`` (a signal gives ``-N``, as
   ``subprocess`` reports it);
 - the environment: a request is served only when its environment equals, key for key, the one the server started
-  with (or that one with what the server's imports added to it), because libraries read some variables when they
-  are imported (the OpenMP runtime reads ``OMP_NUM_THREADS``
-  when it is loaded, ``LD_PRELOAD`` picks the allocator at exec, huggingface_hub reads ``HF_HUB_OFFLINE``). Any
-  other command, environment or machine starts the stage the ordinary way (:func:`spawn` returns None).
+  with, each variable the server's imports set (sklearn's ``KMP_*`` defaults, torch's ``TORCHINDUCTOR_CACHE_DIR``)
+  either absent or holding the value they set (:func:`same_process_env`), because libraries read some variables
+  when they are imported (the OpenMP runtime reads ``OMP_NUM_THREADS`` when it is loaded, ``LD_PRELOAD`` picks the
+  allocator at exec, huggingface_hub reads ``HF_HUB_OFFLINE``). Any other command, environment or machine starts
+  the stage the ordinary way (:func:`spawn` returns None).
 
 Only for the local launch of one process on a machine without a GPU: a CUDA or ROCm driver initialised before a
 fork does not survive into the child, and a GPU stage spends minutes where the imports cost seconds.
@@ -41,7 +42,10 @@ import threading
 import time
 from pathlib import Path
 
-PRELOAD = ("torch", "transformers", "datasets", "accelerate", "trl", "wandb", "setproctitle")
+#: sklearn.metrics: the reward model's and the gates' agreement statistics; its import also sets sklearn's
+#: ``KMP_*`` defaults in the environment, as the round's own import of it does (judging.unlock), so the stage
+#: environment a round passes on matches this server's after its imports however early the server started.
+PRELOAD = ("torch", "transformers", "datasets", "accelerate", "trl", "wandb", "sklearn.metrics", "setproctitle")
 # Names that pull in the heavy submodules (transformers loads models and trainers lazily on first access).
 PRELOAD_ATTRS = {
     "transformers": ("AutoModelForCausalLM", "AutoModelForSequenceClassification", "AutoTokenizer", "Trainer"),
@@ -110,6 +114,23 @@ class WarmProcess:
         return self.returncode
 
 
+def same_process_env(env: dict[str, str], start_env: dict[str, str], imported_env: dict[str, str] | None) -> bool:
+    """Whether a stage started cold with environment ``env`` would run with the environment a server started with
+    ``start_env`` holds after its imports (``imported_env``; None: not known yet): every variable as in
+    ``start_env``, except that one the imports set may be absent or hold the value they set. A cold stage's own
+    imports set it the same way where it is absent (the libraries use ``setdefault``), so either way the stage
+    ends with ``imported_env``; the flow process may or may not have imported those libraries itself."""
+    if env == start_env:
+        return True
+    if imported_env is None:
+        return False
+    added = {k: v for k, v in imported_env.items() if start_env.get(k) != v}
+    if any(k not in imported_env for k in start_env):  # an import removed a variable: only the exact match is safe
+        return env == imported_env
+    return all(env.get(k) == start_env.get(k) or (k in added and env.get(k) == added[k])
+               for k in {*env, *start_env, *added})
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -152,9 +173,10 @@ class WarmServer:
 
     def serves(self, env: dict[str, str]) -> bool:
         """Whether a stage with environment ``env`` may be forked here: ``env`` is the one the server started with,
-        or that one as the server's imports left it (torch sets ``TORCHINDUCTOR_CACHE_DIR`` when imported, in the
-        flow's process as in the server's, so a stage environment taken after the flow imported torch holds it)."""
-        return env == self.env or (self.ready() and env == self.imported_env)
+        or that one with some of what the server's imports set (:func:`same_process_env`: torch sets
+        ``TORCHINDUCTOR_CACHE_DIR`` when imported, in the flow's process as in the server's, so a stage environment
+        taken after the flow imported torch holds it)."""
+        return env == self.env or (self.ready() and same_process_env(env, self.env, self.imported_env))
 
     def spawn(self, argv: list[str], env: dict[str, str]) -> WarmProcess | None:
         """Fork ``python <argv>`` (``argv`` starts with ``-m module``) with ``env`` from the server, or None when the
@@ -257,9 +279,9 @@ def _preload() -> None:
 
 def _serve(control: socket.socket, start_env: dict[str, str], imported_env: dict[str, str]) -> dict | None:
     """Serve fork requests until the control socket closes (returns None: exit), or, in a forked child, return the
-    request the child is to run. A request whose environment is neither ``start_env`` (the server's own before its
-    imports) nor the environment those imports left (they may add variables, as they would in a cold stage) is
-    refused."""
+    request the child is to run. A request whose environment a cold stage would not end with, from ``start_env``
+    (the server's own before its imports) and ``imported_env`` (what those imports left), is refused
+    (:func:`same_process_env`)."""
     import selectors
 
     children: dict[int, socket.socket] = {}
@@ -280,7 +302,7 @@ def _serve(control: socket.socket, start_env: dict[str, str], imported_env: dict
             out_fd, status_fd = fds
             status = socket.socket(fileno=status_fd)
             request = json.loads(data)
-            if request["env"] not in (start_env, imported_env):
+            if not same_process_env(request["env"], start_env, imported_env):
                 status.sendall(b"refused")
                 status.close()
                 os.close(out_fd)

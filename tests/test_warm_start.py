@@ -136,3 +136,37 @@ def test_what_the_servers_imports_made_outlives_each_stage(stage_env):
     """wandb makes its media folder when imported: a stage that exits must not delete it under the next one."""
     first, second = _run(stage_env)[1]["media"], _run(stage_env)[1]["media"]
     assert first == second and first.startswith("True ")
+
+
+def test_a_stage_environment_is_served_with_or_without_what_the_servers_imports_set():
+    start = {"A": "1", "OMP_NUM_THREADS": "2"}
+    imported = {**start, "KMP_DUPLICATE_LIB_OK": "True", "TORCHINDUCTOR_CACHE_DIR": "/tmp/ind"}
+    same = warm_start.same_process_env
+    assert same(start, start, None) and same(start, start, imported) and same(imported, start, imported)
+    assert same({**start, "KMP_DUPLICATE_LIB_OK": "True"}, start, imported)  # the flow imported sklearn, not torch
+    assert same({**start, "TORCHINDUCTOR_CACHE_DIR": "/tmp/ind"}, start, imported)
+    assert not same({**start, "KMP_DUPLICATE_LIB_OK": "False"}, start, imported)  # not what a cold stage ends with
+    assert not same({**start, "OMP_NUM_THREADS": "1"}, start, imported)
+    assert not same({**start, "HF_HOME": "/x"}, start, imported) and not same({"A": "1"}, start, imported)
+    assert not same(imported, start, None)  # what the imports set is not known before they ran
+    removed = {"OMP_NUM_THREADS": "2", "KMP_DUPLICATE_LIB_OK": "True"}  # an import removed A: only itself matches
+    assert same(removed, start, removed) and not same({**start, "KMP_DUPLICATE_LIB_OK": "True"}, start, removed)
+
+
+def test_a_server_started_before_the_flow_imported_sklearn_serves_its_stages(stage_env):
+    """The round starts the server first thing; the flow's imports then set sklearn's KMP_* defaults, which the
+    server's own import of sklearn set the same way: its stages are forked, not started cold."""
+    env = {k: v for k, v in stage_env.items() if not k.startswith("KMP_")}
+    env["OMP_NUM_THREADS"] = "1"
+    server = warm_start.WarmServer(env)
+    try:
+        assert server.ready() and server.imported_env["KMP_DUPLICATE_LIB_OK"] == "True"
+        proc = server.spawn(["-m", "warm_probe_stage"], {**env, "KMP_DUPLICATE_LIB_OK": "True"})
+        assert proc is not None
+        out = proc.stdout.read()
+        assert proc.wait(timeout=30) == 0 and "preloaded True" in out
+        assert server.spawn(["-m", "warm_probe_stage"], {**env, "KMP_DUPLICATE_LIB_OK": "False"}) is None
+        proc.stdout.close()
+    finally:
+        server.close()
+        server._proc.wait(timeout=10)
