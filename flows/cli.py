@@ -85,15 +85,7 @@ def round_cmd(
             check_round_id(round_id)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--round-id") from None
-    from flows.stages import prestart_local_stages
-
-    # The warm interpreter the stages fork from imports torch, TRL, ... on the other core while the checks below run
-    prestart_local_stages(accelerate_config, launcher)
-    from flows.interrupt import INTERRUPTED_EXIT_CODE, install_signal_handlers
-    from flows.round import RoundParameters, run_round
     overrides = parse_set(set_ or [])
-    from pydantic import ValidationError
-
     from rlhf.credentials import check_args
 
     try:  # a secret given as a value: refused in one line, before Prefect records any parameter
@@ -104,6 +96,13 @@ def round_cmd(
 
     if launcher not in ("local", "slurm"):  # said here: the parameters do not echo their input (it may be a secret)
         raise typer.BadParameter(f"{launcher!r} is not one of 'local', 'slurm'", param_hint="--launcher")
+    from flows.stages import prestart_local_stages
+
+    # The warm interpreter the stages fork from imports torch, TRL, ... on the other core while the checks below run
+    prestart_local_stages(accelerate_config, launcher)
+    from flows.interrupt import INTERRUPTED_EXIT_CODE, install_signal_handlers
+    from flows.round import RoundParameters, run_round
+    from pydantic import ValidationError
     try:
         slurm_job = {"slurm": json.loads(slurm)} if slurm else {}
         RoundParameters(launcher=launcher, **slurm_job)

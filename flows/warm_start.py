@@ -1,5 +1,6 @@
 """Start local stage processes from a warm interpreter: one process imports torch, transformers, datasets,
-accelerate, TRL and wandb once and forks each stage from there, instead of every stage paying those imports again.
+accelerate, TRL, wandb and sklearn's metrics once and forks each stage from there, instead of every stage paying
+those imports again.
 
 Why: on a 2-core CPU ``import sft.train`` takes 6-9 s, all of it in those libraries, and a demo round starts four
 or five stage processes. A fork of an interpreter that already holds the imports starts the stage at once; the
@@ -31,6 +32,7 @@ process exited, or was killed), and leaves running stages alone, as the flow doe
 from __future__ import annotations
 
 import atexit
+import gc
 import io
 import json
 import os
@@ -117,9 +119,11 @@ class WarmProcess:
 def same_process_env(env: dict[str, str], start_env: dict[str, str], imported_env: dict[str, str] | None) -> bool:
     """Whether a stage started cold with environment ``env`` would run with the environment a server started with
     ``start_env`` holds after its imports (``imported_env``; None: not known yet): every variable as in
-    ``start_env``, except that one the imports set may be absent or hold the value they set. A cold stage's own
-    imports set it the same way where it is absent (the libraries use ``setdefault``), so either way the stage
-    ends with ``imported_env``; the flow process may or may not have imported those libraries itself."""
+    ``start_env``, except that one the imports set (added or changed) may be as in ``start_env`` or hold the value
+    they set. A cold stage's own imports set it the same way (sklearn's ``setdefault`` where it is absent, torch's
+    inductor cache folder written either way), so either way the stage ends with ``imported_env``; the flow process
+    may or may not have imported those libraries itself. Not covered: a library that reads such a variable while it
+    is loaded, before the import that sets it (Intel's OpenMP runtime reads ``KMP_*``; torch's wheels use GNU's)."""
     if env == start_env:
         return True
     if imported_env is None:
@@ -401,9 +405,10 @@ def main() -> None:
     watcher = threading.Thread(target=exit_if_abandoned, daemon=True)
     watcher.start()
     _preload()
-    from rlhf.entrypoint import skip_collection_at_exit
-
-    skip_collection_at_exit()  # the server's exit and every forked stage's, after the handlers they add
+    # The server's exit and every forked stage's skip the last collections, as rlhf.entrypoint's
+    # skip_collection_at_exit arranges for a cold stage: registered here, not imported, since the project's own
+    # modules are never preloaded.
+    atexit.register(gc.freeze)
     importing.clear()
     watcher.join()  # the fork below copies this thread only: no other may hold a lock then
     imported_env = dict(os.environ)

@@ -27,8 +27,9 @@ def skip_collection_at_exit() -> None:
     handlers run last in, first out, so it runs after the handlers registered later (W&B's, Prefect's, the
     stage's own) and before those registered at import (logging's flush), none of which needs a collection.
     What is left undone: finalizers of the objects still alive at exit that only a collection frees, those in
-    reference cycles and, since a module is itself held in a cycle, those its globals hold; CPython does not
-    promise to run them at exit. Still done: the atexit handlers (logging's flush and close, W&B's finish,
+    reference cycles and those the globals of ``__main__`` (the stage's own module) hold; CPython does not promise
+    to run them at exit, and a stage module must therefore not keep an open file or connection in a global. Still
+    done: the atexit handlers (logging's flush and close, W&B's finish,
     multiprocessing's workers, ``weakref.finalize`` callbacks such as temporary folders' cleanup), the standard
     streams' flush; and a stage writes and closes its outputs before it returns. Idempotent.
     """

@@ -21,11 +21,14 @@ pytestmark = pytest.mark.skipif(not warm_start.enabled(dict(os.environ, RLHF_WAR
 STAGE = textwrap.dedent("""
     import os, sys, time
     preloaded = "trl" in sys.modules  # imported by the server before this module ran
+    ours = sorted(m for m in sys.modules if m.split(".")[0] in ("rlhf", "sft", "dpo", "reward_model", "gates",
+                                                                 "data", "judging"))  # never preloaded
     print("argv", sys.argv[1:], "cwd", os.getcwd(), flush=True)
     print("pid", os.getpid(), "pgid", os.getpgid(0), "sid", os.getsid(0), "ppid", os.getppid(), flush=True)
     print("preloaded", preloaded, "omp", os.environ.get("OMP_NUM_THREADS"), flush=True)
     print("title", " ".join(open("/proc/self/cmdline").read().replace("\\0", " ").split()), flush=True)
     print("stdin", repr(sys.stdin.read()), flush=True)
+    print("project", ours or "none", flush=True)
     from wandb.sdk.data_types import _private
     print("media", os.path.isdir(_private.MEDIA_TMP.name), _private.MEDIA_TMP.name, flush=True)
     what = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -71,6 +74,7 @@ def test_a_forked_stage_is_the_command_it_replaces(stage_env, tmp_path, monkeypa
     assert ppid == warm_start._server._proc.pid and ppid != os.getpid()
     assert said["title"] == f"{sys.executable} -m warm_probe_stage --config a b.yaml"
     assert said["stdin"] == "''"
+    assert said["project"] == "none"  # the project's modules come fresh from disk in each stage
 
 
 def test_exit_codes_errors_and_signals_come_back_as_a_cold_stage_gives_them(stage_env):
@@ -165,6 +169,8 @@ def test_a_server_started_before_the_flow_imported_sklearn_serves_its_stages(sta
         assert proc is not None
         out = proc.stdout.read()
         assert proc.wait(timeout=30) == 0 and "preloaded True" in out
+        assert server.spawn(["-m", "warm_probe_stage"], {**env, "KMP_DUPLICATE_LIB_OK": "False"}) is None
+        server.serves = lambda env: True  # the server's own check refuses it too
         assert server.spawn(["-m", "warm_probe_stage"], {**env, "KMP_DUPLICATE_LIB_OK": "False"}) is None
         proc.stdout.close()
     finally:
