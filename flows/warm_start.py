@@ -16,7 +16,7 @@ What a forked stage keeps of a process started by ``python -m <module>``:
   ``subprocess`` reports it);
 - the environment: a request is served only when its environment equals, key for key, the one the server started
   with, each variable the server's imports set (sklearn's ``KMP_*`` defaults, torch's ``TORCHINDUCTOR_CACHE_DIR``)
-  either absent or holding the value they set (:func:`same_process_env`), because libraries read some variables
+  either as it started or as they set it (:func:`same_process_env`), because libraries read some variables
   when they are imported (the OpenMP runtime reads ``OMP_NUM_THREADS`` when it is loaded, ``LD_PRELOAD`` picks the
   allocator at exec, huggingface_hub reads ``HF_HUB_OFFLINE``). Any other command, environment or machine starts
   the stage the ordinary way (:func:`spawn` returns None).
@@ -44,9 +44,8 @@ import threading
 import time
 from pathlib import Path
 
-#: sklearn.metrics: the reward model's and the gates' agreement statistics; its import also sets sklearn's
-#: ``KMP_*`` defaults in the environment, as the round's own import of it does (judging.unlock), so the stage
-#: environment a round passes on matches this server's after its imports however early the server started.
+#: sklearn.metrics: the reward model's and the gates' agreement statistics (its ``KMP_*`` defaults, set at import,
+#: are among the variables :func:`same_process_env` allows either way).
 PRELOAD = ("torch", "transformers", "datasets", "accelerate", "trl", "wandb", "sklearn.metrics", "setproctitle")
 # Names that pull in the heavy submodules (transformers loads models and trainers lazily on first access).
 PRELOAD_ATTRS = {
