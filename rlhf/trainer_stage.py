@@ -38,11 +38,10 @@ from typing import Any
 from transformers.integrations import WandbCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
-from .checkpoint import gather_full_state_dict, save_checkpoint
+from .checkpoint import gather_full_state_dict, save_checkpoint, written_hash
 from .config import parse_stage_config, peft_config
 from .efficiency import count_tokens, group_by_length, summary, train_efficiency
 from .entrypoint import setup_stage
-from .lineage import content_hash
 from .manifest import precision_name, stage_manifest
 from .precision import AutocastProbe, check_precision, precision_record, weight_dtypes, weights_dtype
 from .resume import ResumeCallback, check_finished, prune_trainer_checkpoints, resolve_resume, training_record
@@ -241,7 +240,7 @@ class TrainerStage:
             "loss_curve": [h["loss"] for h in trainer.state.log_history if "loss" in h],  # per logging step
             "rejects_files": sorted(str(p) for p in self.out.glob("rejects-*.jsonl")),
         }
-        outputs = {"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": content_hash(checkpoint),
+        outputs = {"checkpoint": str(checkpoint.resolve()), "checkpoint_hash": written_hash(checkpoint),
                    "decontamination": data.decontamination, **published.outputs}
         # W&B lineage: the data and parent checkpoints read, the checkpoints written (by reference, with hashes)
         round_id = getattr(args, "round_id", None)
