@@ -188,14 +188,21 @@ def default_round_id(preset: str) -> str:
 OLD_RECIPE_NAMES = {"reward_model": "reward.yaml"}
 
 
+def preset_folder(preset: str) -> Path:
+    """The folder of recipes ``--preset`` names: a folder of yours that holds recipe files (``*.yaml``), else the
+    built-in ``recipes/<preset>``. A folder without any (a runs or work folder named ``demo`` or ``smoke`` in the
+    current directory) does not hide the built-in preset of its name."""
+    p, builtin = Path(preset), REPO_ROOT / "recipes" / preset
+    return p if p.is_dir() and (any(p.glob("*.yaml")) or not builtin.is_dir()) else builtin
+
+
 def _recipe(params: RoundParameters, stage: str) -> Path:
-    """``recipes/<preset>/<stage>.yaml``, or the same file in a folder of yours.
+    """``recipes/<preset>/<stage>.yaml``, or the same file in a folder of yours (:func:`preset_folder`).
 
     Raises:
         FileNotFoundError: only the file's old name is there (``reward.yaml``, now ``reward_model.yaml``).
     """
-    p = Path(params.preset)
-    folder = p if p.is_dir() else REPO_ROOT / "recipes" / params.preset
+    folder = preset_folder(params.preset)
     recipe = folder / f"{STAGES[stage].name}.yaml"
     old = OLD_RECIPE_NAMES.get(stage)
     if old and not recipe.is_file() and (folder / old).is_file():

@@ -583,3 +583,18 @@ def test_recipes_are_named_after_their_stage(tmp_path):
     (mine / "reward.yaml").write_text((RECIPES / "demo" / "reward_model.yaml").read_text())
     with pytest.raises(FileNotFoundError, match=r"mine/reward.yaml: rename it reward_model.yaml"):
         _recipe(RoundParameters(preset=str(mine)), "reward_model")
+
+
+def test_a_folder_without_recipes_does_not_hide_the_built_in_preset(tmp_path, monkeypatch):
+    """``--preset demo`` run where the current directory has a folder ``demo`` (runs, notes): the built-in recipes;
+    a folder ``demo`` that holds recipes is the user's own."""
+    from flows.round import RoundParameters, _recipe
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "notes.txt").write_text("not a recipe")
+    assert _recipe(RoundParameters(preset="demo"), "sft") == RECIPES / "demo" / "sft.yaml"
+    (tmp_path / "demo" / "sft.yaml").write_text((RECIPES / "demo" / "sft.yaml").read_text())
+    assert _recipe(RoundParameters(preset="demo"), "sft").resolve() == tmp_path / "demo" / "sft.yaml"
+    (tmp_path / "mine").mkdir()  # no built-in preset of that name: the folder, and its missing recipe is named
+    assert _recipe(RoundParameters(preset="mine"), "sft") == Path("mine") / "sft.yaml"
