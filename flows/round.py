@@ -189,11 +189,13 @@ OLD_RECIPE_NAMES = {"reward_model": "reward.yaml"}
 
 
 def preset_folder(preset: str) -> Path:
-    """The folder of recipes ``--preset`` names: a folder of yours that holds recipe files (``*.yaml``), else the
-    built-in ``recipes/<preset>``. A folder without any (a runs or work folder named ``demo`` or ``smoke`` in the
-    current directory) does not hide the built-in preset of its name."""
+    """The folder of recipes ``--preset`` names: a folder of yours that holds a stage's recipe
+    (``<stage>.yaml``, or a file's old name), else the built-in ``recipes/<preset>``. A folder without one (a runs
+    or work folder named ``demo`` or ``smoke`` in the current directory) does not hide the built-in preset."""
     p, builtin = Path(preset), REPO_ROOT / "recipes" / preset
-    return p if p.is_dir() and (any(p.glob("*.yaml")) or not builtin.is_dir()) else builtin
+    names = [f"{entry.name}.yaml" for entry in STAGES.values()] + list(OLD_RECIPE_NAMES.values())
+    mine = p.is_dir() and (any((p / name).is_file() for name in names) or not builtin.is_dir())
+    return p if mine else builtin
 
 
 def _recipe(params: RoundParameters, stage: str) -> Path:
@@ -478,7 +480,8 @@ def rlhf_round(params: RoundParameters = RoundParameters()) -> State:
     (who approved, the waivers), rejected or timed out -> ``Failed``; tag ``approval:<decision>``.
     """
     logger = get_run_logger()
-    preset = Path(params.preset).name if Path(params.preset).is_dir() else params.preset
+    folder = preset_folder(params.preset)
+    preset = folder.name if folder == Path(params.preset) else params.preset
     add_flow_run_tags(f"preset:{preset}", f"launcher:{params.launcher}", log=logger)
     try:
         manifest, gates_report = _locked_round(params)

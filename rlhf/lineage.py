@@ -47,19 +47,23 @@ def file_hash(path: str | os.PathLike) -> str:
 
 class HashMemo:
     """sha256 digests of large files remembered by path and stat signature (device, inode, size, mtime and ctime
-    in ns) in one SQLite file, so that a multi-GB checkpoint is not read again only to learn that it is unchanged:
-    the state database of DVC (``dvc_data.hashfile.state``) and git's index do the same.
+    in ns) in one SQLite file, so that a multi-GB checkpoint is not read again only to learn that it is unchanged,
+    as git's index does for ``git status`` (DVC's state database keys on inode, mtime and size the same way).
 
     A remembered digest is used while all five stat fields match. Writing a file's bytes sets its mtime and ctime;
-    restoring an old mtime (``touch -d``, ``cp -p``, ``rsync -t``) sets its ctime to now, which user space cannot set
-    back. A digest is remembered only when the file's mtime lies at least :data:`RACY_NS` before it was read (git's
-    "racy clean" rule): the file system stamps a write with a coarse clock, so a write in the same clock tick as the
-    one read could leave the signature unchanged. This detects accidental change, not tampering: whoever can write
-    the files can write this database too; the checks that must see every byte (pi_ref verified before and after
-    training, a resumed checkpoint's manifest) read it, outside this memo.
+    restoring an old mtime (``touch -d``, ``cp -p``, ``rsync -t``, an archive's extraction) sets its ctime to now,
+    which user space cannot set back. A digest is remembered only when the file's last change (its ctime, never
+    earlier than its mtime) lies at least :data:`RACY_NS` before it was read (git's "racy clean" rule): the file
+    system stamps a change with a coarse clock, so a change in the same clock tick as the one read could leave the
+    signature unchanged. Not seen: bytes written through a shared memory map to a page already dirty (the kernel
+    updates no time for them), and a file changed on another machine whose clock runs behind this one's (a network
+    file system). This detects accidental change, not tampering (whoever can write the files can write this
+    database too); the checks that must see every byte (pi_ref verified before and after training, a resumed
+    checkpoint's file hashes) read them outside any memo (:func:`every_byte`).
 
-    Any database error (locked, read-only, not a database) makes it read the file, as without a memo: it can only
-    save time, never change a digest. Files under :data:`MEMO_MIN_BYTES` are always read (about a lookup's cost).
+    A database that is locked, read-only or not a database, or a path it cannot store, makes it read the file as
+    without a memo (and stop asking the database for the rest of this memo's use). Files under
+    :data:`MEMO_MIN_BYTES` are always read (about a lookup's cost).
 
     Args:
         path: the SQLite file (created with its folder when missing).
@@ -68,36 +72,58 @@ class HashMemo:
 
     #: Files smaller than this are read, not looked up (1 MiB reads in about the time of a lookup).
     MEMO_MIN_BYTES = 1 << 20
-    #: How long before its reading a file's last write must lie to be remembered: Linux stamps writes with a
-    #: coarse clock whose tick is at most 10 ms (HZ >= 100), so two ticks; a file written more recently is read
-    #: once that time has passed. File systems with whole-second stamps (an mtime that is a multiple of 1 s) get 2 s,
-    #: and are not waited for.
+    #: How long before its reading a file's last change must lie for its digest to be remembered: Linux stamps
+    #: changes with a coarse clock whose tick is at most 10 ms (HZ >= 100), so two ticks; a file changed more
+    #: recently is read once that time has passed. File systems with whole-second stamps (a ctime that is a
+    #: multiple of 1 s) get 2 s, and are not waited for.
     RACY_NS = 20_000_000
     COARSE_RACY_NS = 2_000_000_000
     #: Rows kept; the oldest beyond this are dropped (files deleted since stay until then).
     MAX_ROWS = 100_000
+    #: Seconds to wait for a database another process is writing (a row's write takes milliseconds).
+    LOCK_TIMEOUT_S = 0.5
 
     def __init__(self, path: str | os.PathLike, *, reuse: bool = True) -> None:
-        self.path, self.reuse, self._pruned = Path(path), reuse, False
+        self.path, self.reuse, self._pruned, self._broken = Path(path), reuse, False, False
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         # a connection per use, never shared: a context copied into another thread (Prefect runs tasks in worker
         # threads) may use the same memo
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.path, timeout=5)
+        con = sqlite3.connect(self.path, timeout=self.LOCK_TIMEOUT_S)
         try:
             with con:
-                con.execute("CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, "
-                            "size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT, read_ns INTEGER)")
-                con.execute("CREATE INDEX IF NOT EXISTS files_read_ns ON files (read_ns)")
+                # the path as the OS's bytes and the signature as text: any file name, any inode number
+                con.execute("CREATE TABLE IF NOT EXISTS digests (path BLOB PRIMARY KEY, signature TEXT, sha256 TEXT, "
+                            "read_ns INTEGER)")
+                con.execute("CREATE INDEX IF NOT EXISTS digests_read_ns ON digests (read_ns)")
                 yield con
         finally:
             con.close()
 
     @staticmethod
-    def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
-        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+    def _signature(st: os.stat_result) -> str:
+        return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+    def _lookup(self, key: bytes) -> tuple[str, str] | None:
+        try:
+            with self._db() as con:
+                return con.execute("SELECT signature, sha256 FROM digests WHERE path = ?", (key,)).fetchone()
+        except (sqlite3.Error, OSError, ValueError):  # locked, not a database, an unwritable folder
+            self._broken = True
+            return None
+
+    def _remember(self, key: bytes, signature: str, digest: str, read_ns: int) -> None:
+        try:
+            with self._db() as con:
+                con.execute("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?)", (key, signature, digest, read_ns))
+                if not self._pruned:  # once per memo: the walk over the index costs a few ms at MAX_ROWS
+                    con.execute("DELETE FROM digests WHERE read_ns < (SELECT read_ns FROM digests ORDER BY read_ns "
+                                "DESC LIMIT 1 OFFSET ?)", (self.MAX_ROWS - 1,))
+                    self._pruned = True
+        except (sqlite3.Error, OSError, ValueError):  # not remembered: the next reading reads it again
+            self._broken = True
 
     def file_hash(self, path: str | os.PathLike) -> str:
         """:func:`file_hash` of ``path``: the remembered digest where the signature matches, else read (and
@@ -108,39 +134,37 @@ class HashMemo:
         """
         key = os.path.realpath(path)
         before = os.stat(key)
-        if before.st_size < self.MEMO_MIN_BYTES:
+        if before.st_size < self.MEMO_MIN_BYTES or self._broken:
             return _read_hash(key)
-        signature = self._signature(before)
+        signature, encoded = self._signature(before), os.fsencode(key)
         if self.reuse:
-            try:
-                with self._db() as con:
-                    row = con.execute("SELECT dev, ino, size, mtime_ns, ctime_ns, sha256 FROM files WHERE path = ?",
-                                      (key,)).fetchone()
-            except (sqlite3.Error, OSError):  # locked, not a database, an unwritable folder
-                row = None
-            if row is not None and tuple(row[:5]) == signature:
-                return row[5]
-        racy = self.COARSE_RACY_NS if before.st_mtime_ns % 1_000_000_000 == 0 else self.RACY_NS
-        wait = racy - (time.time_ns() - before.st_mtime_ns)
-        if racy == self.RACY_NS and 0 < wait <= racy:  # written in the last ticks (a stage's own checkpoint): wait
-            time.sleep(wait / 1e9)  # them out, so it can be remembered
+            row = self._lookup(encoded)
+            if row is not None and row[0] == signature:
+                return row[1]
+        changed = max(before.st_mtime_ns, before.st_ctime_ns)
+        racy = self.COARSE_RACY_NS if changed % 1_000_000_000 == 0 else self.RACY_NS
+        wait = racy - (time.time_ns() - changed)
+        if racy == self.RACY_NS and 0 < wait <= racy:  # changed in the last ticks (a stage's own checkpoint, just
+            time.sleep(wait / 1e9)  # frozen read-only): wait them out, so it can be remembered
         read_ns = time.time_ns()
         digest = _read_hash(key)
-        if read_ns - before.st_mtime_ns >= racy and self._signature(os.stat(key)) == signature:
-            try:
-                with self._db() as con:
-                    con.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                (key, *signature, digest, read_ns))
-                    if not self._pruned:  # once per memo: the walk over the index costs a few ms at MAX_ROWS
-                        con.execute("DELETE FROM files WHERE read_ns < (SELECT read_ns FROM files ORDER BY read_ns "
-                                    "DESC LIMIT 1 OFFSET ?)", (self.MAX_ROWS - 1,))
-                        self._pruned = True
-            except (sqlite3.Error, OSError):  # locked, not a database, an unwritable folder
-                pass  # not remembered: the next reading reads it again
+        if read_ns - changed >= racy and self._signature(os.stat(key)) == signature and not self._broken:
+            self._remember(encoded, signature, digest, read_ns)
         return digest
 
 
 _MEMO: contextvars.ContextVar[HashMemo | None] = contextvars.ContextVar("rlhf_hash_memo", default=None)
+
+
+@contextlib.contextmanager
+def every_byte() -> Iterator[None]:
+    """Within the block, :func:`file_hash` reads every file whatever memo the caller is in: for the checks that
+    must see the bytes themselves (pi_ref's hash before and after training)."""
+    token = _MEMO.set(None)
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
 
 
 @contextlib.contextmanager
@@ -327,7 +351,7 @@ def module_imports(module: str, path: str | os.PathLike, modules: Mapping[str, P
     path = Path(path)
     st = path.stat()
     out = []
-    stat_key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    stat_key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     for line, targets, in_function in _import_statements(module, str(path), stat_key):
         for m in targets:
             # a module's own packages are being imported already when it runs (Python imports a.b before a.b.c),
@@ -342,8 +366,8 @@ _Statement = tuple[int, tuple[str, ...], bool]  # line, every module the stateme
 
 @functools.lru_cache(maxsize=4096)
 def _import_statements(module: str, path: str, stat_key: tuple[int, ...]) -> tuple[_Statement, ...]:
-    """Each import statement of ``path``, read as ``module``; remembered by the file's stat (``stat_key``: inode,
-    size, mtime, ctime), so the flow, which follows every stage's imports, parses each file once while it is
+    """Each import statement of ``path``, read as ``module``; remembered by the file's stat (``stat_key``: device,
+    inode, size, mtime, ctime), so the flow, which follows every stage's imports, parses each file once while it is
     unchanged."""
     package = module.split(".") if Path(path).name == "__init__.py" else module.split(".")[:-1]
     out: list[_Statement] = []

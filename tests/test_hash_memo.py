@@ -7,6 +7,7 @@ import hashlib
 import os
 import sqlite3
 import time
+import types
 
 import pytest
 
@@ -101,12 +102,23 @@ def test_a_file_written_in_this_clock_tick_is_read_after_it(tmp_path, reads, mon
         file_hash(f)
     assert read - f.stat().st_mtime_ns >= HashMemo.RACY_NS
     assert reads == ["w.bin"]
-    whole_second = old_file(tmp_path / "s.bin", b"s" * SIZE, age_s=0)
-    now = time.time_ns() // 10**9 * 10**9
-    os.utime(whole_second, ns=(now, now))
+    whole_second = tmp_path / "s.bin"
+    whole_second.write_bytes(b"s" * SIZE)
+    real_stat = os.stat
+
+    def second_stamps(path, *args, **kwargs):  # a file system that stamps whole seconds
+        st = real_stat(path, *args, **kwargs)
+        if os.fsdecode(path).endswith("s.bin"):
+            now = time.time_ns() // 10**9 * 10**9
+            return types.SimpleNamespace(st_dev=st.st_dev, st_ino=st.st_ino, st_size=st.st_size, st_mtime_ns=now,
+                                         st_ctime_ns=now)
+        return st
+
+    monkeypatch.setattr(lineage.os, "stat", second_stamps)
     with remembered_hashes(memo):
         file_hash(whole_second)
         file_hash(whole_second)
+    monkeypatch.undo()
     assert reads == ["w.bin", "s.bin", "s.bin"]
 
 
@@ -129,7 +141,7 @@ def test_small_files_are_always_read(tmp_path, reads):
         file_hash(f)
     assert reads == ["small.txt", "small.txt"]
     assert not (tmp_path / "memo.sqlite").exists() or not sqlite3.connect(tmp_path / "memo.sqlite").execute(
-        "SELECT count(*) FROM files").fetchone()[0]
+        "SELECT count(*) FROM digests").fetchone()[0]
 
 
 @pytest.mark.parametrize("damage", ["not a database", "a folder", "under a file"])
@@ -155,8 +167,8 @@ def test_the_memo_keeps_at_most_max_rows(tmp_path, reads, monkeypatch):
     for i in range(5):
         with remembered_hashes(memo):  # each memo prunes once, at its first write
             file_hash(old_file(tmp_path / f"w{i}.bin", bytes([i]) * SIZE))
-    rows = sqlite3.connect(memo).execute("SELECT path FROM files ORDER BY read_ns").fetchall()
-    assert [os.path.basename(p) for (p,) in rows] == ["w2.bin", "w3.bin", "w4.bin"]
+    rows = sqlite3.connect(memo).execute("SELECT path FROM digests ORDER BY read_ns").fetchall()
+    assert [os.path.basename(os.fsdecode(p)) for (p,) in rows] == ["w2.bin", "w3.bin", "w4.bin"]
 
 
 def test_freeze_dir_records_the_frozen_copy(tmp_path, reads, monkeypatch):
@@ -178,3 +190,58 @@ def test_freeze_dir_records_the_frozen_copy(tmp_path, reads, monkeypatch):
     (d / "model.safetensors").write_bytes(b"n" * SIZE)
     with remembered_hashes(hash_memo_path()):
         assert content_hash(d) != digest
+
+
+def test_a_file_restored_just_now_with_an_old_mtime_is_read_after_its_ctime_tick(tmp_path, reads):
+    """``cp -p`` leaves an old mtime and a fresh ctime: the racy rule looks at the ctime, so two restores in one
+    tick cannot share a remembered digest."""
+    src = old_file(tmp_path / "src.bin", b"a" * SIZE)
+    f = tmp_path / "w.bin"
+    f.write_bytes(src.read_bytes())
+    st = src.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    memo = tmp_path / "memo.sqlite"
+    with remembered_hashes(memo):
+        file_hash(f)
+    assert time.time_ns() - f.stat().st_ctime_ns >= HashMemo.RACY_NS  # it waited for the ctime's tick to pass
+
+
+def test_any_file_name_and_inode_number(tmp_path, reads):
+    """A name that is not UTF-8 (the OS's bytes) is remembered like any other."""
+    name = os.fsencode(str(tmp_path)) + b"/\xff-shard.bin"
+    with open(name, "wb") as fh:
+        fh.write(b"a" * SIZE)
+    past = time.time() - 60
+    os.utime(name, (past, past))
+    with remembered_hashes(tmp_path / "memo.sqlite"):
+        assert file_hash(name) == sha(b"a" * SIZE)
+        assert file_hash(name) == sha(b"a" * SIZE)
+    assert len(reads) == 1
+
+
+def test_a_locked_memo_costs_at_most_one_timeout(tmp_path, reads, monkeypatch):
+    monkeypatch.setattr(HashMemo, "LOCK_TIMEOUT_S", 0.2)
+    memo = tmp_path / "memo.sqlite"
+    with remembered_hashes(memo):
+        file_hash(old_file(tmp_path / "v.bin", b"v" * SIZE))
+    holder = sqlite3.connect(memo)
+    holder.execute("BEGIN EXCLUSIVE")
+    files = [old_file(tmp_path / f"w{i}.bin", bytes([i]) * SIZE) for i in range(20)]
+    t0 = time.perf_counter()
+    with remembered_hashes(memo):
+        assert [file_hash(f) for f in files] == [sha(bytes([i]) * SIZE) for i in range(20)]
+    assert time.perf_counter() - t0 < 1.0
+    holder.rollback()
+
+
+def test_verify_hash_reads_every_byte_inside_a_memo(tmp_path, reads):
+    from rlhf.checkpoint import verify_hash
+
+    d = tmp_path / "pi_ref"
+    d.mkdir()
+    old_file(d / "model.safetensors", b"m" * SIZE)
+    memo = tmp_path / "memo.sqlite"
+    with remembered_hashes(memo):
+        digest = content_hash(d)
+        verify_hash(d, digest, when="before training")
+    assert reads == ["model.safetensors", "model.safetensors"]

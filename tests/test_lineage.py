@@ -593,6 +593,7 @@ def test_a_folder_without_recipes_does_not_hide_the_built_in_preset(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     (tmp_path / "demo").mkdir()
     (tmp_path / "demo" / "notes.txt").write_text("not a recipe")
+    (tmp_path / "demo" / ".pre-commit-config.yaml").write_text("repos: []")  # a YAML file, not a stage's recipe
     assert _recipe(RoundParameters(preset="demo"), "sft") == RECIPES / "demo" / "sft.yaml"
     (tmp_path / "demo" / "sft.yaml").write_text((RECIPES / "demo" / "sft.yaml").read_text())
     assert _recipe(RoundParameters(preset="demo"), "sft").resolve() == tmp_path / "demo" / "sft.yaml"
