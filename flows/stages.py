@@ -474,9 +474,9 @@ def run_stage(
     except ValueError as err:
         raise StageFailed(stage, None, f"the environment's setting is refused: {err}", None) from None
     t_check = time.perf_counter()
-    memo = hash_memo_path()  # an unchanged multi-GB model, dataset or output is not read again to hash it
+    memo = remembered_hashes(hash_memo_path())  # an unchanged multi-GB model, dataset or output is not read again
     try:
-        with remembered_hashes(memo):
+        with memo:
             key = stage_cache_key(stage, recipe, list(extra_args), list(parents),
                                   launch_key(accelerate_config, launcher))
     except Exception as err:  # noqa: BLE001 - a dead judge, an unresolvable hub id, ...: this stage failed, said once
@@ -490,7 +490,7 @@ def run_stage(
         and (output_dir / MANIFEST_NAME).is_file()
     ):  # the attempt key counts too: the stage finished (manifest last) but the flow died before writing .cache_key
         manifest = read_manifest(output_dir)
-        with remembered_hashes(memo):
+        with memo:
             damage = outputs_intact(output_dir, manifest)
         if damage is None:
             log(f"[{stage}] inputs unchanged (key {key[:12]}): reusing {output_dir}")

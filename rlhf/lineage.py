@@ -84,20 +84,32 @@ class HashMemo:
     LOCK_TIMEOUT_S = 0.5
 
     def __init__(self, path: str | os.PathLike, *, reuse: bool = True) -> None:
-        self.path, self.reuse, self._pruned, self._broken = Path(path), reuse, False, False
+        self.path, self.reuse = Path(path), reuse
+        self._created = self._pruned = self._broken = False
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> HashMemo:
+        """Within the block, :func:`file_hash` goes through this memo (re-entrant: a later block may use it again)."""
+        self._tokens.append(_MEMO.set(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _MEMO.reset(self._tokens.pop())
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         # a connection per use, never shared: a context copied into another thread (Prefect runs tasks in worker
         # threads) may use the same memo
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._created:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         con = sqlite3.connect(self.path, timeout=self.LOCK_TIMEOUT_S)
         try:
             with con:
-                # the path as the OS's bytes and the signature as text: any file name, any inode number
-                con.execute("CREATE TABLE IF NOT EXISTS digests (path BLOB PRIMARY KEY, signature TEXT, sha256 TEXT, "
-                            "read_ns INTEGER)")
-                con.execute("CREATE INDEX IF NOT EXISTS digests_read_ns ON digests (read_ns)")
+                if not self._created:  # the path as the OS's bytes, the signature as text: any name, any inode
+                    con.execute("CREATE TABLE IF NOT EXISTS digests (path BLOB PRIMARY KEY, signature TEXT, "
+                                "sha256 TEXT, read_ns INTEGER)")
+                    con.execute("CREATE INDEX IF NOT EXISTS digests_read_ns ON digests (read_ns)")
+                    self._created = True
                 yield con
         finally:
             con.close()
@@ -167,17 +179,11 @@ def every_byte() -> Iterator[None]:
         _MEMO.reset(token)
 
 
-@contextlib.contextmanager
-def remembered_hashes(path: str | os.PathLike, *, reuse: bool = True) -> Iterator[HashMemo]:
-    """Within the block, :func:`file_hash` (and so :func:`content_hash`, ``data.fingerprint.data_fingerprint``,
-    :func:`source_key`) goes through a :class:`HashMemo` at ``path`` (the project's: ``rlhf.models.hash_memo_path``);
-    ``reuse=False`` only records what is read."""
-    memo = HashMemo(path, reuse=reuse)
-    token = _MEMO.set(memo)
-    try:
-        yield memo
-    finally:
-        _MEMO.reset(token)
+def remembered_hashes(path: str | os.PathLike, *, reuse: bool = True) -> HashMemo:
+    """A :class:`HashMemo` at ``path`` (the project's: ``rlhf.models.hash_memo_path``) to use as a context: within
+    the block, :func:`file_hash` (and so :func:`content_hash`, ``data.fingerprint.data_fingerprint``,
+    :func:`source_key`) goes through it; ``reuse=False`` only records what is read."""
+    return HashMemo(path, reuse=reuse)
 
 
 def content_hash(path: str | os.PathLike, *, exclude: tuple[str, ...] = ("manifest.json",)) -> str:
