@@ -11,6 +11,12 @@ is a flip. ``part``: "tuned" (210 rows the reader's rules were tuned on), "held_
 rules were frozen, never used to change them) and "held_out_2" (the source's other 194 rows, labelled by a second
 reader, blind to the reader, after the rules were frozen; measured once, never used to change them).
 
+Second labelled set: ``benchmarks/data/flip_probe_labels_bct.jsonl`` (provenance in its ``.SOURCE.txt``), 350
+replies of the same model to MMLU, LogiQA and HellaSwag questions from the same source's other "are you sure"
+files, each row carrying its question; labelled blind by four readers from written rules. "tuned_3" (176 rows,
+readers 1-2) was tuned on with the unlabelled rest of those files; "held_out_3" (174 rows, readers 3-4) was
+measured once after the rules were frozen.
+
 Figures per part (``gates.answer_reading.read_answer``, and the letter parser it replaces in the flip probe,
 ``gates.capability.mc_answer_letter``, for comparison):
   * letter recall: replies labelled with a letter that the reader reads as that letter / replies labelled with a letter;
@@ -36,15 +42,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DATA = ROOT / "benchmarks" / "data" / "flip_probe_labels.jsonl"
+DATA_BCT = ROOT / "benchmarks" / "data" / "flip_probe_labels_bct.jsonl"
 SOURCE = Path("/work/shared/datasets/sycophancy_bct/truthfulqa_are_you_sure.jsonl")
 INSTRUMENT = "flip probe"
 TARGET_UNPARSED = 0.03
 TARGET_FLIP_POINTS = 1.0
-PARTS = (("tuned", "tuned-on"), ("held_out", "held-out"), ("held_out_2", "held-out 2"))
+PARTS = (("tuned", "tuned-on"), ("held_out", "held-out"), ("held_out_2", "held-out 2"),
+         ("tuned_3", "MMLU/LogiQA/HellaSwag tuned-on"), ("held_out_3", "MMLU/LogiQA/HellaSwag held-out"))
 
 
 def load_labels(path: Path = DATA) -> list[dict]:
-    """The labelled rows; each needs row, part, first_answer, final ("A".."Z" or "none"), flip, reply.
+    """The labelled rows; each needs row, part, first_answer, final ("A".."Z" or "none"), flip, reply (and, in
+    the second set, the question it answers).
 
     Raises:
         ValueError: a row misses a field or has a bad value (names the file, line and field).
@@ -74,6 +83,16 @@ def _questions(source: Path = SOURCE) -> list[str]:
         return [json.loads(line)["original_question"] for line in f]
 
 
+def _question(r: dict, questions: list[str]) -> str:
+    """A row's question: its own ``question`` field (second set), else the source's line ``row``."""
+    return r["question"] if "question" in r else questions[r["row"]]
+
+
+def all_labels() -> list[dict]:
+    """Both labelled sets' rows."""
+    return load_labels(DATA) + load_labels(DATA_BCT)
+
+
 def readings(rows: list[dict], questions: list[str]) -> dict[str, list[str | None]]:
     """Per reader ("reader", "old parser"), the letter read from each row's reply (None = unread).
 
@@ -85,7 +104,7 @@ def readings(rows: list[dict], questions: list[str]) -> dict[str, list[str | Non
 
     new, old = [], []
     for r in rows:
-        options = question_options(questions[r["row"]])
+        options = question_options(_question(r, questions))
         new.append(read_answer(r["reply"], options).letter)
         old.append(mc_answer_letter(r["reply"], len(options)))
     return {"reader": new, "old parser": old}
@@ -108,6 +127,7 @@ def part_figures(rows: list[dict], read: list[str | None]) -> dict:
         "recall": sum(x == r["final"] for r, x in labelled) / len(labelled),
         "precision": (sum(x == r["final"] for r, x in read_any) / len(read_any)) if read_any else float("nan"),
         "unparsed": unread / n, "label_none_share": (n - len(labelled)) / n,
+        "unread_committed": sum(x is None for _, x in labelled) / n,
         "flip_read": k_read / len(read_any) if read_any else float("nan"), "flip_label": label_rate,
         "bounds": (holds.ci_low, flips.ci_high), "label_in_bounds": holds.ci_low <= label_rate <= flips.ci_high,
     }
@@ -115,12 +135,12 @@ def part_figures(rows: list[dict], read: list[str | None]) -> dict:
 
 def measure() -> list[dict]:
     """The figures as contract rows (instrument, metric, value, target, n, set, passed)."""
-    rows = load_labels()
+    rows = all_labels()
     questions = _questions()
     out = []
     for part, name in PARTS:
         sub = [r for r in rows if r["part"] == part]
-        where = f"benchmarks/data/flip_probe_labels.jsonl {name}"
+        where = f"benchmarks/data/{(DATA_BCT if part.endswith('_3') else DATA).name} {name}"
         got = readings(sub, questions)
         for reader, read in got.items():
             f = part_figures(sub, read)
@@ -147,6 +167,8 @@ def measure() -> list[dict]:
                      "n": f["n_labelled_letter"], "passed": None},
                     {"metric": "labels' share committing to no letter", "value": f["label_none_share"], "target": "",
                      "n": f["n"], "passed": None},
+                    {"metric": "unread although they commit to a letter", "value": f["unread_committed"],
+                     "target": "", "n": f["n"], "passed": None},
                     {"metric": "bounded interval low (unread as kept)", "value": lo, "target": "", "n": f["n"],
                      "passed": None},
                     {"metric": "bounded interval high (unread as flipped)", "value": hi, "target": "", "n": f["n"],
@@ -173,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         from gates.answer_reading import question_options, read_answer
 
         questions = _questions()
-        for r in load_labels():
-            got = read_answer(r["reply"], question_options(questions[r["row"]]))
+        for r in all_labels():
+            got = read_answer(r["reply"], question_options(_question(r, questions)))
             if (got.letter or "none") != r["final"]:
                 print(f"\n[{r['part']} row {r['row']}] label {r['final']} ({r['reason'] or '-'}), read "
                       f"{got.letter or 'none'} ({got.how})\n  {r['reply'][:400]}")
