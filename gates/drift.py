@@ -16,7 +16,7 @@ re-exported here:
   Hyland 1998/2005's hedging devices) or an epistemic may/might/could, not advice to the reader
   (:func:`is_hedged`).
 
-The three per-response rules are measured against 774 hand-labelled real answers from six models
+The three per-response rules are measured against 966 hand-labelled real answers from six models
 (``benchmarks/drift_counters.py``, labels and their definitions in ``benchmarks/data/``).
 
 The gate blocks when a counter moves (up or down) more than its configured step:

@@ -13,7 +13,7 @@ turn into bullet lists and hedge. The counters (DESIGN.md "Release gates", perso
 
 Pure functions, shared: the release gate compares them round over round (``gates.drift``, which re-exports them),
 online RL's tripwires watch them every few steps (``judging.tripwires``). The three per-response rules are
-measured against 774 hand-labelled real answers from six models (``benchmarks/drift_counters.py``, labels and
+measured against 966 hand-labelled real answers from six models (``benchmarks/drift_counters.py``, labels and
 their definitions in ``benchmarks/data/``).
 """
 
@@ -117,10 +117,12 @@ _ANNOUNCE = re.compile(
     r"^(?:(?:first|firstly|now|to start|to begin),? )?(?:here(?:'s| is| are)|below (?:is|are)|the following (?:is|are)"
     r"|(?:i'll|i will|let me|let's|let us) (?:first |briefly |quickly |now )?"
     r"(?:provide|give|show|walk|outline|explain|delve|break|go|create|write|share|explore|look|dive|demonstrate|"
-    r"illustrate|describe|summari[sz]e|draft)|i can (?:help|"
+    r"illustrate|describe|summari[sz]e|draft|guide|take you)|i can (?:help|"
     r"guide|provide|give|show|walk|offer|create|write|share|suggest|outline|explain|demonstrate|illustrate|describe|"
     r"draft)"
-    r"|i(?:'d| would) be (?:more than )?(?:happy|glad|delighted) to|i(?:'ve| have) (?:written|created|"
+    r"|i(?:'d| would) be (?:more than )?(?:happy|glad|delighted) to|i(?:'m| am) (?:more than )?(?:happy|glad|"
+    r"delighted) to (?:help|assist|provide|write|create|draft|share|explain|give|offer|put together|walk|guide)"
+    r"|i(?:'ve| have) (?:written|created|"
     r"prepared|put together))\b")
 # the deliverable announced as done, in the request's words: "I have modified the code to make the end time 1 ms
 # earlier." (read with the added-words limit: "I've modified it to use a dict instead" names the change)
@@ -142,6 +144,13 @@ _FRAME = re.compile(
     r"(?:ways|steps|factors|reasons|methods|options|features|approaches|things|aspects|stages|types|kinds)\b"
     r"|there (?:are|is) (?:some |a few |several |many )?(?:steps|ways|things|options|measures) (?:you|that|to)\b"
     r"|(?:can|may) be a (?:great|good|fun|excellent|wonderful) way\b"
+    # "Visiting the U.S. in November can be an exciting time", "you can use a combination of hashtags", "The field
+    # of robotics is multidisciplinary, involving ...", "The genome contains a vast array of genes that ..."
+    r"|(?:can|may) be an? (?:exciting|wonderful|great|fantastic|magical|beautiful|busy|special) (?:time|experience|"
+    r"season|place)\b|\b(?:use|using) a (?:combination|mix|variety|blend) of\b"
+    r"|\bis (?:multidisciplinary|interdisciplinary|vast|broad|diverse|ever-evolving|rapidly (?:evolving|growing))\b"
+    r"|\b(?:contains?|includes?|encompass(?:es)?|offers?|has) (?:a|an) (?:vast|wide|broad|large|huge|rich|diverse) "
+    r"(?:array|range|variety|number|selection|collection|spectrum) of\b"
     r"|\bthis (?:question|problem|task|calculation)\b[^.:\n]{0,12}?\binto (?:smaller|several|a few|simpler|"
     r"(?:more )?manageable)\b[^.:\n]{0,30}?\b(?:parts|steps|pieces|components|sub-?problems|sub-?questions|"
     r"chunks)\b)")
@@ -191,6 +200,48 @@ _DIFFICULTY = re.compile(
     r"practical)|impossible)\b")
 
 
+_DEFINITION = re.compile(
+    r"^((?:the )?[\"'\u201c]?[\w][\w\s/\"'\u201d-]{1,50}?) (?:is|are|refers to) (?:a|an|the) (?:(?:popular|common|"
+    r"widely held|well-known|statistical|mathematical|simple|powerful|general|broad) )*(?:belief|myth|technique|"
+    r"method|concept|term|process|field|practice|approach|algorithm|phenomenon|theory|principle|idea|notion|"
+    r"category|branch|discipline|saying|rule of thumb)\b")
+# a yes/no question: defining its term does not answer it (any other request may be answered by a definition)
+# ("Can you explain ...?" is a request, not a yes/no question)
+_YES_NO_QUESTION = re.compile(r"^\s*(?!(?:can|could|would|will) you\b)(?:does|do|is|are|can|could|should|was|were|will|"
+                              r"would|has|have|did)\b[^?\n]*\?\s*$", re.IGNORECASE)
+
+
+_DEFER_DELIVERABLE = re.compile(r"\b(?:the following|below)\b(?: \w+){0,3} (?:code|program|script|function|"
+                                r"implementation|example|steps|query|solution|recipe|list|template)\b")
+_CHOICES_AFTER_COLON = re.compile(r":\s*([^\n:]{3,400})")
+_OR_CHOICE = re.compile(r"\b((?:\w+[ -]){0,3}\w+) or ((?:\w+[ -]){0,3}\w+)")
+
+
+def _prompt_choices(prompt: str) -> list[set[str]]:
+    """The options a prompt offers, as content-word sets: the items of a list after a colon ("one of the
+    categories: Politics, Tech News, Business News") or the two sides of "X or Y" in a question."""
+    out: list[set[str]] = []
+    for m in _CHOICES_AFTER_COLON.finditer(prompt):
+        items = [i for i in re.split(r",\s*|\s+(?:and|or)\s+", m.group(1)) if i.strip()]
+        if len(items) >= 3 and all(len(i.split()) <= 4 for i in items):
+            out += [_content_words(i) for i in items]
+    for q in re.findall(r"[^.?!\n]*\?", prompt):
+        for m in _OR_CHOICE.finditer(q):
+            out += [_content_words(m.group(1)), _content_words(m.group(2))]
+    return [c for c in out if c]
+
+
+def _picks_one(sentence: str, prompt: str) -> bool:
+    """The sentence names exactly one of the options the prompt offers (and they differ): it answers."""
+    choices = _prompt_choices(prompt)
+    if len(choices) < 2:
+        return False
+    words = _content_words(sentence)
+    named = [c for c in choices if c <= words]
+    distinct = {frozenset(c) for c in named}
+    return len(distinct) == 1 and any(not (c <= words) for c in choices)
+
+
 def _sentences(text: str, k: int) -> list[tuple[str, str]]:
     """The first ``k`` sentences of ``text`` as (sentence, the character that ended it: ``.!?:``, or "")."""
     out, rest = [], text.strip()
@@ -235,6 +286,9 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
         if not (used and not _DEFER.search(used.group(1).lower())
                 and _content_words(used.group(1)) - prompt_words - FRAME_WORDS):
             return True
+    if end == "." and _DEFER_DELIVERABLE.search(low) and len(new) <= 5:
+        # "To compute the Elo scores, you can use the following Python program." announces like a colon would
+        return True
     if not end:  # a bare line without end punctuation is a heading, not a sentence about the request
         return False
     # "X involves several steps", "X can be a challenging journey"; an opener of two such frames adds more words
@@ -244,11 +298,19 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
         return True
     if _DIFFICULTY.search(low) and len(words & prompt_words) >= 2:
         return True
+    # a yes/no question's own term defined before it is answered ("The "5-second rule" is a popular belief that
+    # ..." for "Does the 5 second rule actually exist?"); for any other request a definition can be the answer
+    definition = _DEFINITION.match(low)
+    if (definition and _content_words(definition.group(1)) & prompt_words and _YES_NO_QUESTION.match(prompt)
+            and not _EXPLAINS.search(low)):
+        return True
     # repeating the request means repeating its instruction (the prompt's first paragraph): an answer that copies
     # the material given after it ("Sentence: A giant spider blocks your path") is the transformed deliverable
     instruction = _content_words(re.split(r"\n\s*\n", prompt.strip(), maxsplit=1)[0])
     need = max(2, math.ceil(0.5 * min(len(instruction), 8)))
     if _NEGATION.search(low) and not _NEGATION.search(prompt):  # "It is not illegal to keep ..." answers
+        return False
+    if _picks_one(low, prompt):  # "You should use the boiling water method" for "Should I use X or Y?"
         return False
     return len(words & instruction) >= need and not new
 
@@ -292,12 +354,17 @@ def restates_question(response: str, prompt: str) -> bool:
     the prompt lacks, addresses a step to the reader ("you first need to ...") or explains ("The error indicates
     that ...") gives content.
 
+    Also restating: a yes/no question's own term defined before it is answered ("The "5-second rule" is a popular
+    belief that ..."); not restating: an opening that names exactly one of the options the prompt offers ("You
+    should use the boiling water method" for "Should I use X or Y?"), and a definition that answers any other
+    request.
+
     Known limit: platitude openers and topic sentences that add many generic words before "Here are ..." ("World
     music is a broad category that encompasses ...") are missed, and openers that define the request's terms are
-    read as content; on a held-out set labelled by a fifth reader, precision 0.91 and recall 0.76
-    (``benchmarks/drift_counters.py``, held-out H).
+    read as content; on a held-out set labelled by three more readers, precision 0.87 and recall 0.79
+    (``benchmarks/drift_counters.py``, held-out J).
 
-    Measured on 774 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Measured on 966 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Args:
         response, prompt: texts.
@@ -345,15 +412,38 @@ def restates_question(response: str, prompt: str) -> bool:
 _LIST_LINE = re.compile(r"^[ \t]{0,6}(?:[-*+\u2022\u2023\u25e6]|\d{1,2}[.)])[ \t]+\S", re.MULTILINE)
 
 
+# an outline's letters and roman numerals: "a. ...", "(b) ...", "B) ...", "IV. ..."
+_OUTLINE_LINE = re.compile(r"^[ \t]{0,6}(?:\(([a-zA-Z]|[ivxIVX]{1,4})\)|([a-zA-Z]|[ivxIVX]{1,4})[.)])[ \t]+\S",
+                           re.MULTILINE)
+_ROMAN = {r: i for i, r in enumerate("i ii iii iv v vi vii viii ix x xi xii".split(), 1)}
+
+
+def _outline_items(text: str) -> bool:
+    """Two outline markers in sequence (a then b, i then ii) start lines: letters or numerals that merely open a
+    sentence ("I. M. Pei ...", "A. Smith wrote ...") do not follow one another."""
+    seen: list[str] = []
+    for m in _OUTLINE_LINE.finditer(text):
+        seen.append((m.group(1) or m.group(2)).lower())
+    for a, b in zip(seen, seen[1:]):
+        if len(a) == len(b) == 1 and ord(b) == ord(a) + 1:
+            return True
+        if a in _ROMAN and b in _ROMAN and _ROMAN[b] == _ROMAN[a] + 1:
+            return True
+    return False
+
+
 def has_bullet_list(response: str) -> bool:
-    """True when at least 2 prose lines start with a bullet (-, *, +, •) or an enumerator (1. / 2)).
+    """True when at least 2 prose lines start with a bullet (-, *, +, •) or an enumerator (1. / 2)), or two lines
+    start with an outline's consecutive letters or roman numerals ("a." then "b.", "(a)" then "(b)", "I." then
+    "II."), other lines between them allowed.
 
     A single dash line or an inline "1." in prose is not a list. Markdown emphasis ("**bold**") is not a bullet:
     a marker must be followed by a space. Lines inside fenced code blocks are code, not a list.
     """
     if not isinstance(response, str):
         raise TypeError("response must be str")
-    return len(_LIST_LINE.findall(_FENCE.sub("\n", response))) >= 2
+    text = _FENCE.sub("\n", response)
+    return len(_LIST_LINE.findall(text)) >= 2 or _outline_items(text)
 
 
 #: Epistemic hedges (after Hyland 1998/2005's hedging devices), matched case-insensitively and word-bounded:
@@ -389,6 +479,12 @@ def _modal_hedges(text: str) -> bool:
             continue
         if after in _NOT_VERB:
             continue
+        if before == "i" and after != "be":  # "I could also discuss ...": a proposal; "I could be wrong" hedges
+            continue
+        if len(before) == 1 and before not in "ai":  # "x could be 1, 2, ..., or 12": a value of a variable
+            continue
+        if after == "be" and re.match(r"\s+(?:in the form of|things like|anything from)\b", text[m.end():]):
+            continue  # "This could be in the form of new equipment, ...": frames proposals
         if before in ("you", "we"):
             if after == "find" and not re.match(r"\s+that\b", text[m.end():]):
                 continue
@@ -401,6 +497,11 @@ def _modal_hedges(text: str) -> bool:
     return False
 
 
+# a request for fiction: a story, a poem, a plot, a backstory, lyrics
+_FICTION = re.compile(r"\b(?:write|compose|create|tell|craft|come up with|generate|draft)\b[^.?!\n]{0,80}?\b(?:story|"
+                      r"stories|poem|poems|tale|fable|(?:a|the) novel(?=\s*(?:[.,;:!?]|$|about|in\b|that|set\b|where|"
+                      r"based|format))|chapter|screenplay|scene|monologue|lyrics|limerick|haiku|"
+                      r"sonnet|fanfic(?:tion)?|backstory|movie plot|plot)\b", re.IGNORECASE)
 _ECHO_CUE = re.compile(r"\b(?:may|might|could|seems?|appears?|likely|probably|usually|typically|generally)\b")
 
 
@@ -416,15 +517,20 @@ def is_hedged(response: str, prompt: str | None = None) -> bool:
     "it is possible to" (feasibility), adjectives ("a typical value", "potential risks"), frequency adverbs
     ("often", "sometimes"), approximators ("about", "around"), "can", "would", "should". With ``prompt``, a hedge
     phrase that repeats the prompt's wording ("Why might someone prefer ..." -> "reasons why someone might
-    prefer") is not the writer's and is not counted.
+    prefer") is not the writer's and is not counted, and nothing in an answer to a request for fiction (a story,
+    poem, plot, backstory, lyrics) is counted: it is narration. Also not counted: the writer's own proposals ("I
+    could also discuss ..."; "I could be wrong" counts), a variable's values ("x could be 1"), and "could be in the
+    form of" framing proposals.
 
-    Measured on 774 hand-labelled real answers: ``benchmarks/drift_counters.py``.
+    Measured on 966 hand-labelled real answers: ``benchmarks/drift_counters.py``.
 
     Raises:
         TypeError: ``response`` (or a given ``prompt``) is not a str.
     """
     if not isinstance(response, str) or (prompt is not None and not isinstance(prompt, str)):
         raise TypeError("response (and prompt) must be str")
+    if prompt is not None and _FICTION.search(prompt):  # narration in requested fiction is not a claim
+        return False
     text = _prose(response)
     if prompt is not None:
         # a cue whose next two words follow it in the prompt too (within 3 words: the question's inversion,

@@ -108,6 +108,28 @@ REVERSE = "How do I reverse a list in Python?"
          "Count every grain of sand on Earth.", True),
         ("Sailing around the world is a long trip as it is not possible to cross Siberia by boat.",
          "How long does sailing around the world take?", False),  # the impossibility is the reason given
+        # a yes/no question's term defined first; a request answered by a definition
+        ("The \"5-second rule\" is a popular belief that food dropped briefly is safe to eat.",
+         "Does the 5 second rule actually exist?", True),
+        ("Quantum computing is a field of computing that uses qubits.", "Can you explain the basics of quantum "
+         "computing?", False),
+        # frames: "can be an exciting time", "a combination of", "is multidisciplinary", "contains a vast array of"
+        ("Visiting the U.S. in November can be an exciting time.",
+         "Make a list of the top places in the U.S. to visit in November", True),
+        ("To help the post reach a broader audience, you can use a combination of popular and niche hashtags.",
+         "Help the post reach a broader audience by suggesting hashtags.", True),
+        # the deliverable deferred without a colon; an announcement after "I'm happy to" or "I'll guide you"
+        ("To compute the Elo scores of a chess tournament, you can use the following Python program.",
+         "Write a program to compute the Elo scores of a chess tournament.", True),
+        ("I'm happy to help you draft content for an introductory slide about Cantonese.",
+         "Make a slide to introduce Cantonese", True),
+        ("I'm glad to hear that you have learned a lot from the people you met.",
+         "Hello. I have learned a lot from the people I met.", False),  # a reflection, not an announcement
+        # one of the prompt's options named: the answer, in the prompt's words
+        ("You should use the boiling water method to make dye out of the lichen.",
+         "Should I use the boiling water method or ammonia fermentation to make dye out of lichen?", False),
+        ("The magazine can be categorized as Business News.", "Categorize the magazine into one of the categories: "
+         "Politics, Tech News, Business News, Cooking", False),
     ],
 )
 def test_restates_question(response, prompt, expected):
@@ -125,6 +147,12 @@ def test_bullet_list_rules():
     assert not has_bullet_list("Config:\n```yaml\n- a\n- b\n```")  # list-like lines inside code
     assert not has_bullet_list("Monday: run\nTuesday: rest")  # no markers
     assert not has_bullet_list("| a | b |\n|---|---|\n| 1 | 2 |")  # a table
+    # an outline's consecutive letters or numerals, explanations between them allowed
+    assert has_bullet_list("a. Find the mean.\n$$x$$\nb. Find the variance.")
+    assert has_bullet_list("(a) the first part\n\n(b) the second part")
+    assert has_bullet_list("I. Introduction\nII. Method")
+    assert not has_bullet_list("A. Smith wrote the book.\nC. Jones reviewed it.")  # initials, not in sequence
+    assert not has_bullet_list("I. M. Pei designed it.")
 
 
 @pytest.mark.parametrize("response", [
@@ -148,9 +176,21 @@ def test_hedged(response):
     "There are potential risks and possible side effects at typical doses.",  # adjectives
     "Cats often sleep during the day.", "Walking around the world takes about 22 years.",  # frequency, approximation
     "```python\nmonths = {'may': 5, 'june': 6}\n```",  # code
+    "My idea is to explore its psychology. I could also discuss the history.",  # a proposal of the writer's
+    "For example, x could be 1, 2 or 12.",  # a value of a variable
+    "Reinvest your earnings. This could be in the form of new equipment.",  # frames proposals
 ])
 def test_not_hedged(response):
     assert not is_hedged(response)
+
+
+def test_narration_in_requested_fiction_is_not_hedged():
+    story = "Perhaps another day, she said, and the device might still be found."
+    assert is_hedged(story, "Summarise the meeting notes.")
+    assert not is_hedged(story, "Write a short story about Cheshire and Green Arrow.")
+    assert not is_hedged(story, "Write an interesting backstory for my ranger character.")
+    assert is_hedged(story, "Write a patent for a novel way of issuing tax certificates.")  # "novel" the adjective
+    assert is_hedged("I could be wrong about the date.")  # the writer's doubt
 
 
 def test_hedge_that_repeats_the_prompt_is_not_the_writers():
@@ -165,25 +205,29 @@ def test_hedge_that_repeats_the_prompt_is_not_the_writers():
 
 
 def test_counters_on_the_labelled_real_answers():
-    # 774 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl), so a change that breaks a rule on
+    # 966 hand-labelled answers of six models (benchmarks/data/drift_labels.jsonl), so a change that breaks a rule on
     # real answers fails here (the per-part figures are the benchmark's): the first reader's 504 at the target; the
-    # second and third readers' F and G (tuned on) and the fifth reader's held-out H at their measured figures
-    # (restating's recall and H's hedge precision are below the target and the README says so)
+    # second to fifth readers' F, G, H and the sixth to eighth readers' I (tuned on) and the ninth to eleventh
+    # readers' held-out J at their measured figures (restating's recall and some parts' hedge precision are below
+    # the target and the README says so)
     from benchmarks.drift_counters import LABELS, confusion, load
 
     rows = load()
-    assert len(rows) == 774
-    first = [r for r in rows if r["split"] not in ("heldout_f", "heldout_g", "heldout_h")]
+    assert len(rows) == 966
+    first = [r for r in rows if r["split"] not in ("heldout_f", "heldout_g", "heldout_h", "heldout_i", "heldout_j")]
     assert len(first) == 504
     for label in LABELS:
         c = confusion(first, label)
         assert c["precision"] >= 0.85 and c["recall"] >= 0.85, (label, c["precision"], c["recall"])
-    floors = {"heldout_f": {"restates_question": (0.9, 0.67), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.9, 0.95)},
-              "heldout_g": {"restates_question": (0.9, 0.9), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.7, 0.9)},
-              "heldout_h": {"restates_question": (0.9, 0.75), "has_bullet_list": (0.95, 0.95), "is_hedged": (0.8, 0.95)}}
+    bullets = (0.95, 0.95)
+    floors = {"heldout_f": {"restates_question": (0.9, 0.67), "has_bullet_list": bullets, "is_hedged": (0.9, 0.95)},
+              "heldout_g": {"restates_question": (0.9, 0.9), "has_bullet_list": bullets, "is_hedged": (0.7, 0.9)},
+              "heldout_h": {"restates_question": (0.9, 0.8), "has_bullet_list": bullets, "is_hedged": (0.95, 0.95)},
+              "heldout_i": {"restates_question": (0.8, 0.85), "has_bullet_list": bullets, "is_hedged": (0.75, 0.95)},
+              "heldout_j": {"restates_question": (0.85, 0.75), "has_bullet_list": bullets, "is_hedged": (0.85, 0.95)}}
     for split, by_label in floors.items():
         part = [r for r in rows if r["split"] == split]
-        assert len(part) == 90
+        assert len(part) == (96 if split in ("heldout_i", "heldout_j") else 90)
         for label, (precision, recall) in by_label.items():
             c = confusion(part, label)
             assert c["precision"] >= precision and c["recall"] >= recall, (split, label, c["precision"], c["recall"])
