@@ -15,8 +15,8 @@ n = 200. Also printed: the held-out fold errors of the classifier (3-class agree
 The labelled set is XSTest's own human labels (``/work/shared/datasets/xstest``), not ours: the instrument under
 test is the correction, and its ground truth is the humans' rate on a model the classifier and its error never saw.
 
-Run: ``PYTHONPATH=. python benchmarks/refusal_rates.py [--xstest DIR]`` (about 1-3 minutes on 2 CPU cores:
-12 logistic-regression fits).
+Run: ``PYTHONPATH=. python benchmarks/refusal_rates.py [--xstest DIR] [--models m1,m2,...]`` (about 1-3 minutes
+on 2 CPU cores for the three shared models: 12 logistic-regression fits).
 """
 
 from __future__ import annotations
@@ -66,11 +66,14 @@ def held_out_rows(lomo: dict[str, Any], confidence: float = 0.95) -> list[dict[s
     return out
 
 
-def measure(xstest: str | Path | None = None) -> list[dict]:
+def measure(xstest: str | Path | None = None, models: tuple[str, ...] = XSTEST_MODELS) -> list[dict]:
     """The benchmark's rows (BENCH_CONTRACT.md keys): per held-out model and axis the corrected rate, whether the
-    human rate is inside its interval, the interval's width; per fold the classifier's held-out error."""
+    human rate is inside its interval, the interval's width; per fold the classifier's held-out error.
+
+    ``models``: the XSTest completion files to leave out in turn (``xstest_v2_completions_<model>.csv``); XSTest's
+    repository has five (also gpt4 and mistralguard, which the shared copy and the bundle lack)."""
     root = _root(xstest)
-    frames = {m: load_xstest_completions(m, root) for m in XSTEST_MODELS}
+    frames = {m: load_xstest_completions(m, root) for m in models}
     lomo = leave_one_model_out(frames)
     where = str(root or "demo bundle xstest")
     rows: list[dict] = []
@@ -112,8 +115,13 @@ def measure(xstest: str | Path | None = None) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--xstest", default=None, help=f"XSTest folder (default {SHARED_XSTEST}, else the bundle's)")
+    ap.add_argument("--models", default=",".join(XSTEST_MODELS),
+                    help="comma-separated XSTest models to leave out in turn (at least 3; default %(default)s)")
     args = ap.parse_args(argv)
-    rows = measure(args.xstest)
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    if len(models) < 3:
+        ap.error(f"--models needs at least 3 models (2 to fit, the C choice needs both), got {list(models)}")
+    rows = measure(args.xstest, models)
     with pd.option_context("display.max_colwidth", 200, "display.width", 250):
         print(pd.DataFrame(rows)[["metric", "value", "target", "n", "passed"]].to_string(index=False))
     return 0
