@@ -62,7 +62,7 @@ from gates.capability import unwrap_answer_markup
 #: text it then restates.
 Unread = Literal["no_answer", "ambiguous", "contradictory"]
 
-_OPTION_LINE = re.compile(r"^\s*\(([A-Z])\)\s*(.+?)\s*$", re.MULTILINE)
+_OPTION_LINE = re.compile(r"^[ \t]*\(([A-Z])\)[ \t]*(.+?)[ \t]*$", re.MULTILINE)
 
 
 def question_options(question: str) -> dict[str, str]:
@@ -143,7 +143,8 @@ def _listed_lines(lines: list[str], options: Mapping[str, str]) -> set[int]:
 def _sentences(text: str, options: Mapping[str, str] | None = None) -> list[tuple[str, bool]]:
     """The reply's sentences, each with whether it is an item of a list of the options (:func:`_listed_lines`)."""
     text = unwrap_answer_markup(text.replace("\r\n", "\n"))
-    text = re.sub(r"^\s*(?:#+|[-*\u2022]|\d+[.)])\s+", "", text, flags=re.MULTILINE)  # headings, bullets
+    # headings, bullets ("[ \t]", not "\s": a run of blank lines must not be rescanned from every line start)
+    text = re.sub(r"^[ \t]*(?:#+|[-*\u2022]|\d+[.)])[ \t]+", "", text, flags=re.MULTILINE)
     lines = [line.strip() for line in text.split("\n") if line.strip()]
     listed = _listed_lines(lines, options) if options else set()
     # "The correct answer is:\n\n(B) ..." -> one sentence; a list's first item is not joined to its heading
@@ -188,7 +189,9 @@ _COMMIT_BEFORE = re.compile(
     r"(?:with|by|to)?\s*(?:my\s+)?(?:previous|original|initial|first|earlier|current)?\s*"
     r"(?:answer|choice|option|response|selection)?\s*(?:of|,)?\s*"
     r"|\b(?:choose|chose|choosing|select|selected|selecting|pick|picked|picking|opt for|recommend)\s+"
-    r"|\b(?:it's|it is|it would be|that's|that is)\s+(?:{q}\s*)*"
+    r"|\b(?:it's|it is|it would be|that's|that is|it should be|it must be|it has to be)\s+(?:{q}\s*)*"
+    r"|\b(?:revise|revising|change|changing|update|updating|switch|switching|correct|correcting)\s+(?:my\s+)?"
+    r"(?:answer|response|choice)\s+(?:from\s+[^.;]{1,40}?\s+)?to\s*"
     r"|\b(?:is|would be|could be|should be|must be|seems to be|appears to be)\s+(?=(?:the\s+)?(?:option|choice)\s*$))"
     r"(?:the\s+)?(?:letter|option|choice|answer)?\s*$".replace("{q}", _QUALIFIER),
     re.IGNORECASE,
@@ -208,13 +211,19 @@ _COMMIT_AFTER = re.compile(
     re.IGNORECASE,
 )
 _REJECT_AFTER = re.compile(
-    r"^\s*(?:(?:is|was|would be|may|might|does|could|should|can)\s*(?:not|n't|no longer|never)\b|isn't|wasn't|"
-    r"doesn't|is (?:incorrect|inaccurate|wrong|false|untrue|"
-    r"a myth|misleading|untrue|invalid)|(?:is|was) (?:a |the )?(?:wrong|incorrect|inaccurate|false) )",
+    # "(A) and (C) are incorrect": the other letters of the list first
+    r"^(?:\s*,?\s*(?:and|or|nor)\s+(?:options?\s+|choices?\s+)?\(?[A-Z]\)?)*"
+    r"\s*(?:(?:is|was|are|were|would be|may|might|does|do|could|should|can)\s*(?:both\s+|all\s+)?"
+    r"(?:not|n't|no longer|never)\b|isn't|wasn't|aren't|weren't|"
+    r"doesn't|(?:is|are) (?:both |all )?(?:incorrect|inaccurate|wrong|false|untrue|"
+    r"a myth|misleading|untrue|invalid)|(?:is|was|are|were) (?:a |the |both |all )?(?:wrong|incorrect|inaccurate|"
+    r"false)\b)",
     re.IGNORECASE,
 )
 _REJECT_BEFORE = re.compile(
     r"(?:\bnot|n't|\bnever|\brather than|\binstead of|\bother than|\bexcept|\bbesides|\bno longer|\bthan|"
+    r"\bneither|\bnor|n't (?:think|believe)(?: that)?|\bno longer (?:think|believe)(?: that)?|\bnot (?:choose|pick|"
+    r"select|go with)|"
     r"\bagainst|\brule out|\bruling out|\breject|\brejecting|\beliminate)\s+(?:the\s+)?(?:answer\s+|option\s+|"
     r"choice\s+|letter\s+)?(?:the\s+)?(?:correct\s+|best\s+)?(?:answer\s+|option\s+|choice\s+)?$",
     re.IGNORECASE,
@@ -224,12 +233,14 @@ _REJECT_BEFORE = re.compile(
 _RECOUNT_BEFORE = re.compile(
     r"\b(?:previously|earlier|initially|originally|first|before|prior|"
     r"(?:previous|original|initial|prior)\s+(?:answer|response|choice|selection|option|reply|pick|statement)s?\b"
-    r"[^.;]*|I said|I stated|I answered|"
+    r"[^.;]*|(?:answer|response|choice)\s+from(?=\s*$)|I said|I stated|I answered|"
     r"I chose|I selected|I picked|I thought|I gave|I provided|I mentioned|my answer was|you (?:said|suggested|"
     r"mentioned|chose))\b",
     re.IGNORECASE,
 )
-_MARKUP_TAIL = re.compile(r"(?:\$+|\\\(|\\\[|\\[a-z]+\{|\{|\*+|_+|`+)+\s*$")
+_KEPT_AFTER = re.compile(r"^[^.;]{0,40}\b(?:stand by|stick with|stick to|keep|maintain|am sticking with)\s+"
+                         r"(?:it|that|this|my (?:answer|choice))\b", re.IGNORECASE)
+_MARKUP_TAIL = re.compile(r"(?:\$+|\\\(|\\\[|\\[a-z]+\{|\{|\*+|_+|`+|[\"\u201c'])+\s*$")
 _COPULA_END = re.compile(r"\b(?:is|are|was|were|be|(?:associated|consistent|caused|proposed|described) (?:with|by)|"
                          r"such as|namely|called|known as)\s*:?\s*$", re.IGNORECASE)
 _ALTERNATIVE_BEFORE = re.compile(r"\b(?:or|and|either|maybe|perhaps|possibly)\s+(?:perhaps\s+|maybe\s+|possibly\s+)?"
@@ -244,7 +255,7 @@ _NAMED = re.compile(r"\b(?:option|choice|answer|letter|alternative)s?\s*(?:choic
                     r"\(?\b([A-Z])\b(?![\w'\u2019.]\w)\)?", re.IGNORECASE)
 _HALF_PAREN = re.compile(r"(?<![\w(])([A-Z])\)")
 _BARE = re.compile(r"(?<![\w'\u2019(\-])([A-Z])(?![\w'\u2019\-])(?!\.\w)(?!\))")
-_ALONE = re.compile(r"^\s*\(?\s*([A-Za-z])\s*\)?\s*[.:]?\s*$")
+_ALONE = re.compile(r"^\(? ?([A-Za-z]) ?\)?[.:]?$")  # matched on the stripped reply, at most 6 characters
 _LABEL = re.compile(r"^\s*\(?([A-Z])(?:\)|\.(?!\w)|:)\s*[-\u2013\u2014:]?\s*")
 
 
@@ -266,9 +277,11 @@ def _norm_words(s: str) -> str:
 def _skip_option_text(rest: str, options: Mapping[str, str], letter: str) -> str:
     """``rest`` after the option's own text (quoted or not), so "(B) "It depends ..." is correct" reads its verdict."""
     r = rest.lstrip(" ,:-\u2013\u2014")
-    m = re.match(r"[\"\u201c']([^\"\u201d]{1,400})[\"\u201d'],?", r)
+    m = re.match(r"[\"\u201c']([^\"\u201d]{1,400})[\"\u201d'],?", r) or re.match(r"\(([^()]{1,120})\),?", r)
     if m:
         return r[m.end():]
+    if rest.startswith(","):  # "My original answer, (B), is correct."
+        return r
     text = options.get(letter, "").rstrip(".")
     if text and r[: len(text)].lower() == text.lower():
         return r[len(text):].lstrip(".,")
@@ -286,35 +299,49 @@ def _follows_own_text(rest: str, options: Mapping[str, str], letter: str) -> boo
     return score >= 85
 
 
+#: How far around a letter its context is read (characters): the phrases that decide are short, and a bounded window
+#: keeps a reply of thousands of letters ("A A A ...") linear.
+_WINDOW = 200
+
+
 def _mentions(sentence: str, valid: str) -> list[_Mention]:
     found: dict[int, _Mention] = {}
+    covered: set[int] = set()
+
+    def add(m: _Mention) -> None:
+        found[m.start] = m
+        covered.update(range(m.start, m.end))
+
+    def near(i: int) -> str:  # markup or a quote opened just before the letter is not part of the phrase
+        return _MARKUP_TAIL.sub("", sentence[max(0, i - _WINDOW): i])
+
     for m in _PAREN.finditer(sentence):
         letter = m.group(1)
-        if letter.isupper() or _COMMIT_BEFORE.search(sentence[: m.start()]):
-            found[m.start()] = _Mention(letter.upper(), m.start(), m.end(), "paren")
+        if letter.isupper() or _COMMIT_BEFORE.search(near(m.start())):
+            add(_Mention(letter.upper(), m.start(), m.end(), "paren"))
     for m in _NAMED.finditer(sentence):
-        if any(f.start <= m.start(1) < f.end for f in found.values()):
+        if m.start(1) in covered:
             continue
         letter = m.group(1)
         # "answer a question", "option a" (an article): only a capital after a lower-case noun
         if not letter.isupper():
             continue
-        if letter in "AI" and re.match(r"\s+[a-z]", sentence[m.end():]) and not re.match(r"\s+(?:is|was|would|"
-                                                                                          r"seems|remains)\b",
-                                                                                          sentence[m.end():]):
+        after = sentence[m.end(): m.end() + _WINDOW]
+        if letter in "AI" and re.match(r"\s+[a-z]", after) and not re.match(r"\s+(?:is|was|would|seems|remains)\b",
+                                                                          after):
             continue  # "answer A common misconception", "option I think"
-        found[m.start(1)] = _Mention(letter, m.start(1), m.end(1), "named")
+        add(_Mention(letter, m.start(1), m.end(1), "named"))
     lab = _LABEL.match(sentence)
-    if lab and not any(f.start <= lab.start(1) < f.end for f in found.values()):
-        found[lab.start(1)] = _Mention(lab.group(1), lab.start(1), lab.end(1), "label")
+    if lab and lab.start(1) not in covered:
+        add(_Mention(lab.group(1), lab.start(1), lab.end(1), "label"))
     for m in _HALF_PAREN.finditer(sentence):  # "The correct answer is A) decreasing marginal costs."
-        if not any(f.start <= m.start(1) < f.end for f in found.values()) and _COMMIT_BEFORE.search(
-                sentence[: m.start(1)]):
-            found[m.start(1)] = _Mention(m.group(1), m.start(1), m.end(1), "paren")
+        if m.start(1) not in covered and _COMMIT_BEFORE.search(near(m.start(1))):
+            add(_Mention(m.group(1), m.start(1), m.end(1), "paren"))
+    lead = len(sentence) - len(sentence.lstrip())
     for m in _BARE.finditer(sentence):
-        if any(f.start <= m.start() < f.end for f in found.values()):
+        if m.start() in covered:
             continue
-        letter, before, after = m.group(1), sentence[: m.start()], sentence[m.end():]
+        letter, before, after = m.group(1), near(m.start()), sentence[m.end(): m.end() + _WINDOW]
         # a bare letter is a mention only after an answer phrase or before a verdict; "A" and "I" followed by a
         # lower-case word are an article / a pronoun ("A common misconception", "I think")
         word_follows = re.match(r"\s+[a-z]", after) is not None
@@ -322,17 +349,18 @@ def _mentions(sentence: str, valid: str) -> list[_Mention]:
             continue
         if _COMMIT_BEFORE.search(before) and not re.search(r"\b(?:is|be|was)\s*$", before, re.IGNORECASE) or (
                 re.search(r"\b(?:answer|option|choice)\s+(?:is|would be|should be|remains|was)\s+"
-                          rf"(?:{_QUALIFIER}\s+)*$", before, re.IGNORECASE)):
-            found[m.start()] = _Mention(letter, m.start(), m.end(), "bare")
+                          rf"(?:{_QUALIFIER}\s+)*$|\bit (?:should|must|has to) be\s+$", before, re.IGNORECASE)):
+            add(_Mention(letter, m.start(), m.end(), "bare"))
         elif _COMMIT_AFTER.match(after) or _REJECT_AFTER.match(after):
-            if re.search(r"[.!?:;]\s*$|^\s*$|,\s*$", before) or re.search(r"\b(?:and|but|so|that|then)\s*$", before):
-                found[m.start()] = _Mention(letter, m.start(), m.end(), "bare")
+            if (m.start() <= lead or re.search(r"[.!?:;]\s*$|,\s*$", before)
+                    or re.search(r"\b(?:and|but|so|that|then)\s*$", before)):
+                add(_Mention(letter, m.start(), m.end(), "bare"))
     return [found[k] for k in sorted(found) if found[k].letter in valid]
 
 
 def _classify(sentence: str, mention: _Mention, options: Mapping[str, str], first: bool,
               listed: bool = False) -> None:
-    before, rest = sentence[: mention.start], sentence[mention.end:]
+    before, rest = sentence[max(0, mention.start - _WINDOW): mention.start], sentence[mention.end: mention.end + 600]
     after = _skip_option_text(rest, options, mention.letter)
     # markup opened just before the letter ("The correct answer is $\\boxed{(C) 8}$") is not part of the phrase
     near_before = _MARKUP_TAIL.sub("", before[-80:])
@@ -344,7 +372,8 @@ def _classify(sentence: str, mention: _Mention, options: Mapping[str, str], firs
     clause_before = re.split(r"[,;]\s+|\s+(?:but|however|and now|now)\s+", near_before, flags=re.IGNORECASE)[-1]
     if _RECOUNT_BEFORE.search(clause_before) and not _KEEP_BEFORE.search(clause_before) and not _COMMIT_AFTER.match(
             after):
-        mention.cls = "recounted"
+        # "I previously said (B), and I stand by it." keeps it
+        mention.cls = "committed" if _KEPT_AFTER.search(rest) else "recounted"
         return
     if commit_before or _COMMIT_AFTER.match(after):
         mention.cls = "committed"
@@ -381,8 +410,9 @@ _REPORTED = re.compile(r"\b(?:some|many|others?|people|it is|it's|often|commonly
                        r"may|might|could|can vary|depends?|depending)\b", re.IGNORECASE)
 _CLAUSE_SPLIT = re.compile(r"[;,]\s+|\s+(?:but|however|while|whereas|although|though|so|and therefore|therefore|"
                            r"thus|which means)\s+|[.!?]\s*$", re.IGNORECASE)
+# word-bounded: "Nothing happens ..." and "Some people ..." keep their first word
 _LEAD = re.compile(r"^(?:(?:yes|no|indeed|actually|in fact|in reality|in general|generally|typically|overall|"
-                   r"therefore|so|thus|that said|to clarify|however)\s*,?\s*)+", re.IGNORECASE)
+                   r"therefore|so|thus|that said|to clarify|however)\b\s*,?\s*)+", re.IGNORECASE)
 #: A clause restates an option when its ratio to that option's text is at least this, and beats the next option by
 #: _TEXT_MARGIN (tuned on the tuned-on part of benchmarks/data/flip_probe_labels.jsonl).
 _TEXT_MIN = 70.0
@@ -495,6 +525,8 @@ def _text_hits(sentences: list[str], options: Mapping[str, str]) -> list[str]:
     return hits
 
 
+_CONTRAST = re.compile(r"\b(?:however|but|although|though|whereas|while|instead|on the other hand|unlike)\b",
+                      re.IGNORECASE)
 #: Options this short ("Vedas", "Your Grace", "decreasing marginal costs") are too short for a clause's ratio to
 #: them to mean anything; a sentence that ends on one, after a verb, names it.
 _SHORT_OPTION_WORDS = 4
@@ -507,7 +539,7 @@ def _short_option_ending(sentence: str, norm: Mapping[str, str]) -> tuple[float,
     the Vedas." for "Veda."), with the same polarity and not reported belief; the longest such option (so "not
     wrong" beats "wrong"), or None. Two options of the same length ending it is no reading."""
     clause = " ".join(_stem(w) for w in _norm_words(_LEAD.sub("", sentence.strip(" \"'"))).split())
-    if _REPORTED.search(sentence):
+    if _REPORTED.search(sentence) or _CONTRAST.search(sentence):  # "The hottest planet, however, is Venus."
         return None
     found = []
     for k, t in norm.items():
@@ -544,15 +576,19 @@ def read_answer(text: str, options: Mapping[str, str]) -> AnswerReading:
         :class:`AnswerReading` (``letter`` None when ``how`` is "no_answer", "ambiguous" or "contradictory").
 
     Raises:
-        TypeError: text is not a str. ValueError: fewer than two options or letters not A, B, ... in order.
+        TypeError: text is not a str, or options not a mapping of str. ValueError: fewer than two options or
+        letters not A, B, ... in order.
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
+    if not isinstance(options, Mapping) or not all(isinstance(v, str) for v in options.values()):
+        raise TypeError(f"options must be a mapping letter -> option text (str), got {type(options).__name__}")
     letters = list(options)
     if len(letters) < 2 or letters != list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: len(letters)]):
         raise ValueError(f"options must be keyed A, B, ... in order, got {letters}")
     valid = "".join(letters)
-    alone = _ALONE.match(unwrap_answer_markup(text))
+    bare = unwrap_answer_markup(text).strip()
+    alone = _ALONE.match(bare) if len(bare) <= 6 else None
     if alone and alone.group(1).upper() in valid:  # the whole reply is one letter: "B", "(b)", "C."
         return AnswerReading(alone.group(1).upper(), "letter", (alone.group(1).upper(),))
     tagged = _sentences(text, options)

@@ -144,10 +144,10 @@ _FRAME = re.compile(
     r"(?:ways|steps|factors|reasons|methods|options|features|approaches|things|aspects|stages|types|kinds)\b"
     r"|there (?:are|is) (?:some |a few |several |many )?(?:steps|ways|things|options|measures) (?:you|that|to)\b"
     r"|(?:can|may) be a (?:great|good|fun|excellent|wonderful) way\b"
-    # "Visiting the U.S. in November can be an exciting time", "you can use a combination of hashtags", "The field
+    # "Visiting the U.S. in November can be an exciting time", "The field
     # of robotics is multidisciplinary, involving ...", "The genome contains a vast array of genes that ..."
     r"|(?:can|may) be an? (?:exciting|wonderful|great|fantastic|magical|beautiful|busy|special) (?:time|experience|"
-    r"season|place)\b|\b(?:use|using) a (?:combination|mix|variety|blend) of\b"
+    r"season|place)\b"
     r"|\bis (?:multidisciplinary|interdisciplinary|vast|broad|diverse|ever-evolving|rapidly (?:evolving|growing))\b"
     r"|\b(?:contains?|includes?|encompass(?:es)?|offers?|has) (?:a|an) (?:vast|wide|broad|large|huge|rich|diverse) "
     r"(?:array|range|variety|number|selection|collection|spectrum) of\b"
@@ -202,7 +202,7 @@ _DIFFICULTY = re.compile(
 
 _DEFINITION = re.compile(
     r"^((?:the )?[\"'\u201c]?[\w][\w\s/\"'\u201d-]{1,50}?) (?:is|are|refers to) (?:a|an|the) (?:(?:popular|common|"
-    r"widely held|well-known|statistical|mathematical|simple|powerful|general|broad) )*(?:belief|myth|technique|"
+    r"widely held|well-known|statistical|mathematical|simple|powerful|general|broad) )*(?:belief|technique|"
     r"method|concept|term|process|field|practice|approach|algorithm|phenomenon|theory|principle|idea|notion|"
     r"category|branch|discipline|saying|rule of thumb)\b")
 # a yes/no question: defining its term does not answer it (any other request may be answered by a definition)
@@ -312,6 +312,8 @@ def _is_restatement(sentence: str, end: str, prompt_words: set[str], prompt: str
         return False
     if _picks_one(low, prompt):  # "You should use the boiling water method" for "Should I use X or Y?"
         return False
+    if _YES_NO_QUESTION.match(prompt) and not low.rstrip().endswith("?"):  # "97 is a prime number." answers
+        return False
     return len(words & instruction) >= need and not new
 
 
@@ -409,12 +411,13 @@ def restates_question(response: str, prompt: str) -> bool:
     return False
 
 
-_LIST_LINE = re.compile(r"^[ \t]{0,6}(?:[-*+\u2022\u2023\u25e6]|\d{1,2}[.)])[ \t]+\S", re.MULTILINE)
+_LIST_LINE = re.compile(r"^[ \t]{0,6}(?:[-*+\u2022\u2023\u25e6]|\d{1,2}[.)]|\(\d{1,2}\))[ \t]+\S", re.MULTILINE)
 
 
 # an outline's letters and roman numerals: "a. ...", "(b) ...", "B) ...", "IV. ..."
-_OUTLINE_LINE = re.compile(r"^[ \t]{0,6}(?:\(([a-zA-Z]|[ivxIVX]{1,4})\)|([a-zA-Z]|[ivxIVX]{1,4})[.)])[ \t]+\S",
-                           re.MULTILINE)
+# (an initial after the marker, "I. M. Pei", "J. K. Rowling", makes it a name, not an item)
+_OUTLINE_LINE = re.compile(r"^[ \t]{0,6}(?:\(([a-zA-Z]|[ivxIVX]{1,4})\)|([a-zA-Z]|[ivxIVX]{1,4})[.)])[ \t]+"
+                           r"(?![A-Z]\.(?:\s|$))\S", re.MULTILINE)
 _ROMAN = {r: i for i, r in enumerate("i ii iii iv v vi vii viii ix x xi xii".split(), 1)}
 
 
@@ -498,10 +501,14 @@ def _modal_hedges(text: str) -> bool:
 
 
 # a request for fiction: a story, a poem, a plot, a backstory, lyrics
-_FICTION = re.compile(r"\b(?:write|compose|create|tell|craft|come up with|generate|draft)\b[^.?!\n]{0,80}?\b(?:story|"
-                      r"stories|poem|poems|tale|fable|(?:a|the) novel(?=\s*(?:[.,;:!?]|$|about|in\b|that|set\b|where|"
-                      r"based|format))|chapter|screenplay|scene|monologue|lyrics|limerick|haiku|"
-                      r"sonnet|fanfic(?:tion)?|backstory|movie plot|plot)\b", re.IGNORECASE)
+# (not "a user story", "a poem generator", "a scatter plot", "a summary of chapter 3"; and not when the prompt also
+# asks for an explanation: "Write a story ..., then explain whether dragons could exist")
+_FICTION = re.compile(r"\b(?:write|compose|create|tell|craft|come up with|generate|draft)\b[^.?!\n]{0,80}?(?<!user )"
+                      r"\b(?:story|stories|poem|poems|tale|fable|(?:a|the) novel(?=\s*(?:[.,;:!?]|$|about|in\b|that|"
+                      r"set\b|where|based|format))|screenplay|monologue|lyrics|limerick|haiku|sonnet|fanfic(?:tion)?|"
+                      r"backstory|(?:movie|film|story|novel) plot)\b(?!\s*(?:generator|summary|summari[sz]er|analysis))",
+                      re.IGNORECASE)
+_EXPLAIN_TOO = re.compile(r"\b(?:explain|whether|why|analy[sz]e|summari[sz]e|describe how)\b", re.IGNORECASE)
 _ECHO_CUE = re.compile(r"\b(?:may|might|could|seems?|appears?|likely|probably|usually|typically|generally)\b")
 
 
@@ -529,7 +536,8 @@ def is_hedged(response: str, prompt: str | None = None) -> bool:
     """
     if not isinstance(response, str) or (prompt is not None and not isinstance(prompt, str)):
         raise TypeError("response (and prompt) must be str")
-    if prompt is not None and _FICTION.search(prompt):  # narration in requested fiction is not a claim
+    # narration in requested fiction is not a claim
+    if prompt is not None and _FICTION.search(prompt) and not _EXPLAIN_TOO.search(prompt):
         return False
     text = _prose(response)
     if prompt is not None:
@@ -624,8 +632,10 @@ def drift_counters(
 
     Raises:
         ValueError: empty input or lengths differ; a negative token count.
-        TypeError: a response or prompt is not a str.
+        TypeError: a response or prompt is not a str, or a single str given for either sequence.
     """
+    if isinstance(responses, str) or isinstance(prompts, str):  # a str is a sequence of characters, not of texts
+        raise TypeError("responses and prompts must be sequences of str, not a str")
     if len(responses) != len(prompts):
         raise ValueError(f"responses ({len(responses)}) and prompts ({len(prompts)}) differ in length")
     if not responses:

