@@ -116,8 +116,10 @@ _SENT_END = re.compile(r"(?<!\b[A-Z])(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)(?<!\bDr)(?<
 
 # A line that introduces the answer ("The correct answer is:", "My final answer:"): the option line after it is the
 # answer, not one more item of a list.
-_ANSWER_INTRO = re.compile(r"\b(?:answer|option|choice|response)s?\s*(?:choice|option)?\s*"
-                           r"(?:(?:to|for|in)\s+[^.;:()]{1,60}?\s+)?(?:is|would be|should be|will be|remains|must be|has to be)?\s*:\s*$", re.IGNORECASE)
+# A purpose between an answer's noun and its verb: "the best answer choice to complete the sentence would be".
+_PURPOSE = r"(?:(?:to|for|in|that)\s+[^.;:()]{1,60}?\s+)?"
+_ANSWER_INTRO = re.compile(rf"\b(?:answer|option|choice|response)s?\s*(?:choice|option)?\s*{_PURPOSE}"
+                           r"(?:is|would be|should be|will be|remains|must be|has to be)?\s*:\s*$", re.IGNORECASE)
 
 
 def _listed_lines(lines: list[str], options: Mapping[str, str]) -> set[int]:
@@ -171,10 +173,9 @@ def _sentences(text: str, options: Mapping[str, str] | None = None) -> list[tupl
 _QUALIFIER = r"(?:actually|indeed|still|definitely|clearly|probably|likely|then|instead|rather|now|in fact|truly)"
 # An answer phrase a committed letter follows: "the answer is", "the best answer would be option", "answer: ",
 # "I'll stick with", "I would go with", "choose", "I still think it's".
-_COMMIT_BEFORE = re.compile(
+_COMMIT_BEFORE = re.compile((
     r"(?:\b(?:answer|option|choice|response|one|completion)s?\s*(?:choice|option)?\s*"
-    # a purpose between the noun and the verb: "the best answer choice to complete the sentence would be"
-    r"(?:(?:to|for|in|that)\s+[^.;:()]{1,60}?\s+)?"
+    + _PURPOSE +
     r"(?:is|would be|should be|will be|remains|must be|has to be|seems to be|appears to be|=)\s*"
     r"(?:{q}\s*,?\s*)*(?:[:\-\u2013\u2014]\s*)?(?:that of\s*)?"
     # a verdict on the question's own noun: "the most likely diagnosis is", "the accurate statement that
@@ -193,7 +194,7 @@ _COMMIT_BEFORE = re.compile(
     r"|\b(?:revise|revising|change|changing|update|updating|switch|switching|correct|correcting)\s+(?:my\s+)?"
     r"(?:answer|response|choice)\s+(?:from\s+[^.;]{1,40}?\s+)?to\s*"
     r"|\b(?:is|would be|could be|should be|must be|seems to be|appears to be)\s+(?=(?:the\s+)?(?:option|choice)\s*$))"
-    r"(?:the\s+)?(?:letter|option|choice|answer)?\s*$".replace("{q}", _QUALIFIER),
+    r"(?:the\s+)?(?:letter|option|choice|answer)?\s*$").replace("{q}", _QUALIFIER),
     re.IGNORECASE,
 )
 # A verdict a committed letter precedes: "(B) is correct", "option B is the most accurate answer".
@@ -600,12 +601,12 @@ def read_answer(text: str, options: Mapping[str, str]) -> AnswerReading:
             m.sentence = i
             mentions.append(m)
     # a reasoned conclusion ("Therefore, the least likely option would be (B)") settles what came before it
-    conclusions = [m for i, (sent, _) in enumerate(tagged) if _CONCLUSION.match(sent)
-                   for m in mentions if m.cls == "committed" and m.sentence == i]
-    if conclusions and len({m.letter for m in conclusions}) == 1 and conclusions[-1] is [
-            m for m in mentions if m.cls == "committed"][-1]:
-        for m in mentions:
-            if m.cls == "committed" and m.letter != conclusions[-1].letter:
+    concluding = {i for i, (sent, _) in enumerate(tagged) if _CONCLUSION.match(sent)}
+    commitments = [m for m in mentions if m.cls == "committed"]
+    concluded = {m.letter for m in commitments if m.sentence in concluding}
+    if len(concluded) == 1 and commitments[-1].sentence in concluding:
+        for m in commitments:
+            if m.letter not in concluded:
                 m.cls = "mentioned"
     committed = tuple(dict.fromkeys(m.letter for m in mentions if m.cls == "committed"))
     # "the answer is (A) ..., or (B) ...": a second candidate beside an answer, in the same sentence
